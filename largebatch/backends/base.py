@@ -1,0 +1,154 @@
+"""The backend contract: everything the training loop needs from a device/communication stack.
+
+A backend knows its rank, world size and device; it all-reduces, wraps the model for data
+parallelism, steps the optimizer (where the stack needs a say, as XLA does), moves batches
+to the device and opens the precision context. The training loop talks only to this
+contract, so the same loop runs on one CPU process, N gloo processes, N GPUs under NCCL and
+N TPU/XLA replicas. Backend modules are the only code that names CUDA devices, process
+groups or torch_xla.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from typing import Any, ContextManager, Iterable, Iterator, Optional
+
+import torch
+from torch import nn
+
+__all__ = ["Backend"]
+
+
+class Backend(ABC):
+    """Rank, world, device and collectives of one training process (or XLA replica)."""
+
+    name: str = "base"
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        """True on the rank that writes logs, TensorBoard and checkpoints (rank 0)."""
+        return self.rank == 0
+
+    # -- life cycle ----------------------------------------------------------------------
+    def start(self) -> None:  # noqa: B027 - optional hook
+        """Join the process group (or runtime); a no-op at world size 1."""
+
+    def shutdown(self) -> None:  # noqa: B027 - optional hook
+        """Leave the process group."""
+
+    # -- collectives ---------------------------------------------------------------------
+    @abstractmethod
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Return the sum of ``tensor`` over all ranks (the input may be reused)."""
+
+    @abstractmethod
+    def barrier(self) -> None:
+        """Wait until every rank gets here."""
+
+    @abstractmethod
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Return rank ``src``'s ``obj`` on every rank (small picklable objects only)."""
+
+    @abstractmethod
+    def bn_reducer(self, group_size: int) -> Any:
+        """The ``GroupReducer`` of this rank's BN group of ``group_size`` ranks."""
+
+    # -- model, optimizer, data ----------------------------------------------------------
+    def prepare_model(self, model: nn.Module, *, channels_last: bool = False) -> nn.Module:
+        """Move the model to the device (and memory format)."""
+        model = model.to(self.device)
+        if channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        return model
+
+    @abstractmethod
+    def wrap_model(self, model: nn.Module, **comm: Any) -> nn.Module:
+        """Wrap for data parallelism (DDP where the stack uses it)."""
+
+    def no_sync(self, model: nn.Module) -> ContextManager:
+        """Context in which backward does not communicate (inner accumulation micro-steps)."""
+        sync_off = getattr(model, "no_sync", None)
+        return sync_off() if callable(sync_off) else contextlib.nullcontext()
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Optional[Any]) -> None:
+        """Step the optimizer (through the loss scaler when there is one)."""
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+
+    def to_device(self, batch: Any, *, channels_last: bool = False) -> Any:
+        """Move a batch (tensor or tuple of tensors) to the device."""
+        non_blocking = self.device.type != "cpu"
+
+        def move(t: Any) -> Any:
+            if not isinstance(t, torch.Tensor):
+                return t
+            t = t.to(self.device, non_blocking=non_blocking)
+            if channels_last and t.dim() == 4:
+                t = t.contiguous(memory_format=torch.channels_last)
+            return t
+
+        if isinstance(batch, (tuple, list)):
+            return type(batch)(move(t) for t in batch)
+        return move(batch)
+
+    def wrap_loader(self, loader: Iterable, *, channels_last: bool = False) -> Iterable:
+        """Iterate a loader with batches delivered on the device."""
+        return _DeviceLoader(loader, self, channels_last)
+
+    def mark_step(self) -> None:  # noqa: B027 - optional hook
+        """End of one training step (XLA cuts and runs its graph here)."""
+
+    def synchronize(self) -> None:  # noqa: B027 - optional hook
+        """Wait for queued device work (for wall-clock timing only)."""
+
+    # -- precision -----------------------------------------------------------------------
+    def autocast(self, dtype: Optional[torch.dtype]) -> ContextManager:
+        """Autocast context for ``dtype`` (None: full fp32)."""
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def supports_bf16(self) -> bool:
+        return False
+
+    def grad_scaler(self, enabled: bool, init_scale: float, growth_interval: int) -> Any:
+        """A dynamic loss scaler for fp16 (None when disabled)."""
+        if not enabled:
+            return None
+        return torch.amp.GradScaler(
+            self.device.type, init_scale=init_scale, growth_interval=growth_interval
+        )
+
+    def describe(self) -> str:
+        return (
+            f"{self.name} rank {self.rank}/{self.world_size} "
+            f"(local {self.local_rank}/{self.local_world_size}) on {self.device}"
+        )
+
+
+class _DeviceLoader:
+    """Wraps a loader so each batch arrives on the backend's device; keeps ``len``."""
+
+    def __init__(self, loader: Iterable, backend: Backend, channels_last: bool) -> None:
+        self.loader = loader
+        self.backend = backend
+        self.channels_last = channels_last
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator:
+        for batch in self.loader:
+            yield self.backend.to_device(batch, channels_last=self.channels_last)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)

@@ -1,0 +1,135 @@
+"""torch.distributed backend: NCCL on CUDA GPUs, gloo on CPUs.
+
+Rank and world come from the environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE); without it the run is a single process and no process group is created.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from largebatch.backends.base import Backend
+
+__all__ = ["TorchDistributedBackend"]
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+class TorchDistributedBackend(Backend):
+    """Data parallelism with torch.distributed; ``kind`` is ``"cpu"`` (gloo) or ``"cuda"`` (NCCL)."""
+
+    def __init__(self, kind: str, *, timeout_s: int = 1800) -> None:
+        if kind not in ("cpu", "cuda"):
+            raise ValueError(f"TorchDistributedBackend kind must be cpu or cuda, got {kind!r}")
+        self.name = kind
+        self.kind = kind
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.rank = _env_int("RANK", 0)
+        self.world_size = _env_int("WORLD_SIZE", 1)
+        self.local_rank = _env_int("LOCAL_RANK", 0)
+        self.local_world_size = _env_int("LOCAL_WORLD_SIZE", self.world_size)
+        if kind == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("backend=cuda was asked for but no CUDA GPU is visible")
+            self.device = torch.device("cuda", self.local_rank)
+        else:
+            self.device = torch.device("cpu")
+        self._reducers: dict[int, Any] = {}
+        self._owns_group = False
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def start(self) -> None:
+        if self.kind == "cuda":
+            torch.cuda.set_device(self.device)
+        if self.distributed and not dist.is_initialized():
+            dist.init_process_group(
+                "nccl" if self.kind == "cuda" else "gloo",
+                timeout=self.timeout,
+                **({"device_id": self.device} if self.kind == "cuda" else {}),
+            )
+            self._owns_group = True
+
+    def shutdown(self) -> None:
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_group = False
+
+    # -- collectives ---------------------------------------------------------------------
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.distributed:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def barrier(self) -> None:
+        if self.distributed:
+            if self.kind == "cuda":
+                dist.barrier(device_ids=[self.local_rank])
+            else:
+                dist.barrier()
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def bn_reducer(self, group_size: int) -> Any:
+        from largebatch.nn.sync_bn import process_group_reducer
+
+        if group_size not in self._reducers:
+            self._reducers[group_size] = process_group_reducer(group_size)
+        return self._reducers[group_size]
+
+    # -- model ---------------------------------------------------------------------------
+    def wrap_model(
+        self,
+        model: nn.Module,
+        *,
+        bucket_mb: float = 25.0,
+        algorithm: str = "flat",
+        compress: str = "none",
+        ranks_per_node: Optional[int] = None,
+    ) -> nn.Module:
+        """DistributedDataParallel with gradient bucket views and the configured comm hook."""
+        if not self.distributed:
+            return model
+        ddp = DistributedDataParallel(
+            model,
+            device_ids=[self.local_rank] if self.kind == "cuda" else None,
+            bucket_cap_mb=bucket_mb,
+            gradient_as_bucket_view=True,
+        )
+        if algorithm != "flat" or compress != "none":
+            from largebatch.comm import register_comm_hook
+
+            ddp.comm_state = register_comm_hook(
+                ddp,
+                algorithm=algorithm,
+                compress=compress,
+                ranks_per_node=ranks_per_node or self.local_world_size,
+            )
+        return ddp
+
+    def synchronize(self) -> None:
+        if self.kind == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def supports_bf16(self) -> bool:
+        if self.kind == "cuda":
+            return torch.cuda.is_bf16_supported()
+        # On CPUs with AVX512-BF16/AMX oneDNN runs bf16 convolutions natively.
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())

@@ -1,0 +1,387 @@
+"""Command-line entry points: the only code that reads the config object.
+
+``largebatch-train [hydra overrides]`` (also ``python -m largebatch.train``) composes
+``conf/train.yaml``, checks the batch arithmetic, starts the backend, builds data, model,
+optimizer and schedule, and runs the loop. Under torchrun every rank runs this; rank 0
+chooses the run directory and the others receive it, so a run has exactly one directory.
+
+Bad input (config, data, batch sizes, checkpoints) ends with one line on stderr naming the
+problem and the fix, and exit code 2; a non-finite loss exits with 3.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+from omegaconf import OmegaConf
+
+from largebatch import __version__
+
+__all__ = ["main", "run", "BatchPlan", "plan_batches"]
+
+log = logging.getLogger("largebatch")
+
+EXIT_USAGE = 2
+EXIT_NON_FINITE = 3
+
+
+class UsageError(ValueError):
+    """A setting that cannot work; the message says which and how to fix it."""
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The batch arithmetic: global = per_device x world_size x accumulation_steps."""
+
+    global_batch_size: int
+    world_size: int
+    accumulation_steps: int
+    per_device: int
+
+
+def plan_batches(global_batch_size: int, world_size: int, accumulation_steps: int) -> BatchPlan:
+    """Split ``global_batch_size`` over devices and micro-steps, or say why it cannot be."""
+    if global_batch_size < 1 or accumulation_steps < 1:
+        raise UsageError(
+            f"global_batch_size ({global_batch_size}) and accumulation_steps "
+            f"({accumulation_steps}) must be positive"
+        )
+    parts = world_size * accumulation_steps
+    if global_batch_size % parts:
+        lower = global_batch_size - global_batch_size % parts
+        raise UsageError(
+            f"global_batch_size={global_batch_size} is not divisible by world size {world_size} "
+            f"x accumulation_steps {accumulation_steps} = {parts}; use a multiple of {parts}, "
+            f"e.g. global_batch_size={max(lower, parts)}"
+        )
+    return BatchPlan(global_batch_size, world_size, accumulation_steps, global_batch_size // parts)
+
+
+def _setup_logging(is_main: bool, run_dir: Optional[Path]) -> None:
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    level = logging.INFO if is_main else logging.WARNING
+    fmt = logging.Formatter("[%(asctime)s %(levelname)s] %(message)s", "%H:%M:%S")
+    console = logging.StreamHandler(sys.stdout)
+    console.setFormatter(fmt)
+    root.addHandler(console)
+    if is_main and run_dir is not None:
+        fh = logging.FileHandler(run_dir / "train.log")
+        fh.setFormatter(fmt)
+        root.addHandler(fh)
+    root.setLevel(level)
+
+
+def _make_run_dir(cfg: Any, backend: Any) -> Path:
+    """Rank 0 creates the run directory; every rank gets the same path."""
+    path: Optional[str] = None
+    error: Optional[str] = None
+    if backend.is_main:
+        try:
+            if cfg.run_dir:
+                run_dir = Path(cfg.run_dir)
+            else:
+                stamp = time.strftime("%Y%m%d-%H%M%S")
+                run_dir = Path(cfg.output_root) / f"{stamp}-{cfg.model.name}"
+                n = 1
+                while run_dir.exists():
+                    n += 1
+                    run_dir = Path(cfg.output_root) / f"{stamp}-{cfg.model.name}-{n}"
+            run_dir.mkdir(parents=True, exist_ok=True)
+            probe = run_dir / ".write-test"
+            probe.write_text("ok")
+            probe.unlink()
+            path = str(run_dir.resolve())
+        except OSError as e:
+            error = (
+                f"cannot write the run directory ({e.strerror}: {e.filename}); set run_dir= or "
+                f"output_root= to a writable folder"
+            )
+    path, error = backend.broadcast_object((path, error))
+    if error:
+        raise UsageError(error)
+    return Path(path)
+
+
+def _resolve_data_root(cfg: Any, backend: Any) -> Path:
+    """``data.root``, or the embedded synthetic set (made by rank 0 on first use)."""
+    if cfg.data.root:
+        return Path(cfg.data.root).expanduser()
+    from largebatch.data.synthetic import ensure_synthetic
+
+    syn = cfg.data.synthetic
+    args = dict(
+        num_classes=syn.classes,
+        train_per_class=syn.train_per_class,
+        val_per_class=syn.val_per_class,
+        image_size=syn.image_size,
+        seed=syn.seed,
+    )
+    root: Optional[Path] = None
+    if backend.is_main:
+        root = ensure_synthetic(workers=max(1, cfg.data.workers), **args)
+    backend.barrier()
+    return ensure_synthetic(**args) if root is None else root
+
+
+def _build_data(cfg: Any, backend: Any, plan: BatchPlan, root: Path) -> tuple[Any, Any, int]:
+    from largebatch.data.folder import build_loaders
+
+    train, val, num_classes = build_loaders(
+        root,
+        image_size=cfg.data.image_size,
+        batch_size=plan.per_device,
+        workers=cfg.data.workers,
+        rank=backend.rank,
+        world_size=backend.world_size,
+        seed=cfg.seed,
+        crop_scale=tuple(cfg.data.crop_scale),
+        val_crop_ratio=cfg.data.val_crop_ratio,
+        pin_memory=backend.device.type != "cpu",
+    )
+    return train, val, num_classes
+
+
+def _optimizer_options(opt: Any) -> dict[str, Any]:
+    """The optimizer-specific options the config sets (None = the optimizer's default)."""
+    names = ("momentum", "nesterov", "trust_coefficient", "eps", "betas", "foreach")
+    out = {n: getattr(opt, n) for n in names if getattr(opt, n) is not None}
+    if "betas" in out:
+        out["betas"] = tuple(out["betas"])
+    return out
+
+
+def _value(x: Any) -> Any:
+    return getattr(x, "value", x)
+
+
+def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
+    """Run one training job described by a ``TrainConfig``; return its summary."""
+    from largebatch.backends import build_backend
+    from largebatch.engine import hooks as H
+    from largebatch.engine.checkpoint import CheckpointError, load_checkpoint, load_latest, restore_rng_state
+    from largebatch.engine.loop import Trainer, TrainState
+    from largebatch.engine.precision import resolve_precision
+    from largebatch.lr import build_lr_scheduler, scale_lr
+    from largebatch.models import build_model
+    from largebatch.nn import convert_group_sync_batchnorm
+    from largebatch.optim import build_optimizer
+
+    backend = build_backend(_value(cfg.backend.name), timeout_s=cfg.backend.timeout_s)
+    backend.start()
+    try:
+        plan = plan_batches(cfg.global_batch_size, backend.world_size, cfg.accumulation_steps)
+        run_dir = _make_run_dir(cfg, backend)
+        _setup_logging(backend.is_main, run_dir)
+        torch.manual_seed(cfg.seed)
+        precision = resolve_precision(_value(cfg.precision.name), backend)
+        data_root = _resolve_data_root(cfg, backend)
+        train_loader, val_loader, num_classes = _build_data(cfg, backend, plan, data_root)
+
+        model = build_model(
+            cfg.model.name,
+            num_classes,
+            zero_init_last_bn_gamma=cfg.model.zero_init_last_bn,
+            drop_rate=cfg.model.drop_rate,
+            drop_path_rate=cfg.model.drop_path_rate,
+        )
+        model = backend.prepare_model(model, channels_last=cfg.model.channels_last)
+        if cfg.bn.group_size != 1 and backend.world_size > 1:
+            model = convert_group_sync_batchnorm(model, cfg.bn.group_size, backend.bn_reducer(cfg.bn.group_size))
+        lr = scale_lr(cfg.optimizer.lr, cfg.global_batch_size, cfg.base_batch_size, _value(cfg.lr_scaling))
+        optimizer = build_optimizer(
+            cfg.optimizer.name,
+            model,
+            lr=lr,
+            weight_decay=cfg.optimizer.weight_decay,
+            exclude_bn_bias=cfg.optimizer.exclude_bn_bias,
+            **_optimizer_options(cfg.optimizer),
+        )
+        train_model = backend.wrap_model(
+            model,
+            bucket_mb=cfg.comm.bucket_mb,
+            algorithm=_value(cfg.comm.algorithm),
+            compress=_value(cfg.comm.compress),
+            ranks_per_node=cfg.comm.ranks_per_node,
+        )
+        if cfg.model.compile:
+            train_model = torch.compile(train_model)
+        steps_per_epoch = len(train_loader) // plan.accumulation_steps
+        sched = cfg.schedule
+        scheduler = build_lr_scheduler(
+            optimizer,
+            name=_value(sched.name),
+            steps_per_epoch=steps_per_epoch,
+            epochs=cfg.epochs,
+            warmup_epochs=sched.warmup_epochs,
+            warmup_start_factor=sched.warmup_start_factor,
+            milestones=sched.milestones,
+            gamma=sched.gamma,
+            power=sched.power,
+            end_factor=sched.end_factor,
+        )
+        scaler = backend.grad_scaler(precision.loss_scaling, cfg.precision.init_scale, cfg.precision.growth_interval)
+        state = TrainState()
+
+        if cfg.resume:
+            ckpt_dir = run_dir / "checkpoints"
+            if cfg.resume == "auto":
+                found = load_latest(ckpt_dir)
+            else:
+                found = (Path(cfg.resume), load_checkpoint(cfg.resume))
+            if found is None:
+                log.info("resume=auto: no checkpoint in %s, starting from scratch", ckpt_dir)
+            else:
+                path, ckpt = found
+                try:
+                    model.load_state_dict(ckpt["model"])
+                except RuntimeError as e:
+                    raise CheckpointError(
+                        f"checkpoint {path} does not fit model {cfg.model.name} "
+                        f"({str(e).splitlines()[0]}); resume with the model it was made with"
+                    ) from None
+                optimizer.load_state_dict(ckpt["optimizer"])
+                scheduler.load_state_dict(ckpt["scheduler"])
+                if scaler is not None and ckpt.get("scaler"):
+                    scaler.load_state_dict(ckpt["scaler"])
+                state.load_state_dict(ckpt["train_state"])
+                restore_rng_state(ckpt["rng"])
+                log.info("resumed from %s (epoch %d, step %d)", path, state.epoch, state.step)
+
+        resolved = {
+            "version": __version__,
+            "backend": backend.describe(),
+            "world_size": backend.world_size,
+            "global_batch_size": plan.global_batch_size,
+            "per_device_batch_size": plan.per_device,
+            "accumulation_steps": plan.accumulation_steps,
+            "lr_per_base_batch": cfg.optimizer.lr,
+            "base_batch_size": cfg.base_batch_size,
+            "lr_scaling": _value(cfg.lr_scaling),
+            "lr": lr,
+            "optimizer": cfg.optimizer.name,
+            "steps_per_epoch": steps_per_epoch,
+            "warmup_steps": int(round(sched.warmup_epochs * steps_per_epoch)),
+            "precision": precision.name,
+            "model": cfg.model.name,
+            "num_classes": num_classes,
+            "bn_group_size": cfg.bn.group_size,
+            "data_root": str(data_root),
+            "run_dir": str(run_dir),
+        }
+        if backend.is_main:
+            if raw_cfg is not None:
+                (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(raw_cfg), encoding="utf-8")
+            log.info(
+                "global batch %d = %d per device x %d devices x %d accumulation; lr %.4g per %d "
+                "images, %s-scaled to %.4g; %d steps/epoch, %d warmup steps; %s, %s; run dir %s",
+                plan.global_batch_size, plan.per_device, plan.world_size, plan.accumulation_steps,
+                cfg.optimizer.lr, cfg.base_batch_size, resolved["lr_scaling"], lr, steps_per_epoch,
+                resolved["warmup_steps"], precision.name, backend.describe(), run_dir,
+            )
+
+        channels_last = cfg.model.channels_last
+        main = backend.is_main
+        hook_list: list[Any] = [H.DataOrderHook(), H.ProgressHook(enabled=main and cfg.progress)]
+        hook_list.append(
+            H.EvalHook(
+                backend.wrap_loader(val_loader, channels_last=channels_last),
+                every=cfg.eval_every,
+                target_top1=cfg.target_top1,
+                stop_at_target=cfg.stop_at_target,
+                channels_last=channels_last,
+            )
+        )
+        config_dict = OmegaConf.to_container(raw_cfg, resolve=True) if raw_cfg is not None else None
+        hook_list.append(
+            H.CheckpointHook(
+                run_dir / "checkpoints",
+                every_epochs=cfg.checkpoint.every_epochs,
+                every_steps=cfg.checkpoint.every_steps,
+                keep=cfg.checkpoint.keep,
+                extra_state=lambda: {"config": config_dict, "model_name": cfg.model.name},
+            )
+        )
+        if main:
+            if cfg.tensorboard:
+                hook_list.append(H.TensorBoardHook(run_dir / "tensorboard"))
+            hook_list.append(H.JsonlHook(run_dir / "metrics.jsonl"))
+        summary_hook = H.SummaryHook(run_dir / "summary.json" if main else None, target_top1=cfg.target_top1, extra=resolved)
+        hook_list.append(summary_hook)
+
+        trainer = Trainer(
+            model=train_model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            train_loader=backend.wrap_loader(train_loader, channels_last=channels_last),
+            backend=backend,
+            epochs=cfg.epochs,
+            global_batch_size=plan.global_batch_size,
+            accumulation_steps=plan.accumulation_steps,
+            label_smoothing=cfg.label_smoothing,
+            autocast_dtype=precision.autocast_dtype,
+            scaler=scaler,
+            log_every=cfg.log_every,
+            max_steps=cfg.max_steps,
+            hooks=hook_list,
+            state=state,
+        )
+        trainer.train()
+        skipped = getattr(train_loader, "skipped", 0) + getattr(val_loader, "skipped", 0)
+        if skipped and main:
+            log.warning("%d unreadable image file(s) were skipped (named above in the log)", skipped)
+        return summary_hook.summary
+    finally:
+        backend.shutdown()
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from largebatch.config import ConfigError
+    from largebatch.data.folder import DataError
+    from largebatch.engine.checkpoint import CheckpointError
+    from largebatch.models import ModelError
+
+    return (UsageError, ConfigError, DataError, CheckpointError, ModelError)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``largebatch-train [key=value ...]``: compose the config and run it."""
+    from largebatch.config import ConfigError, compose_config, to_train_config
+    from largebatch.engine.loop import NonFiniteLossError
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        print("\nusage: largebatch-train [key=value ...]   e.g. optimizer=lars global_batch_size=1024")
+        return 0
+    try:
+        raw = compose_config(args)
+        cfg = to_train_config(raw)
+        run(cfg, raw)
+    except _user_errors() as e:
+        print(f"largebatch: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValueError as e:
+        # Argument checks of the library (optimizer options, BN group size, ...) are
+        # ValueErrors with a message written for the user.
+        print(f"largebatch: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except NonFiniteLossError as e:
+        print(f"largebatch: error: {e}", file=sys.stderr)
+        return EXIT_NON_FINITE
+    except KeyboardInterrupt:
+        print("largebatch: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Compose and validate the Hydra config; turn every config mistake into one clear message."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any, Iterable, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from largebatch.config.schema import TrainConfig, register_schema
+
+__all__ = ["ConfigError", "compose_config", "config_keys", "to_train_config"]
+
+CONFIG_MODULE = "largebatch.conf"
+GROUPS = ("model", "optimizer", "schedule", "data", "precision", "backend", "bn", "comm", "experiment", "debug")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be composed: unknown key, wrong type, unknown option."""
+
+
+def config_keys() -> list[str]:
+    """Every dotted key of the schema (``optimizer.lr``, ``data.synthetic.classes``, ...)."""
+    keys: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        for k in node.keys():
+            v = node._get_node(k)
+            full = f"{prefix}{k}"
+            keys.append(full)
+            if isinstance(v, DictConfig):
+                walk(v, full + ".")
+
+    walk(OmegaConf.structured(TrainConfig), "")
+    return keys
+
+
+def _check_override_keys(overrides: Iterable[str]) -> None:
+    known = set(config_keys())
+    for o in overrides:
+        if "=" not in o:
+            raise ConfigError(f"override {o!r} is not of the form key=value")
+        key = o.split("=", 1)[0].strip()
+        key = key.lstrip("+~")
+        if key.startswith("hydra.") or key.split("@")[0] in GROUPS:
+            continue
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"unknown config key '{key}'{hint}; see conf/ and largebatch/config/schema.py")
+
+
+def _first_line(e: BaseException) -> str:
+    msg = str(e).strip()
+    cause = e.__cause__ or e.__context__
+    if cause is not None and str(cause).strip():
+        msg = str(cause).strip()
+    lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
+    key = next((ln for ln in lines if ln.startswith("full_key:")), "")
+    head = lines[0] if lines else type(e).__name__
+    return f"{head} ({key})" if key and key not in head else head
+
+
+def compose_config(overrides: Sequence[str] = (), config_name: str = "train") -> DictConfig:
+    """Compose ``conf/<config_name>.yaml`` with command-line ``overrides``, typed by the schema."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    _check_override_keys(overrides)
+    register_schema()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+            cfg = compose(config_name=config_name, overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as e:
+        msg = _first_line(e)
+        m = re.search(r"Could not find '([^']+)'", msg)
+        if m:
+            group = m.group(1).split("/")[0]
+            text = str(e)
+            options = re.findall(r"^\t(\S+)$", text.split("Config search path")[0], flags=re.M)
+            listed = f"; choose one of: {', '.join(options)}" if options else ""
+            raise ConfigError(f"no config '{m.group(1)}' in conf/{group}/{listed}") from None
+        raise ConfigError(msg) from None
+    try:
+        OmegaConf.resolve(cfg)
+        missing = sorted(OmegaConf.missing_keys(cfg))
+    except OmegaConfBaseException as e:
+        raise ConfigError(_first_line(e)) from None
+    if missing:
+        raise ConfigError(f"config value(s) {', '.join(missing)} must be set, e.g. {missing[0]}=...")
+    return cfg
+
+
+def to_train_config(cfg: DictConfig) -> TrainConfig:
+    """The composed config as plain dataclasses (Enums included)."""
+    return OmegaConf.to_object(cfg)  # type: ignore[return-value]

@@ -1,0 +1,216 @@
+"""Typed schema of the Hydra config tree (``conf/``).
+
+One dataclass per config group. ``conf/train.yaml`` lists ``train_schema`` first in its
+defaults, so every YAML file and every command-line override is merged into these typed
+nodes: a mistyped key or a value of the wrong type fails at compose time, naming the key.
+Choice-valued settings are Enums, so an invalid choice names the valid ones.
+
+Units are written next to each hyperparameter: the learning rate is *per base_batch_size
+images* and is scaled to ``global_batch_size`` by ``lr_scaling`` (see ``largebatch.lr``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+__all__ = [
+    "BackendConfig",
+    "BNConfig",
+    "CheckpointConfig",
+    "CommConfig",
+    "DataConfig",
+    "ModelConfig",
+    "OptimizerConfig",
+    "PrecisionConfig",
+    "ScheduleConfig",
+    "SyntheticDataConfig",
+    "TrainConfig",
+    "register_schema",
+]
+
+
+class LRScaling(str, Enum):
+    linear = "linear"  # Goyal et al. 2017: lr = lr_base * global / base
+    sqrt = "sqrt"  # Krizhevsky 2014 / You et al. 2019: lr = lr_base * sqrt(global / base)
+    none = "none"
+
+
+class ScheduleName(str, Enum):
+    constant = "constant"
+    step = "step"
+    cosine = "cosine"
+    poly = "poly"
+
+
+class PrecisionName(str, Enum):
+    auto = "auto"  # bf16 where the device computes it natively, else fp32
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"  # autocast + dynamic loss scaling (GPU)
+
+
+class BackendName(str, Enum):
+    auto = "auto"  # xla if PJRT_DEVICE is set, cuda if a GPU is visible, else cpu
+    cpu = "cpu"  # torch.distributed over gloo
+    cuda = "cuda"  # torch.distributed over NCCL
+    xla = "xla"  # torch-xla (PJRT)
+
+
+class LoaderName(str, Enum):
+    torchvision = "torchvision"
+    dali = "dali"
+    auto = "auto"  # DALI where installed, else torchvision
+
+
+class CommAlgorithm(str, Enum):
+    flat = "flat"
+    hierarchical = "hierarchical"
+    torus2d = "torus2d"
+
+
+class CommCompress(str, Enum):
+    none = "none"
+    fp16 = "fp16"
+    bf16 = "bf16"
+
+
+class NonFinitePolicy(str, Enum):
+    skip = "skip"
+    stop = "stop"
+
+
+@dataclass
+class ModelConfig:
+    name: str = "resnet10t"  # any timm model name
+    zero_init_last_bn: bool = True  # Goyal et al. 2017 sec. 5.1: gamma=0 in each block's last BN
+    channels_last: bool = False
+    drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    compile: bool = False  # torch.compile the model (costs ~50 s of start-up on CPU)
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "sgd"  # a name from largebatch.optim.optimizer_names()
+    lr: float = 0.1  # per base_batch_size images, before scaling
+    weight_decay: float = 5e-5
+    exclude_bn_bias: bool = True  # no weight decay / no LARS adaptation on BN and bias
+    # Optimizer-specific options: None means "the optimizer's default". Setting one the
+    # chosen optimizer does not take is an error at start, naming the option.
+    momentum: Optional[float] = None
+    nesterov: Optional[bool] = None
+    trust_coefficient: Optional[float] = None
+    eps: Optional[float] = None
+    betas: Optional[List[float]] = None
+    foreach: Optional[bool] = None
+
+
+@dataclass
+class ScheduleConfig:
+    name: ScheduleName = ScheduleName.cosine
+    warmup_epochs: float = 0.0  # gradual warmup (Goyal et al. 2017 sec. 2.2), per iteration
+    warmup_start_factor: float = 0.1  # warmup starts at this fraction of the scaled lr
+    milestones: List[float] = field(default_factory=list)  # step decay: epochs
+    gamma: float = 0.1  # step decay: factor at each milestone
+    power: float = 2.0  # poly decay exponent (MLPerf ResNet-50: 2)
+    end_factor: float = 0.0  # cosine/poly: final lr as a fraction of the scaled lr
+
+
+@dataclass
+class SyntheticDataConfig:
+    classes: int = 10
+    train_per_class: int = 260
+    val_per_class: int = 50
+    image_size: int = 48  # generated JPEG side, pixels
+    seed: int = 0
+
+
+@dataclass
+class DataConfig:
+    # ImageFolder root with train/ and val/; null: the embedded data set. No default, so a
+    # data preset that does not set it (data=imagenet) asks for it at compose time.
+    root: Optional[str] = MISSING
+    loader: LoaderName = LoaderName.torchvision
+    image_size: int = 224  # training crop side, pixels
+    val_crop_ratio: float = 0.875  # val: resize shorter side to image_size/ratio, center crop
+    crop_scale: List[float] = field(default_factory=lambda: [0.08, 1.0])
+    workers: int = 2  # DataLoader workers (or DALI threads) per process
+    synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
+
+
+@dataclass
+class PrecisionConfig:
+    name: PrecisionName = PrecisionName.auto
+    init_scale: float = 65536.0  # fp16 dynamic loss scaling: initial scale
+    growth_interval: int = 2000  # fp16: steps without overflow before the scale doubles
+
+
+@dataclass
+class BackendConfig:
+    name: BackendName = BackendName.auto
+    timeout_s: int = 1800  # collective timeout
+
+
+@dataclass
+class BNConfig:
+    # Ranks whose batches form one BN batch (Ying et al. 2018 sec. 3.3): 1 = per-worker BN
+    # (Goyal et al.), -1 = the whole world.
+    group_size: int = 1
+
+
+@dataclass
+class CommConfig:
+    algorithm: CommAlgorithm = CommAlgorithm.flat
+    compress: CommCompress = CommCompress.none
+    bucket_mb: float = 25.0  # DDP bucket (tensor fusion) size, MiB
+    ranks_per_node: Optional[int] = None  # None: torchrun's LOCAL_WORLD_SIZE
+
+
+@dataclass
+class CheckpointConfig:
+    every_epochs: int = 1
+    every_steps: int = 0  # 0: only at epoch ends
+    keep: int = 3  # newest checkpoints kept on disk
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    bn: BNConfig = field(default_factory=BNConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    epochs: int = 16
+    global_batch_size: int = 256  # images per optimizer step, all devices together
+    base_batch_size: int = 256  # the batch optimizer.lr is given for
+    lr_scaling: LRScaling = LRScaling.linear
+    accumulation_steps: int = 1  # micro-batches per optimizer step
+    label_smoothing: float = 0.1
+    seed: int = 0
+    eval_every: int = 1  # epochs between evaluations (the last epoch is always evaluated)
+    log_every: int = 20  # steps between loss read-backs / log lines
+    target_top1: Optional[float] = None  # percent; time-to-accuracy is reported against it
+    stop_at_target: bool = False
+    max_steps: Optional[int] = None  # stop after this many optimizer steps (smoke runs)
+    non_finite: NonFinitePolicy = NonFinitePolicy.stop
+    max_skipped_steps: int = 10  # with non_finite=skip: give up after this many
+    output_root: str = "runs"  # a new run directory is made under it unless run_dir is set
+    run_dir: Optional[str] = None
+    resume: Optional[str] = None  # null | auto | path to a checkpoint
+    progress: bool = True  # tqdm progress bar on rank 0
+    tensorboard: bool = True
+
+
+def register_schema() -> None:
+    """Register the schema under the name ``train_schema`` (used by conf/train.yaml)."""
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)

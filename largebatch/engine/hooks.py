@@ -1,0 +1,314 @@
+"""Loop hooks, one concern each: data order, progress, metrics files, evaluation,
+time-to-accuracy, checkpoints, summary. Only rank 0 writes files or prints progress."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+
+from largebatch import __version__
+from largebatch.engine.checkpoint import capture_rng_state, checkpoint_name, save_checkpoint
+from largebatch.engine.evaluate import evaluate
+from largebatch.engine.loop import Hook
+
+__all__ = [
+    "CheckpointHook",
+    "DataOrderHook",
+    "EvalHook",
+    "JsonlHook",
+    "ProgressHook",
+    "SummaryHook",
+    "TensorBoardHook",
+]
+
+log = logging.getLogger("largebatch")
+
+
+class DataOrderHook(Hook):
+    """Sets the epoch's shuffle and skips the batches a resumed run has already seen."""
+
+    def before_epoch(self) -> None:
+        t = self.trainer
+        loader = t.train_loader
+        loader.set_epoch(t.state.epoch)
+        done = t.state.epoch_step * t.accumulation_steps
+        if done:
+            loader.sampler.set_start(done * loader.batch_size)
+
+
+class ProgressHook(Hook):
+    """tqdm bar per epoch (img/s, loss, lr) and one log line per log step and epoch."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.bar: Any = None
+
+    def before_epoch(self) -> None:
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        t = self.trainer
+        self.bar = tqdm(
+            total=t.steps_per_epoch,
+            initial=t.state.epoch_step,
+            desc=f"epoch {t.state.epoch + 1}/{t.epochs}",
+            unit="step",
+            leave=False,
+            dynamic_ncols=True,
+        )
+
+    def after_step(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def after_log(self, metrics: dict[str, float]) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(
+                loss=f"{metrics['loss']:.3f}", lr=f"{metrics['lr']:.3g}", img_s=f"{metrics['img_per_s']:.0f}"
+            )
+
+    def after_epoch(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def after_eval(self, metrics: dict[str, float]) -> None:
+        t = self.trainer
+        log.info(
+            "epoch %d/%d  step %d  val top-1 %.2f%%  top-5 %.2f%%  (%d images)  elapsed %.1fs",
+            t.state.epoch, t.epochs, t.state.step, metrics["top1"], metrics["top5"],
+            metrics["total"], t.elapsed(),
+        )
+
+    def after_train(self) -> None:
+        self.after_epoch()
+
+
+class _ScalarWriter(Hook):
+    """Common timing bookkeeping for the metric writers."""
+
+    def before_epoch(self) -> None:
+        self._epoch_start = time.perf_counter()
+
+    def epoch_time(self) -> float:
+        return time.perf_counter() - getattr(self, "_epoch_start", time.perf_counter())
+
+
+class TensorBoardHook(_ScalarWriter):
+    """Scalars: train loss, lr, img/s, val top-1/top-5, epoch time."""
+
+    def __init__(self, log_dir: str | os.PathLike) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def after_log(self, metrics: dict[str, float]) -> None:
+        step = self.trainer.state.step
+        self.writer.add_scalar("train/loss", metrics["loss"], step)
+        self.writer.add_scalar("train/lr", metrics["lr"], step)
+        self.writer.add_scalar("train/img_per_s", metrics["img_per_s"], step)
+
+    def after_eval(self, metrics: dict[str, float]) -> None:
+        s = self.trainer.state
+        self.writer.add_scalar("val/top1", metrics["top1"], s.step)
+        self.writer.add_scalar("val/top5", metrics["top5"], s.step)
+        self.writer.add_scalar("val/loss", metrics["loss"], s.step)
+        self.writer.add_scalar("val/top1_vs_wall_s", metrics["top1"], int(self.trainer.elapsed()))
+
+    def after_epoch(self) -> None:
+        self.writer.add_scalar("train/epoch_time_s", self.epoch_time(), self.trainer.state.epoch)
+        self.writer.flush()
+
+    def after_train(self) -> None:
+        self.writer.close()
+
+
+class JsonlHook(_ScalarWriter):
+    """``metrics.jsonl``: one JSON object a line for train logs, evaluations and the summary."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.file = open(self.path, "a", encoding="utf-8")
+
+    def write(self, kind: str, **fields: Any) -> None:
+        s = self.trainer.state
+        record = {"kind": kind, "epoch": s.epoch, "step": s.step, "time_s": round(self.trainer.elapsed(), 3)}
+        record.update(fields)
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def after_log(self, metrics: dict[str, float]) -> None:
+        self.write("train", **metrics)
+
+    def after_eval(self, metrics: dict[str, float]) -> None:
+        self.write("eval", **metrics)
+
+    def after_epoch(self) -> None:
+        self.write("epoch", epoch_time_s=round(self.epoch_time(), 3))
+
+    def after_train(self) -> None:
+        self.file.close()
+
+
+class EvalHook(Hook):
+    """Exact evaluation every ``every`` epochs and after the last; time-to-accuracy.
+
+    The time to target is the training wall time (evaluation included, as MLPerf counts it)
+    from the first training step to the end of the first evaluation at or above
+    ``target_top1``; with ``stop_at_target`` the run stops there.
+    """
+
+    def __init__(
+        self,
+        val_loader: Iterable,
+        *,
+        every: int = 1,
+        target_top1: Optional[float] = None,
+        stop_at_target: bool = False,
+        channels_last: bool = False,
+    ) -> None:
+        self.val_loader = val_loader
+        self.every = max(1, every)
+        self.target_top1 = target_top1
+        self.stop_at_target = stop_at_target
+        self.channels_last = channels_last
+
+    def after_epoch(self) -> None:
+        t = self.trainer
+        epoch = t.state.epoch
+        if epoch % self.every and epoch != t.epochs:
+            return
+        metrics = evaluate(
+            t.model, self.val_loader, backend=t.backend, autocast_dtype=t.autocast_dtype,
+            channels_last=self.channels_last,
+        )
+        metrics["epoch"] = epoch
+        metrics["wall_s"] = round(t.elapsed(), 3)
+        s = t.state
+        s.evals.append(metrics)
+        if metrics["top1"] > s.best_top1:
+            s.best_top1, s.best_epoch = metrics["top1"], epoch
+        reached = self.target_top1 is not None and metrics["top1"] >= self.target_top1
+        if reached and s.time_to_target_s is None:
+            s.time_to_target_s = metrics["wall_s"]
+        if reached and self.stop_at_target:
+            t.request_stop(f"target top-1 {self.target_top1}% reached")
+        t.call("after_eval", metrics)
+
+
+class CheckpointHook(Hook):
+    """Atomic checkpoints every N epochs / N steps and at the end; keeps the newest K.
+
+    ``extra_state`` returns what the run adds (resolved config, ...); only rank 0 writes.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        every_epochs: int = 1,
+        every_steps: int = 0,
+        keep: int = 3,
+        extra_state: Callable[[], dict[str, Any]] = dict,
+    ) -> None:
+        self.directory = Path(directory)
+        self.every_epochs = every_epochs
+        self.every_steps = every_steps
+        self.keep = keep
+        self.extra_state = extra_state
+        self.last_saved_step: Optional[int] = None
+
+    def state(self) -> dict[str, Any]:
+        t = self.trainer
+        model = getattr(t.model, "module", t.model)
+        return {
+            "version": __version__,
+            "model": model.state_dict(),
+            "optimizer": t.optimizer.state_dict(),
+            "scheduler": t.scheduler.state_dict(),
+            "scaler": t.scaler.state_dict() if t.scaler is not None else None,
+            "train_state": t.state.state_dict() | {"elapsed_s": t.elapsed()},
+            "rng": capture_rng_state(),
+            "world_size": t.backend.world_size,
+            "global_batch_size": t.global_batch_size,
+            **self.extra_state(),
+        }
+
+    def save(self) -> None:
+        t = self.trainer
+        if t.state.step == self.last_saved_step:
+            return
+        self.last_saved_step = t.state.step
+        if t.backend.is_main:
+            path = save_checkpoint(
+                self.state(), self.directory, checkpoint_name(t.state.epoch, t.state.step), keep=self.keep
+            )
+            log.debug("saved %s", path)
+        t.backend.barrier()
+
+    def after_step(self) -> None:
+        t = self.trainer
+        if self.every_steps and t.state.step % self.every_steps == 0 and t.state.epoch_step < t.steps_per_epoch:
+            self.save()
+
+    def after_epoch(self) -> None:
+        t = self.trainer
+        if (self.every_epochs and t.state.epoch % self.every_epochs == 0) or t.state.epoch == t.epochs:
+            self.save()
+
+    def after_train(self) -> None:
+        t = self.trainer
+        if t.stop_reason is not None:
+            self.save()  # stopped early: keep the position (a no-op if just saved)
+
+
+class SummaryHook(Hook):
+    """The final summary line and ``summary.json``."""
+
+    def __init__(self, path: Optional[str | os.PathLike], *, target_top1: Optional[float], extra: dict[str, Any]) -> None:
+        self.path = Path(path) if path else None
+        self.target_top1 = target_top1
+        self.extra = extra
+        self.summary: dict[str, Any] = {}
+
+    def after_train(self) -> None:
+        t = self.trainer
+        s = t.state
+        last = s.evals[-1] if s.evals else {}
+        self.summary = {
+            "best_top1": round(s.best_top1, 3) if s.evals else None,
+            "best_epoch": s.best_epoch if s.evals else None,
+            "final_top1": round(last["top1"], 3) if last else None,
+            "final_top5": round(last["top5"], 3) if last else None,
+            "epochs": s.epoch,
+            "steps": s.step,
+            "wall_time_s": round(s.elapsed_s, 2),
+            "img_per_s": round(s.images_seen / s.elapsed_s, 1) if s.elapsed_s > 0 else None,
+            "target_top1": self.target_top1,
+            "time_to_target_s": s.time_to_target_s,
+            "stop_reason": t.stop_reason,
+            **self.extra,
+        }
+        if not t.backend.is_main:
+            return
+        if self.path is not None:
+            self.path.write_text(json.dumps(self.summary, indent=2) + "\n", encoding="utf-8")
+        best = f"{s.best_top1:.2f}% (epoch {s.best_epoch})" if s.evals else "n/a (no evaluation)"
+        if self.target_top1 is None:
+            target = "no target set"
+        elif s.time_to_target_s is not None:
+            target = f"time to {self.target_top1:g}%: {s.time_to_target_s:.1f}s"
+        else:
+            target = f"target {self.target_top1:g}% not reached"
+        print(
+            f"largebatch: best val top-1 {best}, {s.epoch} epochs, {s.step} steps, "
+            f"training wall time {s.elapsed_s:.1f}s, {target}",
+            flush=True,
+        )

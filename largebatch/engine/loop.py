@@ -1,0 +1,213 @@
+"""The training loop: a few dozen lines, with hooks around it.
+
+Event order (each hook sees the events it defines, in the order the hooks were given)::
+
+    before_train
+    for epoch in epochs:
+        before_epoch                      # data order for the epoch (resumable mid-epoch)
+        for step in epoch:                # one optimizer step = accumulation_steps micro-batches
+            run_step                      # no host read here
+            after_step                    # checkpoints every N steps, stop requests
+            after_log(metrics)            # only every log_every steps: the one loss read-back
+        after_epoch                       # state.epoch now counts this epoch as done:
+                                          # evaluation (-> after_eval(metrics)), checkpoint
+    after_train                           # summary; runs in `finally`, also on errors
+
+The loss is accumulated on the device and read back to the host only on log steps, so a
+step never waits for the device (and on XLA the step graph stays the same).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["Hook", "NonFiniteLossError", "Trainer", "TrainState"]
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+@dataclass
+class TrainState:
+    """What the loop has done; checkpointed and restored with the run."""
+
+    epoch: int = 0  # epochs completed (= the 0-based index of the current epoch)
+    step: int = 0  # optimizer steps done in the whole run
+    epoch_step: int = 0  # optimizer steps done in the current epoch
+    images_seen: int = 0
+    skipped_steps: int = 0
+    best_top1: float = -1.0
+    best_epoch: int = -1
+    time_to_target_s: Optional[float] = None
+    elapsed_s: float = 0.0  # training wall time before this process (resumed runs)
+    evals: list[dict[str, Any]] = field(default_factory=list)
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+class Hook:
+    """Base class of loop hooks: override the events you need; ``self.trainer`` is set."""
+
+    trainer: "Trainer"
+
+    def before_train(self) -> None: ...
+    def before_epoch(self) -> None: ...
+    def after_step(self) -> None: ...
+    def after_log(self, metrics: dict[str, float]) -> None: ...
+    def after_epoch(self) -> None: ...
+    def after_eval(self, metrics: dict[str, float]) -> None: ...
+    def after_train(self) -> None: ...
+
+
+class Trainer:
+    """Runs the optimizer steps of a run; everything else is a hook."""
+
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        train_loader: Any,
+        backend: Any,
+        epochs: int,
+        global_batch_size: int,
+        accumulation_steps: int = 1,
+        label_smoothing: float = 0.0,
+        autocast_dtype: Optional[torch.dtype] = None,
+        scaler: Any = None,
+        log_every: int = 20,
+        max_steps: Optional[int] = None,
+        hooks: Sequence[Hook] = (),
+        state: Optional[TrainState] = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.train_loader = train_loader
+        self.backend = backend
+        self.epochs = epochs
+        self.global_batch_size = global_batch_size
+        self.accumulation_steps = accumulation_steps
+        self.label_smoothing = label_smoothing
+        self.autocast_dtype = autocast_dtype
+        self.scaler = scaler
+        self.log_every = max(1, log_every)
+        self.max_steps = max_steps
+        self.state = state or TrainState()
+        self.hooks = list(hooks)
+        for h in self.hooks:
+            h.trainer = self
+        self.steps_per_epoch = len(train_loader) // accumulation_steps
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"an epoch has no optimizer step: {len(train_loader)} batches per rank for "
+                f"{accumulation_steps} accumulation steps; use a smaller global_batch_size"
+            )
+        self.stop_reason: Optional[str] = None
+        self.start_time: Optional[float] = None  # wall clock at the first step of this process
+        self._loss_sum = torch.zeros((), device=backend.device)
+        self._loss_steps = 0
+        self._log_time = 0.0
+        self._log_images = 0
+
+    # -- helpers for hooks -------------------------------------------------------------
+    def call(self, event: str, *args: Any) -> None:
+        for h in self.hooks:
+            getattr(h, event)(*args)
+
+    def request_stop(self, reason: str) -> None:
+        self.stop_reason = self.stop_reason or reason
+
+    def elapsed(self) -> float:
+        """Training wall time of the whole run so far (all processes of a resumed run)."""
+        now = time.perf_counter()
+        return self.state.elapsed_s + (now - self.start_time if self.start_time else 0.0)
+
+    def current_lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    # -- the loop ------------------------------------------------------------------------
+    def train(self) -> TrainState:
+        self.call("before_train")
+        try:
+            while self.state.epoch < self.epochs and self.stop_reason is None:
+                self.call("before_epoch")
+                batches = iter(self.train_loader)
+                while self.state.epoch_step < self.steps_per_epoch and self.stop_reason is None:
+                    micro = list(itertools.islice(batches, self.accumulation_steps))
+                    if len(micro) < self.accumulation_steps:
+                        break  # the loader ended early (e.g. skipped unreadable files)
+                    self.run_step(micro)
+                    self.call("after_step")
+                    if self.state.step % self.log_every == 0 or self.state.epoch_step == self.steps_per_epoch:
+                        self.call("after_log", self._read_metrics())
+                    if self.max_steps is not None and self.state.step >= self.max_steps:
+                        self.request_stop(f"max_steps={self.max_steps} reached")
+                if self.state.epoch_step < self.steps_per_epoch and self.stop_reason is not None:
+                    break  # stopped mid-epoch
+                self.state.epoch += 1
+                self.state.epoch_step = 0
+                self.call("after_epoch")
+        finally:
+            self.state.elapsed_s = self.elapsed()
+            self.start_time = None
+            self.call("after_train")
+        return self.state
+
+    def run_step(self, micro_batches: list[Any]) -> None:
+        """Forward/backward over the micro-batches, then one optimizer step."""
+        if self.start_time is None:
+            self.start_time = time.perf_counter()
+            self._log_time = self.start_time
+        n = len(micro_batches)
+        step_loss = torch.zeros((), device=self.backend.device)
+        for i, (images, labels, *_) in enumerate(micro_batches):
+            sync = contextlib.nullcontext() if i == n - 1 else self.backend.no_sync(self.model)
+            with sync:
+                with self.backend.autocast(self.autocast_dtype):
+                    logits = self.model(images)
+                loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.label_smoothing) / n
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            step_loss += loss.detach()
+            self._log_images += images.shape[0] * self.backend.world_size
+        self.backend.optimizer_step(self.optimizer, self.scaler)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.backend.mark_step()
+        self._loss_sum += step_loss
+        self._loss_steps += 1
+        self.state.step += 1
+        self.state.epoch_step += 1
+        self.state.images_seen += self.global_batch_size
+
+    def _read_metrics(self) -> dict[str, float]:
+        """The one host read-back: mean loss since the last log step, lr, throughput."""
+        loss = (self._loss_sum / max(self._loss_steps, 1)).item()
+        now = time.perf_counter()
+        ips = self._log_images / max(now - self._log_time, 1e-9)
+        self._loss_sum.zero_()
+        self._loss_steps = 0
+        self._log_images = 0
+        self._log_time = now
+        if not math.isfinite(loss):
+            raise NonFiniteLossError(
+                f"the training loss is {loss} at step {self.state.step} (epoch "
+                f"{self.state.epoch}) on rank {self.backend.rank}; lower optimizer.lr, raise "
+                f"schedule.warmup_epochs, or use precision=fp32 to find the cause"
+            )
+        return {"loss": loss, "lr": self.current_lr(), "img_per_s": ips}

@@ -1,0 +1,73 @@
+"""Model construction: timm models with the large-batch model surgery.
+
+* zero-initialised last BN gamma of every residual block (Goyal et al. 2017, sec. 5.1: each
+  block starts as the identity, which makes the early, high-lr phase of large-batch
+  training stable);
+* channels_last memory format (faster convolutions on GPUs with tensor cores).
+
+No weights are downloaded: models are built from scratch (``pretrained=False``).
+"""
+
+from __future__ import annotations
+
+import timm
+import torch
+from torch import nn
+
+__all__ = ["build_model", "zero_init_last_bn", "ModelError"]
+
+
+class ModelError(ValueError):
+    """A model name or option that cannot be built."""
+
+
+def zero_init_last_bn(model: nn.Module) -> int:
+    """Zero the gamma of the last BN in each residual block; return how many were zeroed.
+
+    timm's ResNet blocks implement ``zero_init_last()``; EfficientNet/MobileNet blocks do not,
+    so for blocks with a skip connection (``has_skip``) the BN that ends the residual branch
+    (``bn3`` in inverted residuals, ``bn2`` in depthwise-separable blocks) is zeroed here.
+    """
+    count = 0
+    for module in model.modules():
+        if callable(getattr(module, "zero_init_last", None)):
+            module.zero_init_last()
+            count += 1
+        elif getattr(module, "has_skip", False):
+            for attr in ("bn3", "bn2"):
+                bn = getattr(module, attr, None)
+                if isinstance(bn, nn.modules.batchnorm._BatchNorm) and bn.weight is not None:
+                    nn.init.zeros_(bn.weight)
+                    count += 1
+                    break
+    return count
+
+
+def build_model(
+    name: str,
+    num_classes: int,
+    *,
+    zero_init_last_bn_gamma: bool = True,
+    drop_rate: float = 0.0,
+    drop_path_rate: float = 0.0,
+) -> nn.Module:
+    """Build the timm model ``name`` for ``num_classes`` classes, from scratch."""
+    if not timm.is_model(name):
+        close = timm.list_models(f"*{name.split('_')[0]}*")[:8]
+        hint = f" Similar names: {', '.join(close)}." if close else ""
+        raise ModelError(f"unknown model {name!r} (timm has no such model).{hint}")
+    kwargs: dict = {"num_classes": num_classes, "drop_rate": drop_rate}
+    if drop_path_rate:
+        kwargs["drop_path_rate"] = drop_path_rate
+    try:
+        # timm's ResNet zero-inits by default; make that follow our flag.
+        model = timm.create_model(name, pretrained=False, zero_init_last=False, **kwargs)
+    except TypeError:
+        model = timm.create_model(name, pretrained=False, **kwargs)
+    if zero_init_last_bn_gamma:
+        zero_init_last_bn(model)
+    return model
+
+
+def to_channels_last(model: nn.Module) -> nn.Module:
+    return model.to(memory_format=torch.channels_last)

@@ -1,0 +1,57 @@
+"""Packaging for largebatch.
+
+The Hydra config tree lives at the top level in ``conf/`` (where users look for it) and is
+installed as the package ``largebatch.conf`` so an installed, non-editable package finds it
+through ``pkg://largebatch.conf``.
+"""
+
+from pathlib import Path
+
+from setuptools import setup
+
+ROOT = Path(__file__).parent
+PACKAGES = [
+    "largebatch",
+    *(
+        p.parent.relative_to(ROOT).as_posix().replace("/", ".")
+        for p in sorted((ROOT / "largebatch").rglob("__init__.py"))
+        if p.parent != ROOT / "largebatch"
+    ),
+    "largebatch.conf",
+]
+
+setup(
+    name="largebatch",
+    version="0.1.0",
+    description="Large-batch ImageNet training (LARS/LAMB, grouped SyncBN, LR scaling and "
+    "warmup) on CPU, GPU clusters and TPU pods",
+    long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=PACKAGES,
+    package_dir={"largebatch.conf": "conf"},
+    package_data={"largebatch.conf": ["**/*.yaml"]},
+    install_requires=[
+        "torch>=2.4",
+        "torchvision>=0.19",
+        "timm>=1.0",
+        "hydra-core>=1.3,<1.4",
+        "omegaconf>=2.3",
+        "tensorboard>=2.14",
+        "tqdm>=4.60",
+        "numpy>=1.24",
+        "pillow>=10",
+    ],
+    extras_require={
+        "dev": ["pytest>=8", "matplotlib>=3.7"],
+        "dali": ["nvidia-dali-cuda130>=2.0"],
+        "xla": ["torch==2.9.0", "torchvision==0.24.0", "torch-xla==2.9.0"],
+        "report": ["matplotlib>=3.7"],
+    },
+    entry_points={
+        "console_scripts": [
+            "largebatch-train=largebatch.cli:main",
+            "largebatch-make-synthetic=largebatch.data.synthetic:main",
+        ]
+    },
+)
