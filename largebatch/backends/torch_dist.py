@@ -34,8 +34,10 @@ class TorchDistributedBackend(Backend):
         self.name = kind
         self.kind = kind
         self.timeout = datetime.timedelta(seconds=timeout_s)
-        self.rank = _env_int("RANK", 0)
-        self.world_size = _env_int("WORLD_SIZE", 1)
+        if dist.is_available() and dist.is_initialized():  # joined by the caller already
+            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        else:
+            self.rank, self.world_size = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
         self.local_rank = _env_int("LOCAL_RANK", 0)
         self.local_world_size = _env_int("LOCAL_WORLD_SIZE", self.world_size)
         if kind == "cuda":

@@ -1,0 +1,96 @@
+"""The training CLI end to end on a tiny generated data set, and its one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from largebatch.cli import main, plan_batches, UsageError
+from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
+
+TINY = [
+    "debug=smoke",
+    "progress=false",
+    "model=resnet10t",
+    "data.workers=0",
+]
+
+
+@pytest.fixture()
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def _only_run_dir(root: Path) -> Path:
+    runs = [p for p in root.iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def test_two_epoch_run_writes_logs_and_a_loadable_checkpoint(cache: Path, capsys: pytest.CaptureFixture) -> None:
+    out = cache / "runs"
+    assert main([*TINY, "epochs=2", f"output_root={out}", "optimizer=lars"]) == 0
+    run = _only_run_dir(out)
+    assert "largebatch: best val top-1" in capsys.readouterr().out
+    events = list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records if r["kind"] == "eval"] == [1, 2]
+    assert {"train", "eval", "epoch"} <= {r["kind"] for r in records}
+    ckpts = list_checkpoints(run / "checkpoints")
+    assert ckpts, "no checkpoint written"
+    state = load_checkpoint(ckpts[-1])
+    assert state["train_state"]["epoch"] == 2 and state["config"]["optimizer"]["name"] == "lars"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["epochs"] == 2 and summary["best_top1"] is not None
+    assert (run / "config.yaml").exists()
+
+
+def test_runs_on_a_user_imagefolder(cache: Path) -> None:
+    from largebatch.data.synthetic import make_synthetic_imagenet
+
+    root = make_synthetic_imagenet(cache / "my_data", num_classes=3, train_per_class=12, val_per_class=4, image_size=36)
+    out = cache / "runs"
+    assert main([*TINY, "epochs=1", f"data.root={root}", f"output_root={out}", "global_batch_size=12"]) == 0
+    summary = json.loads((_only_run_dir(out) / "summary.json").read_text())
+    assert summary["num_classes"] == 3
+
+
+def test_batch_plan() -> None:
+    assert plan_batches(1024, 4, 2).per_device == 128
+    with pytest.raises(UsageError, match="not divisible.*multiple of 12"):
+        plan_batches(1000, 4, 3)
+
+
+@pytest.mark.parametrize(
+    "args,pattern",
+    [
+        (["optimizer.lrr=1"], "did you mean 'optimizer.lr'"),
+        (["global_batch_size=30", "accumulation_steps=4"], "not divisible"),
+        (["data.root=/no/such/folder"], "does not exist"),
+        (["model=resnet10t", "model.name=resnet51x"], "unknown model"),
+        (["optimizer=sgd", "optimizer.betas=[0.9,0.99]"], "betas"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(cache: Path, capsys: pytest.CaptureFixture, args: list[str], pattern: str) -> None:
+    code = main([*TINY, f"output_root={cache / 'runs'}", *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.startswith("largebatch: error:") and "\n" not in err and "Traceback" not in err
+    assert pattern in err
+
+
+def test_console_script_and_module_entry(cache: Path) -> None:
+    env = dict(os.environ, LARGEBATCH_CACHE=str(cache / "cache"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "largebatch.train", "epochs=many"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert proc.returncode == 2 and "epochs" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,44 @@
+"""An installed, non-editable package finds its Hydra config tree (shipped as package data)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_PROBE = """
+import largebatch, largebatch.conf, sys
+from largebatch.config import compose_config
+cfg = compose_config(["optimizer=lars", "model=resnet50"])
+assert cfg.optimizer.name == "lars" and cfg.model.name == "resnet50"
+print(largebatch.__file__)
+print(largebatch.conf.__file__)
+"""
+
+
+@pytest.mark.slow
+def test_wheel_install_finds_conf(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT)],
+        check=True, timeout=300,
+    )
+    wheel = next(wheels.glob("largebatch-*.whl"))
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+        check=True, timeout=300,
+    )
+    assert (site / "largebatch" / "conf" / "train.yaml").exists()
+    assert (site / "largebatch" / "conf" / "optimizer" / "lars.yaml").exists()
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE], cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    pkg_file, conf_file = out.stdout.split()
+    assert pkg_file.startswith(str(site)) and conf_file.startswith(str(site))
