@@ -1,0 +1,309 @@
+"""The torchvision input pipeline: ImageFolder trees (ImageNet or the embedded set) to batches.
+
+Training augmentation is the standard ImageNet recipe (RandomResizedCrop + horizontal flip,
+as in Goyal et al. 2017 and the torchvision references); evaluation resizes the shorter side
+to ``image_size / crop_ratio`` and takes the centre crop (0.875: 256 -> 224).
+
+Batch contract of :func:`build_loaders`:
+
+* Iterating a loader yields ``(images, labels)``: float32 ``(N, 3, H, W)`` normalised
+  images and int64 ``(N,)`` labels.
+* An unreadable file (empty, truncated, not an image) never stops a run: it is skipped and
+  counted in ``loader.skipped`` (images skipped in this process since the loader was built;
+  sum it over ranks for a global count). The count travels inside each batch from the
+  worker, so it is right with any number of DataLoader workers.
+* Train batches keep their full size ``batch_size`` (fixed shapes: no XLA recompile, no
+  uneven DDP step): a skipped image's slot is refilled with a readable image of the same
+  batch. If every image of a batch is unreadable, ``DataError`` is raised.
+* Val batches drop skipped images (so nothing is counted twice); a batch that loses every
+  image is not yielded. A rank whose exact shard is empty yields no batch at all.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import warnings
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+from torchvision.datasets import ImageFolder
+from torchvision.datasets.folder import IMG_EXTENSIONS
+from torchvision.transforms import v2
+
+from largebatch.data.samplers import ExactShardSampler, ShardedSampler
+
+__all__ = [
+    "IMAGENET_DEFAULT_MEAN",
+    "IMAGENET_DEFAULT_STD",
+    "DataError",
+    "RobustImageFolder",
+    "SkipCountingLoader",
+    "build_loaders",
+    "build_train_transform",
+    "build_val_transform",
+    "collate_skipping",
+    "load_rgb",
+]
+
+logger = logging.getLogger(__name__)
+
+# The same values as timm.data.IMAGENET_DEFAULT_MEAN/STD (not imported: timm is heavy).
+IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
+
+
+class DataError(ValueError):
+    """A data set that cannot be used as it is; the message names the path and the fix."""
+
+
+# ---------------------------------------------------------------------------------------
+# transforms
+
+
+def build_train_transform(
+    image_size: int,
+    *,
+    scale: Sequence[float] = (0.08, 1.0),
+    ratio: Sequence[float] = (3 / 4, 4 / 3),
+    hflip: float = 0.5,
+    mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
+    std: Sequence[float] = IMAGENET_DEFAULT_STD,
+) -> v2.Compose:
+    """RandomResizedCrop to ``image_size`` + horizontal flip (probability ``hflip``) + normalise."""
+    steps: list[Callable] = [
+        v2.RandomResizedCrop(image_size, scale=tuple(scale), ratio=tuple(ratio), antialias=True)
+    ]
+    if hflip > 0:
+        steps.append(v2.RandomHorizontalFlip(hflip))
+    steps += [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
+    return v2.Compose(steps)
+
+
+def build_val_transform(
+    image_size: int,
+    *,
+    crop_ratio: float = 0.875,
+    mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
+    std: Sequence[float] = IMAGENET_DEFAULT_STD,
+) -> v2.Compose:
+    """Resize the shorter side to ``image_size / crop_ratio``, centre-crop ``image_size``."""
+    if not 0 < crop_ratio <= 1:
+        raise ValueError(f"crop_ratio must be in (0, 1], got {crop_ratio}")
+    return v2.Compose([
+        v2.Resize(round(image_size / crop_ratio), antialias=True),
+        v2.CenterCrop(image_size),
+        v2.PILToTensor(),
+        v2.ToDtype(torch.float32, scale=True),
+        v2.Normalize(mean, std),
+    ])
+
+
+# ---------------------------------------------------------------------------------------
+# data set
+
+
+def load_rgb(path: str) -> Image.Image:
+    """Decode any image Pillow reads (JPEG L/CMYK, PNG, palette, RGBA) into an RGB image.
+
+    The content decides the format, not the name: ImageNet holds a PNG and CMYK JPEGs named
+    ``.JPEG``. Raises ``OSError``/``ValueError`` for a file that is not a whole image.
+    """
+    with Image.open(path) as img:
+        img.load()  # decode now, inside the caller's error handling (truncation shows here)
+        if img.mode == "P" and "transparency" in img.info:
+            img = img.convert("RGBA")  # avoids Pillow's palette-transparency warning
+        return img.convert("RGB")
+
+
+class RobustImageFolder(ImageFolder):
+    """ImageFolder that decodes every image to RGB and skips unreadable files.
+
+    ``dataset[i]`` is ``(image, label)``, or ``None`` when file ``i`` cannot be decoded (the
+    path and the reason are logged once per process); :func:`collate_skipping` removes the
+    ``None`` and counts it. Raises :class:`DataError` for a missing root or a class folder
+    without images, instead of torchvision's generic errors.
+    """
+
+    def __init__(self, root: str | os.PathLike, transform: Callable | None = None) -> None:
+        root = os.fspath(root)
+        if not os.path.isdir(root):
+            raise DataError(f"data folder {root} does not exist: point data.root at an "
+                            f"ImageFolder tree (<root>/<class>/*.JPEG)")
+        try:
+            super().__init__(root, transform=transform, loader=load_rgb, allow_empty=True)
+        except FileNotFoundError as err:  # no class folder at all
+            raise DataError(f"data folder {root} has no class sub-folders ({err})") from None
+        counts = [0] * len(self.classes)
+        for target in self.targets:
+            counts[target] += 1
+        empty = [c for c, n in zip(self.classes, counts) if n == 0]
+        if empty:
+            raise DataError(
+                f"class folder {os.path.join(root, empty[0])} holds no image "
+                f"({len(empty)} empty class folder(s); extensions read: {', '.join(IMG_EXTENSIONS)}): "
+                f"add images or remove the folder"
+            )
+        self._reported: set[str] = set()
+
+    def __getitem__(self, index: int) -> tuple[Any, int] | None:
+        path, target = self.samples[index]
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # e.g. Pillow's EXIF / decompression warnings
+                image = self.loader(path)
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+            if path not in self._reported:
+                self._reported.add(path)
+                logger.warning("skipping unreadable image %s: %s", path, err)
+            return None
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, target
+
+
+def collate_skipping(
+    batch: list[tuple[torch.Tensor, int] | None], *, refill: bool
+) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
+    """Stack a batch, leaving out the ``None`` of unreadable files: ``(images, labels, n_skipped)``.
+
+    ``refill=True`` (training) fills the left-out slots with the batch's readable samples,
+    cyclically, so the batch keeps its size; it raises :class:`DataError` if none is
+    readable. ``refill=False`` (evaluation) returns the smaller batch, or ``(None, None, n)``
+    if nothing is left.
+    """
+    good = [s for s in batch if s is not None]
+    skipped = len(batch) - len(good)
+    if not good:
+        if refill:
+            raise DataError(f"all {len(batch)} images of a training batch are unreadable: "
+                            f"check the data set (the log names each file)")
+        return None, None, skipped
+    if refill and skipped:
+        good += [good[i % len(good)] for i in range(skipped)]
+    images = torch.stack([s[0] for s in good])
+    labels = torch.tensor([s[1] for s in good], dtype=torch.int64)
+    return images, labels, skipped
+
+
+class SkipCountingLoader:
+    """A DataLoader whose batches are ``(images, labels)``; ``skipped`` counts bad files.
+
+    Wraps a DataLoader built with :func:`collate_skipping`. ``len()``, ``sampler``,
+    ``dataset`` and ``batch_size`` are the DataLoader's; ``set_epoch`` forwards to the sampler.
+    """
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.loader = loader
+        self.skipped = 0
+
+    @property
+    def sampler(self) -> Any:
+        return self.loader.sampler
+
+    @property
+    def dataset(self) -> Any:
+        return self.loader.dataset
+
+    @property
+    def batch_size(self) -> int | None:
+        return self.loader.batch_size
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for images, labels, skipped in self.loader:
+            self.skipped += skipped
+            if images is not None:
+                yield images, labels
+
+
+def _check_same_classes(train: RobustImageFolder, val: RobustImageFolder) -> None:
+    if train.classes != val.classes:
+        only_train = sorted(set(train.classes) - set(val.classes))
+        only_val = sorted(set(val.classes) - set(train.classes))
+        raise DataError(
+            f"train ({train.root}) and val ({val.root}) class folders differ: "
+            f"{len(only_train)} only in train {only_train[:3]}, {len(only_val)} only in val "
+            f"{only_val[:3]}; both splits need the same class folders"
+        )
+
+
+def _split_folder(root: str, split: str) -> str:
+    path = os.path.join(root, split)
+    if not os.path.isdir(root):
+        raise DataError(f"data root {root} does not exist: set data.root to a folder holding "
+                        f"train/ and val/, or leave it unset for the embedded data set")
+    if not os.path.isdir(path):
+        raise DataError(f"data root {root} has no {split}/ folder: expected "
+                        f"{root}/{split}/<class>/*.JPEG")
+    return path
+
+
+def build_loaders(
+    root: str | os.PathLike,
+    *,
+    image_size: int,
+    batch_size: int,
+    workers: int,
+    rank: int = 0,
+    world_size: int = 1,
+    seed: int = 0,
+    crop_scale: Sequence[float] = (0.08, 1.0),
+    val_crop_ratio: float = 0.875,
+    pin_memory: bool = False,
+    val_batch_size: int | None = None,
+) -> tuple[SkipCountingLoader, SkipCountingLoader, int]:
+    """Train and val loaders of ``root/train`` and ``root/val`` for one rank.
+
+    Args:
+        root: folder holding ``train/<class>/`` and ``val/<class>/``.
+        image_size: side of the training crop and of the val centre crop, pixels.
+        batch_size: per-device batch size (the global batch is this x world size).
+        workers: DataLoader worker processes per rank (persistent when > 0).
+        rank, world_size: this rank's place; train uses :class:`ShardedSampler` (drop_last,
+            whole batches, reshuffled per epoch via ``set_epoch``), val
+            :class:`ExactShardSampler` (every image once over all ranks).
+        seed: seed of the shard permutation and of this rank's augmentation stream
+            (``seed`` + rank, so ranks augment differently).
+        crop_scale: RandomResizedCrop area range.
+        val_crop_ratio: val centre crop / resized shorter side.
+        pin_memory: pin batches for faster host-to-device copies.
+        val_batch_size: per-device val batch (default ``batch_size``).
+
+    Returns ``(train_loader, val_loader, num_classes)``; see the module docstring for the
+    batch and skip contract.
+    """
+    root = os.fspath(root)
+    train_set = RobustImageFolder(
+        _split_folder(root, "train"), build_train_transform(image_size, scale=crop_scale)
+    )
+    val_set = RobustImageFolder(
+        _split_folder(root, "val"), build_val_transform(image_size, crop_ratio=val_crop_ratio)
+    )
+    _check_same_classes(train_set, val_set)
+    train_sampler = ShardedSampler(
+        len(train_set), rank=rank, world_size=world_size, batch_size=batch_size, seed=seed
+    )
+    val_sampler = ExactShardSampler(len(val_set), rank=rank, world_size=world_size)
+    common: dict[str, Any] = dict(num_workers=workers, pin_memory=pin_memory,
+                                  persistent_workers=workers > 0)
+    if workers > 0:
+        common["prefetch_factor"] = 2
+    train = DataLoader(
+        train_set, batch_size=batch_size, sampler=train_sampler, drop_last=True,
+        collate_fn=functools.partial(collate_skipping, refill=True),
+        generator=torch.Generator().manual_seed(seed + rank), **common,
+    )
+    val = DataLoader(
+        val_set, batch_size=val_batch_size or batch_size, sampler=val_sampler, drop_last=False,
+        collate_fn=functools.partial(collate_skipping, refill=False), **common,
+    )
+    return SkipCountingLoader(train), SkipCountingLoader(val), len(train_set.classes)

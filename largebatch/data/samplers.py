@@ -1,0 +1,157 @@
+"""Samplers that split a data set between ranks: sharded training, exact evaluation.
+
+``ShardedSampler`` gives each rank a disjoint, equally long shard of one permutation per
+epoch (the same seed on every rank), with a mid-epoch start for resume. ``ExactShardSampler``
+gives each rank a contiguous block so that every validation image is counted exactly once at
+any world size (Wongpanich et al. 2020, distributed evaluation; the MLPerf rule), with no
+padding duplicates: unlike ``torch.utils.data.DistributedSampler``, a rank may get fewer
+images than another, or none.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+__all__ = ["ExactShardSampler", "ShardedSampler", "exact_shard_bounds"]
+
+
+def _check_rank(rank: int, world_size: int) -> None:
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank}")
+
+
+class ShardedSampler(Sampler[int]):
+    """Training sampler: rank ``r`` of ``w`` reads ``perm[r::w]`` of this epoch's permutation.
+
+    Args:
+        dataset_len: number of samples in the data set.
+        rank: this process's rank.
+        world_size: number of ranks.
+        batch_size: per-rank batch size; with ``drop_last`` the shard is also trimmed to
+            whole batches, so every rank runs the same number of full steps. None: no
+            trimming beyond equal lengths.
+        shuffle: permute (seeded by ``seed + epoch``, identical on all ranks) or keep order.
+        seed: base seed of the permutation.
+        drop_last: True: drop the permutation's tail so it divides evenly (each sample at most
+            once per epoch). False: pad by repeating its head (every sample at least once).
+
+    Resume mid-epoch: ``set_epoch(e)`` then ``set_start(k)`` skips the first ``k`` samples of
+    this rank's shard of epoch ``e`` (``k`` = batches already done x ``batch_size``);
+    ``len()`` then counts what is left. The skip belongs to that epoch: ``set_epoch`` with
+    another epoch clears it. ``state_dict()``/``load_state_dict()`` carry both.
+    """
+
+    def __init__(
+        self,
+        dataset_len: int,
+        *,
+        rank: int,
+        world_size: int,
+        batch_size: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = True,
+    ) -> None:
+        _check_rank(rank, world_size)
+        if dataset_len < 0:
+            raise ValueError(f"dataset_len must be >= 0, got {dataset_len}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.dataset_len = dataset_len
+        self.rank = rank
+        self.world_size = world_size
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+        self.start_index = 0
+        if drop_last:
+            per_rank = dataset_len // world_size
+            if batch_size is not None:
+                per_rank -= per_rank % batch_size
+        else:
+            per_rank = -(-dataset_len // world_size)
+        self.shard_len = per_rank  # samples per rank per epoch, before any start skip
+        if self.shard_len == 0 and dataset_len > 0:
+            raise ValueError(
+                f"{dataset_len} samples on {world_size} ranks give no full batch of "
+                f"{batch_size} per rank; lower the batch size or add data"
+            )
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's permutation; a pending ``set_start`` of another epoch is cleared."""
+        if epoch != self.epoch:
+            self.start_index = 0
+        self.epoch = epoch
+
+    def set_start(self, start_index: int) -> None:
+        """Skip this rank's first ``start_index`` samples of the current epoch (resume)."""
+        if not 0 <= start_index <= self.shard_len:
+            raise ValueError(f"start_index must be in 0..{self.shard_len}, got {start_index}")
+        self.start_index = start_index
+
+    def shard(self) -> list[int]:
+        """This rank's whole shard of the current epoch (ignoring ``start_index``)."""
+        n = self.dataset_len
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(n, generator=gen).tolist()
+        else:
+            order = list(range(n))
+        total = self.shard_len * self.world_size
+        if total > n:  # pad by repeating the head (drop_last=False)
+            order += (order * (total // max(n, 1) + 1))[: total - n]
+        order = order[:total]
+        return order[self.rank :: self.world_size]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.shard()[self.start_index :])
+
+    def __len__(self) -> int:
+        return self.shard_len - self.start_index
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "start_index": self.start_index}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch = int(state["epoch"])
+        self.set_start(int(state["start_index"]))
+
+
+def exact_shard_bounds(dataset_len: int, rank: int, world_size: int) -> tuple[int, int]:
+    """``[begin, end)`` of rank's contiguous block; the first ``len % world`` ranks get one more."""
+    _check_rank(rank, world_size)
+    base, extra = divmod(dataset_len, world_size)
+    begin = rank * base + min(rank, extra)
+    return begin, begin + base + (1 if rank < extra else 0)
+
+
+class ExactShardSampler(Sampler[int]):
+    """Evaluation sampler: contiguous, disjoint blocks covering every index exactly once.
+
+    1,001 images on 4 ranks give 251/250/250/250; 2 images on 4 ranks give 1/1/0/0. Sum the
+    per-rank (correct, count) pairs with an all-reduce to get the exact accuracy.
+    """
+
+    def __init__(self, dataset_len: int, *, rank: int, world_size: int) -> None:
+        if dataset_len < 0:
+            raise ValueError(f"dataset_len must be >= 0, got {dataset_len}")
+        self.dataset_len = dataset_len
+        self.rank = rank
+        self.world_size = world_size
+        self.begin, self.end = exact_shard_bounds(dataset_len, rank, world_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """No-op (the order is fixed); present so callers can treat both samplers alike."""
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.begin, self.end))
+
+    def __len__(self) -> int:
+        return self.end - self.begin

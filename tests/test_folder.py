@@ -1,0 +1,146 @@
+"""The torchvision pipeline: transforms, RGB decoding, skip-and-count, clear errors, loaders."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from largebatch.data import (
+    DataError,
+    RobustImageFolder,
+    build_loaders,
+    build_train_transform,
+    build_val_transform,
+    make_synthetic_imagenet,
+)
+from largebatch.data.folder import collate_skipping, load_rgb
+from largebatch.data.synthetic import oddity_positions
+
+SMALL = dict(num_classes=3, train_per_class=6, val_per_class=3, image_size=32)
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_synthetic_imagenet(tmp_path_factory.mktemp("folder") / "ds", **SMALL)
+
+
+@pytest.fixture
+def copy_root(data_root: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(data_root, tmp_path / "ds"))
+
+
+def test_transform_shapes() -> None:
+    img = Image.new("RGB", (50, 37), (10, 200, 30))
+    x = build_train_transform(24, scale=(0.25, 1.0))(img)
+    assert x.shape == (3, 24, 24) and x.dtype == torch.float32
+    y = build_val_transform(24, crop_ratio=0.875)(img)
+    assert y.shape == (3, 24, 24)
+    # normalised: a constant colour maps to (c/255 - mean) / std on every pixel
+    assert torch.allclose(y[1], torch.full((24, 24), (200 / 255 - 0.456) / 0.224), atol=1e-4)
+    assert build_train_transform(8, hflip=0.0)(img).shape == (3, 8, 8)
+
+
+def test_odd_files_load_as_rgb_through_the_pipeline(data_root: Path) -> None:
+    ds = RobustImageFolder(data_root / "train", build_val_transform(16))
+    for (c, i), kind in oddity_positions(3, 6).items():
+        path = str(data_root / "train" / f"n{c:04d}" / f"n{c:04d}_train_{i:06d}.JPEG")
+        index = [p for p, _ in ds.samples].index(path)
+        image, label = ds[index]
+        assert image.shape == (3, 16, 16) and label == c, kind
+
+
+@pytest.mark.parametrize("mode", ["L", "CMYK", "P", "RGBA", "LA", "I;16"])
+def test_load_rgb_any_mode(tmp_path: Path, mode: str) -> None:
+    path = tmp_path / "x.JPEG"
+    img = Image.new("RGB", (8, 8), (100, 50, 25)).convert(mode)
+    img.save(path, format="JPEG" if mode in ("L", "CMYK") else "PNG")
+    assert load_rgb(str(path)).mode == "RGB"
+
+
+def _break_files(root: Path) -> list[Path]:
+    cls = root / "train" / "n0001"
+    bad = [cls / "zero.JPEG", cls / "text.JPEG", cls / "truncated.JPEG"]
+    bad[0].write_bytes(b"")
+    bad[1].write_text("this is not an image\n")
+    good = next(cls.glob("n0001_train_*.JPEG")).read_bytes()
+    bad[2].write_bytes(good[: len(good) // 2])
+    return bad
+
+
+def test_unreadable_files_are_skipped_and_counted(copy_root: Path) -> None:
+    bad = _break_files(copy_root)
+    ds = RobustImageFolder(copy_root / "train", build_val_transform(16))
+    paths = [p for p, _ in ds.samples]
+    for path in bad:
+        assert ds[paths.index(str(path))] is None
+    images, labels, skipped = collate_skipping([ds[i] for i in range(len(ds))], refill=False)
+    assert skipped == 3 and images.shape == (18, 3, 16, 16) and labels.shape == (18,)
+    images, labels, skipped = collate_skipping([ds[i] for i in range(len(ds))], refill=True)
+    assert skipped == 3 and images.shape == (21, 3, 16, 16)
+    with pytest.raises(DataError, match="unreadable"):
+        collate_skipping([None, None], refill=True)
+    assert collate_skipping([None], refill=False) == (None, None, 1)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loaders_count_skips_and_keep_train_batch_size(copy_root: Path, workers: int) -> None:
+    _break_files(copy_root)
+    (copy_root / "val" / "n0002" / "zero.JPEG").write_bytes(b"")
+    train, val, num_classes = build_loaders(
+        copy_root, image_size=16, batch_size=7, workers=workers, crop_scale=(0.25, 1.0)
+    )
+    assert num_classes == 3 and len(train) == 3  # 21 files, batch 7, 1 rank
+    for epoch in range(2):
+        train.set_epoch(epoch)
+        shapes = [(x.shape, y.shape) for x, y in train]
+        assert shapes == [((7, 3, 16, 16), (7,))] * 3
+    assert train.skipped == 6  # 3 bad files, read in each of 2 epochs
+    seen = sum(len(y) for _, y in val)
+    assert seen == 9 and val.skipped == 1  # 10 files, the empty one skipped
+
+
+def test_loaders_shard_val_exactly(data_root: Path) -> None:
+    labels = []
+    for rank in range(4):
+        _, val, _ = build_loaders(data_root, image_size=16, batch_size=2, workers=0, rank=rank,
+                                  world_size=4)
+        labels.append(torch.cat([y for _, y in val]) if len(val) else torch.empty(0))
+    assert [len(y) for y in labels] == [3, 2, 2, 2]
+    assert sorted(torch.cat(labels).tolist()) == [0] * 3 + [1] * 3 + [2] * 3
+
+
+def test_missing_root_and_split(tmp_path: Path, copy_root: Path) -> None:
+    with pytest.raises(DataError, match="does not exist"):
+        build_loaders(tmp_path / "nope", image_size=16, batch_size=2, workers=0)
+    shutil.rmtree(copy_root / "val")
+    with pytest.raises(DataError, match="no val/ folder"):
+        build_loaders(copy_root, image_size=16, batch_size=2, workers=0)
+    with pytest.raises(DataError, match="does not exist"):
+        RobustImageFolder(tmp_path / "nope")
+
+
+def test_empty_class_folder(copy_root: Path) -> None:
+    (copy_root / "train" / "n0009").mkdir()
+    (copy_root / "train" / "n0009" / "readme.txt").write_text("no images here")
+    with pytest.raises(DataError, match="n0009 holds no image"):
+        RobustImageFolder(copy_root / "train")
+
+
+def test_no_class_folders(tmp_path: Path) -> None:
+    (tmp_path / "flat").mkdir()
+    with pytest.raises(DataError, match="no class sub-folders"):
+        RobustImageFolder(tmp_path / "flat")
+
+
+def test_train_and_val_classes_differ(copy_root: Path) -> None:
+    shutil.rmtree(copy_root / "val" / "n0002")
+    with pytest.raises(DataError, match=r"class folders differ.*1 only in train \['n0002'\]"):
+        build_loaders(copy_root, image_size=16, batch_size=2, workers=0)
+
+
+def test_data_error_is_a_value_error() -> None:
+    assert issubclass(DataError, ValueError)
