@@ -1,0 +1,117 @@
+"""Optimizer step time on ResNet-50's parameters: our LARS/LAMB against timm and the torch floors.
+
+Builds the 161 parameter tensors of timm ``resnet50`` (25.6 M parameters) with random gradients, split by
+``largebatch.optim.param_groups`` (BN/bias excluded), and times ``step()`` of every optimizer with
+``foreach`` on and off, round-robin so that a noisy machine slows every entry alike. Prints one table and
+the ratios the optimizers are held to: our LARS against the faster ``torch.optim.SGD`` (momentum + weight
+decay), our LAMB against the faster ``torch.optim.AdamW``, ours against timm's ``Lars`` / ``Lamb``.
+
+Run:
+    python benchmarks/optimizer_step.py                  # CPU
+    python benchmarks/optimizer_step.py --device cuda    # synchronises around every timed step
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Callable
+
+import timm
+import timm.optim
+import torch
+
+from largebatch.optim import LAMB, LARS, param_groups
+
+# name -> (family, factory(groups, foreach)); one hyper-parameter set per family, as in the recipes
+CANDIDATES: dict[str, tuple[str, Callable[[list[dict], bool], torch.optim.Optimizer]]] = {
+    "torch SGD": ("sgd", lambda g, fe: torch.optim.SGD(g, lr=0.1, momentum=0.9, foreach=fe)),
+    "largebatch LARS": ("lars", lambda g, fe: LARS(g, lr=10.0, momentum=0.9, foreach=fe)),
+    "timm Lars": ("lars", lambda g, fe: timm.optim.Lars(g, lr=10.0, momentum=0.9, foreach=fe)),
+    "torch AdamW": ("adam", lambda g, fe: torch.optim.AdamW(g, lr=1e-3, foreach=fe)),
+    "largebatch LAMB": ("lamb", lambda g, fe: LAMB(g, lr=1e-3, foreach=fe)),
+    # max_grad_norm=None: timm clips inside Lamb by default, ours does not; compare the same algorithm
+    "timm Lamb": ("lamb", lambda g, fe: timm.optim.Lamb(g, lr=1e-3, max_grad_norm=None, foreach=fe)),
+}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(device: torch.device, rounds: int, warmup: int) -> dict[tuple[str, bool], float]:
+    """Median step time in ms of every (optimizer, foreach) pair, measured round-robin in one run."""
+    model = timm.create_model("resnet50").to(device)
+    params = list(model.parameters())
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    for p in params:
+        p.grad = (torch.randn(p.shape, generator=gen) * 1e-2).to(device)
+    weight_decay = {"sgd": 5e-5, "lars": 5e-5, "adam": 0.01, "lamb": 0.01}
+    optimizers = {}
+    for name, (family, build) in CANDIDATES.items():
+        for foreach in (True, False):
+            groups = param_groups(model, weight_decay[family])
+            optimizers[(name, foreach)] = build(groups, foreach)
+    times: dict[tuple[str, bool], list[float]] = {key: [] for key in optimizers}
+    for r in range(warmup + rounds):
+        for key, opt in optimizers.items():
+            _sync(device)
+            start = time.perf_counter()
+            opt.step()
+            _sync(device)
+            if r >= warmup:
+                times[key].append(time.perf_counter() - start)
+    return {key: statistics.median(ts) * 1e3 for key, ts in times.items()}
+
+
+def report(ms: dict[tuple[str, bool], float], device: torch.device, n_tensors: int, n_params: int) -> None:
+    print(
+        f"optimizer step, timm resnet50 ({n_tensors} tensors, {n_params / 1e6:.2f} M params), "
+        f"device={device}, torch {torch.__version__}, timm {timm.__version__}, threads={torch.get_num_threads()}"
+    )
+    default_foreach = device.type != "cpu"
+    print(f"{'optimizer':<18}{'foreach=True':>14}{'foreach=False':>15}{'default':>10}")
+    for name in CANDIDATES:
+        print(f"{name:<18}{ms[(name, True)]:>11.2f} ms{ms[(name, False)]:>12.2f} ms{str(default_foreach):>10}")
+
+    def best(name: str) -> float:
+        return min(ms[(name, True)], ms[(name, False)])
+
+    def ours(name: str) -> float:  # the path foreach=None picks on this device
+        return ms[(name, default_foreach)]
+
+    print("ratios (ours = the path foreach=None picks here; floors and timm = their faster path):")
+    for mine, other, target in (
+        ("largebatch LARS", "torch SGD", 1.3),
+        ("largebatch LAMB", "torch AdamW", 1.3),
+        ("largebatch LARS", "timm Lars", 1.0),
+        ("largebatch LAMB", "timm Lamb", 1.0),
+    ):
+        ratio = ours(mine) / best(other)
+        verdict = "ok" if ratio <= target else "OVER"
+        print(f"  {mine} / {other:<12} = {ratio:5.2f}x   (target <= {target:.1f}x: {verdict})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default: 30 CPU, 200 CUDA)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default: 3)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    rounds = args.rounds or (30 if device.type == "cpu" else 200)
+    model = timm.create_model("resnet50")
+    n_tensors = sum(1 for _ in model.parameters())
+    n_params = sum(p.numel() for p in model.parameters())
+    del model
+    ms = measure(device, rounds, args.warmup)
+    report(ms, device, n_tensors, n_params)
+
+
+if __name__ == "__main__":
+    main()

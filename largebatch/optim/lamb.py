@@ -1,0 +1,278 @@
+"""LAMB: layer-wise adaptive moments for large-batch training.
+
+Based on You et al. 2019, "Large Batch Optimization for Deep Learning: Training BERT in 76 minutes"
+(arXiv 1904.00962), Algorithm 2: Adam moments with bias correction, weight decay added to the Adam
+direction (decoupled from the moments, as in AdamW), and a per-tensor trust ratio ``||w|| / ||update||``.
+Unlike timm's ``Lamb`` and apex's ``FusedLAMB`` there is no gradient clipping inside the optimizer: clip
+in the training loop if you want it, once.
+
+Two implementations of the same update, chosen by ``foreach``:
+
+* ``_single_tensor_lamb``: one tensor at a time (cache-hot), the default on CPU where the step is
+  memory-bound.
+* ``_multi_tensor_lamb``: ``torch._foreach_*`` over a group, the default on CUDA/XLA (launch-bound).
+
+No host reads and no Python branch on a tensor value inside ``step()``: the trust ratio uses
+``torch.where`` on the device, so the step runs unchanged on XLA.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+from .lars import _sq_norm, _stacked, _use_foreach
+
+__all__ = ["LAMB", "lamb"]
+
+
+class LAMB(Optimizer):
+    """LAMB for PyTorch.
+
+    Paper: You et al. 2019, "Large Batch Optimization for Deep Learning: Training BERT in 76 minutes",
+    arXiv 1904.00962.
+
+    For each tensor ``w`` with gradient ``g``, at step ``t`` (per tensor, from 1)::
+
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g * g
+        u = (m / (1 - beta1 ** t)) / (sqrt(v / (1 - beta2 ** t)) + eps) + weight_decay * w
+        w = w - lr * (||w|| / ||u||) * u                  (ratio 1 if ||w|| or ||u|| is 0)
+
+    A group with ``lars_exclude=True`` (BN and bias parameters, see :func:`largebatch.optim.param_groups`)
+    gets the plain Adam update ``w = w - lr * u`` without the decay term (its ``weight_decay`` is ignored)
+    and without the trust ratio. Exclusion is this explicit flag: a non-excluded group with
+    ``weight_decay=0`` still gets the trust ratio.
+
+    Args:
+        params: iterable of parameters or of dicts defining parameter groups; a group may set
+            ``lars_exclude`` (default: False).
+        lr: learning rate (default: 1e-3).
+        betas: coefficients of the running averages of the gradient and its square (default: (0.9, 0.999)).
+        eps: added to the denominator of the Adam direction (default: 1e-6).
+        weight_decay: decoupled weight decay, added to the Adam direction (default: 0.01).
+        foreach: True for the multi-tensor path, False for the per-tensor path, None to pick the faster for
+            the device (multi-tensor off CPU, per-tensor on CPU) (default: None).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+        *,
+        foreach: Optional[bool] = None,
+    ) -> None:
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            lars_exclude=False,
+            foreach=foreach,
+        )
+        _check_lamb_group(defaults, where="LAMB")
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        _check_lamb_group(self.param_groups[-1], where=f"LAMB param group {len(self.param_groups) - 1}")
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:  # checkpoints written before an option existed
+            group.setdefault("lars_exclude", False)
+            group.setdefault("foreach", None)
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        """Perform one optimisation step.
+
+        Args:
+            closure: optional callable that re-evaluates the model and returns the loss.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+
+        for group in self.param_groups:
+            params: list[Tensor] = []
+            grads: list[Tensor] = []
+            exp_avgs: list[Tensor] = []
+            exp_avg_sqs: list[Tensor] = []
+            steps: list[int] = []
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("LAMB does not support sparse gradients")
+                state = self.state[p]
+                if not state:
+                    # the step count is a Python int: bias corrections never need a read from the device
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                params.append(p)
+                grads.append(p.grad)
+                exp_avgs.append(state["exp_avg"])
+                exp_avg_sqs.append(state["exp_avg_sq"])
+                steps.append(state["step"])
+            if not params:
+                continue
+            beta1, beta2 = group["betas"]
+            lamb(
+                params,
+                grads,
+                exp_avgs,
+                exp_avg_sqs,
+                steps,
+                lr=group["lr"],
+                beta1=beta1,
+                beta2=beta2,
+                eps=group["eps"],
+                weight_decay=group["weight_decay"],
+                exclude=group["lars_exclude"],
+                foreach=group["foreach"],
+            )
+        return loss
+
+
+def lamb(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    steps: list[int],
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    exclude: bool,
+    foreach: Optional[bool] = None,
+) -> None:
+    """Functional LAMB update of one parameter group, in place; see :class:`LAMB` for the rule.
+
+    ``steps`` holds each tensor's step number, already counting this step. Gradients are not modified.
+    """
+    func = _multi_tensor_lamb if _use_foreach(foreach, params) else _single_tensor_lamb
+    func(
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        steps,
+        lr=lr,
+        beta1=beta1,
+        beta2=beta2,
+        eps=eps,
+        weight_decay=weight_decay,
+        exclude=exclude,
+    )
+
+
+def _check_lamb_group(group: dict[str, Any], where: str) -> None:
+    if not group["lr"] >= 0.0:
+        raise ValueError(f"{where}: invalid lr {group['lr']!r}, must be >= 0")
+    betas = group["betas"]
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"{where}: invalid betas {betas!r}, must be two values in [0, 1)")
+    if not group["eps"] > 0.0:
+        raise ValueError(f"{where}: invalid eps {group['eps']!r}, must be > 0")
+    if not group["weight_decay"] >= 0.0:
+        raise ValueError(f"{where}: invalid weight_decay {group['weight_decay']!r}, must be >= 0")
+
+
+def _bias_corrections(step: int, beta1: float, beta2: float, eps: float) -> tuple[float, float]:
+    """(scale, eps') such that m_hat / (sqrt(v_hat) + eps) == scale * m / (sqrt(v) + eps').
+
+    Folding the bias corrections into two Python scalars saves two passes over every tensor.
+    """
+    bc2_sqrt = math.sqrt(1.0 - beta2**step)
+    return bc2_sqrt / (1.0 - beta1**step), eps * bc2_sqrt
+
+
+def _lamb_step_size(w_sq: Tensor, u_sq: Tensor, lr: float, unit: float) -> Tensor:
+    """-lr * trust ratio, for an update stored as ``u_stored`` with ``u = unit * u_stored``.
+
+    ratio = ||w|| / ||u|| applied to u equals sqrt(w_sq / u_sq) applied to u_stored (``unit`` cancels);
+    where a norm is 0 the ratio is 1 and the step is -lr * unit on u_stored.
+    """
+    return torch.where(torch.minimum(w_sq, u_sq) > 0, torch.sqrt(w_sq / u_sq) * -lr, -lr * unit)
+
+
+def _single_tensor_lamb(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    steps: list[int],
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    exclude: bool,
+) -> None:
+    for p, g, m, v, step in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
+        scale, eps_t = _bias_corrections(step, beta1, beta2, eps)
+        m.lerp_(g, 1.0 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+        denom = v.sqrt().add_(eps_t)
+        if exclude:
+            p.addcdiv_(m, denom, value=-lr * scale)
+            continue
+        if weight_decay != 0:
+            # u = scale * m / denom + wd * w = wd * u_stored, one pass, written over denom
+            u = torch.addcdiv(p, m, denom, value=scale / weight_decay, out=denom)
+            unit = weight_decay
+        else:
+            u = torch.div(m, denom, out=denom)
+            unit = scale
+        p.addcmul_(u, _lamb_step_size(_sq_norm(p), _sq_norm(u), lr, unit))
+
+
+def _multi_tensor_lamb(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    steps: list[int],
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    exclude: bool,
+) -> None:
+    corrections = [_bias_corrections(step, beta1, beta2, eps) for step in steps]
+    scales = [c[0] for c in corrections]
+    torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+    denoms = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_add_(denoms, [c[1] for c in corrections])
+    if exclude:
+        torch._foreach_addcdiv_(params, exp_avgs, denoms, [-lr * s for s in scales])
+        return
+    updates = torch._foreach_div(exp_avgs, denoms)
+    torch._foreach_mul_(updates, scales)
+    if weight_decay != 0:
+        torch._foreach_add_(updates, params, alpha=weight_decay)
+
+    def step_size_fn(w_norm: Tensor, u_norm: Tensor) -> list[Tensor]:
+        return [_lamb_step_size(w_norm.square(), u_norm.square(), lr, 1.0)]
+
+    (step_sizes,) = _stacked(step_size_fn, torch._foreach_norm(params), torch._foreach_norm(updates))
+    torch._foreach_addcmul_(params, updates, step_sizes)
