@@ -1,0 +1,49 @@
+"""Run a function on N real gloo ranks (spawned processes) and collect what each returns.
+
+Each rank joins a gloo process group through a ``file://`` rendezvous in a temporary
+directory, runs ``fn(rank, world_size, *args)`` and saves the return value with
+``torch.save``; the parent loads the values in rank order. ``fn`` must be defined at module
+level (it is pickled by name for the spawned interpreter).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+__all__ = ["run_ranks"]
+
+
+def _entry(rank: int, fn: Callable[..., Any], world_size: int, workdir: str, args: tuple) -> None:
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    dist.init_process_group(
+        "gloo", init_method=f"file://{workdir}/rendezvous", rank=rank, world_size=world_size
+    )
+    try:
+        result = fn(rank, world_size, *args)
+        torch.save(result, os.path.join(workdir, f"result_{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return the results."""
+    with tempfile.TemporaryDirectory(prefix="lb_dist_") as workdir:
+        mp.start_processes(
+            _entry,
+            args=(fn, world_size, workdir, args),
+            nprocs=world_size,
+            join=True,
+            start_method="spawn",
+        )
+        return [
+            torch.load(Path(workdir) / f"result_{r}.pt", weights_only=False)
+            for r in range(world_size)
+        ]
