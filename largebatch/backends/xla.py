@@ -1,0 +1,399 @@
+"""torch-xla backend: TPU pods (Ying et al. 2018; Wongpanich et al. 2020), and XLA:CPU for tests.
+
+One replica per XLA device, started by :func:`largebatch.launch.xla.launch_replicas`
+(``torch_xla.launch``); rank and world come from ``torch_xla.runtime``. The XLA idioms:
+
+* no DistributedDataParallel: the model stays unwrapped and ``optimizer_step`` all-reduces
+  the gradients (mean over replicas) with ``xm.optimizer_step`` just before the update;
+* data arrives through ``MpDeviceLoader`` (background host-to-device upload); evaluation
+  batches are padded to a fixed size with weight-0 samples, so every step has static shapes
+  and every image is still counted exactly once;
+* ``mark_step`` cuts and runs the step graph (``torch_xla.sync()``) once per optimizer step;
+  nothing in the step reads a tensor back to the host, so after warm-up no step compiles;
+* bf16 autocast (``torch.autocast('xla')``), no fp16 and no loss scaling;
+* grouped BN sums over replica groups with ``xm.all_reduce(groups=[[0, 1], [2, 3], ...])``.
+
+XLA:CPU with ``CPU_NUM_DEVICES=n`` (the multi-replica tests) runs the n replicas as threads
+of one process, and XLA:CPU collectives abort ("Termination timeout ... of 10 seconds") unless
+every replica launches the same graph shortly after the others. Measures taken here, only
+there (``PJRT_DEVICE=CPU`` and more than one device in the process):
+
+* ``XLA_THREAD_POOL_SIZE`` at least 16 (set by :func:`prepare_xla_environment` before the
+  runtime starts; the launcher calls it);
+* every ``torch_xla.sync()`` (step end, loader step, host collectives) holds one process-wide
+  lock, so replicas compile one at a time and the later ones hit the compilation cache;
+* graphs are identical on every replica: rank-dependent values enter as device data (the
+  broadcast masks), host collectives materialise their inputs first, and every explicit
+  collective names its replica groups (one all-reduce lowering, layout pinned).
+
+This module is the only one that imports ``torch_xla``, lazily.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import pickle
+import threading
+from typing import Any, ContextManager, Iterable, Iterator, Optional
+
+import torch
+from torch import nn
+
+from largebatch.backends.base import Backend
+
+__all__ = ["XlaBackend", "XlaGroupReducer", "prepare_xla_environment", "MIN_CPU_THREAD_POOL"]
+
+log = logging.getLogger(__name__)
+
+# Replicas of XLA:CPU share one process: their collectives need at least this many runtime
+# threads (4 replicas deadlock with the default pool).
+MIN_CPU_THREAD_POOL = 16
+
+# One lock per process around torch_xla.sync() for threaded XLA:CPU replicas (see above).
+_SYNC_LOCK = threading.RLock()
+
+
+def _cpu_device_count() -> int:
+    try:
+        return max(1, int(os.environ.get("CPU_NUM_DEVICES", "1") or 1))
+    except ValueError:
+        return 1
+
+
+def prepare_xla_environment() -> None:
+    """Set what the XLA runtime reads when it starts; call before ``torch_xla`` initialises.
+
+    On XLA:CPU with several devices (``PJRT_DEVICE=CPU``, ``CPU_NUM_DEVICES>1``) raise
+    ``XLA_THREAD_POOL_SIZE`` to at least :data:`MIN_CPU_THREAD_POOL`. A no-op elsewhere.
+    """
+    if os.environ.get("PJRT_DEVICE", "").upper() != "CPU" or _cpu_device_count() < 2:
+        return
+    want = max(MIN_CPU_THREAD_POOL, 4 * _cpu_device_count())
+    try:
+        have = int(os.environ.get("XLA_THREAD_POOL_SIZE", "0") or 0)
+    except ValueError:
+        have = 0
+    if have < want:
+        os.environ["XLA_THREAD_POOL_SIZE"] = str(want)
+
+
+def _replica_groups(group_size: int, world_size: int) -> list[list[int]]:
+    return [list(range(start, start + group_size)) for start in range(0, world_size, group_size)]
+
+
+def _all_reduce_sum(tensor: Any, groups: list[list[int]]) -> Any:
+    """Sum all-reduce of a tensor (returns a new one) or, in place, of a list of tensors.
+
+    Always with explicit groups: ``xm.all_reduce`` lowers a plain whole-world sum through
+    another op than a grouped one, and one graph must not mix the two (XLA rejects a module
+    with layout-pinned and unpinned all-reduces).
+    """
+    import torch_xla.core.xla_model as xm
+
+    return xm.all_reduce(xm.REDUCE_SUM, tensor, groups=groups, pin_layout=True)
+
+
+class XlaGroupReducer:
+    """:class:`~largebatch.nn.sync_bn.GroupReducer` over consecutive XLA replica groups.
+
+    ``group_size=2`` on 4 replicas sums over replicas ``[[0, 1], [2, 3]]``. The collective is
+    part of the step graph (no host sync), the same graph on every replica.
+
+    Args:
+        group_size: replicas per group (divides ``world_size``).
+        world_size: number of replicas.
+    """
+
+    def __init__(self, group_size: int, world_size: int) -> None:
+        if group_size < 1 or world_size % group_size:
+            raise ValueError(f"group_size {group_size} must divide the world size {world_size}")
+        self.size = group_size
+        self.groups = _replica_groups(group_size, world_size)
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.size == 1:
+            return tensor
+        return _all_reduce_sum(tensor, self.groups)
+
+    def __deepcopy__(self, memo: dict) -> "XlaGroupReducer":
+        return self  # a description of groups, shared by model copies (EMA)
+
+    def __repr__(self) -> str:
+        return f"XlaGroupReducer(size={self.size}, groups={self.groups})"
+
+
+class XlaBackend(Backend):
+    """Data parallelism over XLA replicas (TPU cores/chips, or XLA:CPU devices)."""
+
+    name = "xla"
+
+    def __init__(self, *, timeout_s: int = 1800) -> None:
+        prepare_xla_environment()  # in case the runtime has not started yet
+        import torch_xla
+        import torch_xla.runtime as xr
+
+        self.timeout_s = timeout_s  # XLA collectives have no user timeout; kept for the contract
+        self.device = torch_xla.device()
+        self.device_type = xr.device_type() or "CPU"
+        self.rank = xr.global_ordinal()
+        self.world_size = xr.world_size()
+        self.local_rank = xr.local_ordinal()
+        self.local_world_size = xr.local_device_count() if self.world_size > 1 else 1
+        # Threaded XLA:CPU replicas: serialise graph launches (module docstring).
+        self._serial = self.device_type == "CPU" and xr.addressable_device_count() > 1
+        self._all_ranks = [list(range(self.world_size))]
+        self._reducers: dict[int, Any] = {}
+
+    def _sync_lock(self) -> ContextManager:
+        return _SYNC_LOCK if self._serial else contextlib.nullcontext()
+
+    def _sync(self) -> None:
+        import torch_xla
+
+        with self._sync_lock():
+            torch_xla.sync()
+
+    # -- collectives (host level: they end with a sync; not for use inside a step) -------
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world_size == 1:
+            return tensor
+        self._sync()  # inputs become device data: the collective graph is the same everywhere
+        out = _all_reduce_sum(tensor, self._all_ranks)
+        self._sync()
+        return out
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            self.all_reduce_sum(torch.zeros(1, device=self.device)).cpu()
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s pickled ``obj`` as bytes summed with zeros from the other ranks."""
+        if self.world_size == 1:
+            return obj
+        payload = pickle.dumps(obj) if self.rank == src else b""
+        size = int(self.all_reduce_sum(torch.tensor([len(payload)], dtype=torch.int32).to(self.device)).item())
+        capacity = 1 << max(6, math.ceil(math.log2(max(size, 1))))  # few distinct shapes
+        buf = torch.zeros(capacity, dtype=torch.int32)
+        if payload:
+            buf[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(torch.int32)
+        data = self.all_reduce_sum(buf.to(self.device)).cpu()
+        return pickle.loads(data[:size].to(torch.uint8).numpy().tobytes())
+
+    def bn_reducer(self, group_size: int) -> Any:
+        from largebatch.nn.sync_bn import LocalReducer, resolve_group_size
+
+        size = resolve_group_size(group_size, self.world_size)
+        if size not in self._reducers:
+            self._reducers[size] = LocalReducer() if size == 1 else XlaGroupReducer(size, self.world_size)
+        return self._reducers[size]
+
+    def broadcast_tensors(self, tensors: list[torch.Tensor], src: int = 0) -> None:
+        """Overwrite ``tensors`` (on the device) in place with rank ``src``'s values."""
+        if self.world_size == 1 or not tensors:
+            return
+        with torch.no_grad():
+            self._sync()
+            masks: dict[torch.dtype, torch.Tensor] = {}
+            for t in tensors:
+                if t.dtype not in masks:  # device data, not a constant: same graph everywhere
+                    masks[t.dtype] = torch.tensor(int(self.rank == src), dtype=t.dtype).to(self.device)
+                t.mul_(masks[t.dtype])
+            _all_reduce_sum(list(tensors), self._all_ranks)
+            self._sync()
+
+    # -- model, optimizer, data ----------------------------------------------------------
+    def prepare_model(self, model: nn.Module, *, channels_last: bool = False) -> nn.Module:
+        """Move to the device and start every replica from rank 0's weights.
+
+        ``channels_last`` is ignored: XLA chooses memory layouts itself. Replicas that are
+        threads of one process draw initial weights from one shared generator, so without the
+        broadcast they would differ.
+        """
+        model = model.to(self.device)
+        self.broadcast_tensors([*model.parameters(), *model.buffers()])
+        return model
+
+    def wrap_model(self, model: nn.Module, **comm: Any) -> nn.Module:
+        """The model itself: gradients are all-reduced in :meth:`optimizer_step`, not by DDP."""
+        algorithm = getattr(comm.get("algorithm"), "value", comm.get("algorithm"))
+        compress = getattr(comm.get("compress"), "value", comm.get("compress"))
+        if algorithm not in (None, "flat") or compress not in (None, "none"):
+            log.warning(
+                "comm.algorithm=%s comm.compress=%s do not apply on XLA (the compiler's all-reduce "
+                "runs over the TPU torus); using the plain gradient all-reduce", algorithm, compress
+            )
+        return model
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Optional[Any]) -> None:
+        """All-reduce the gradients (mean over replicas) and step, inside the step graph."""
+        if scaler is not None:
+            raise ValueError("loss scaling (precision=fp16) is not supported on XLA; use precision=bf16")
+        import torch_xla.core.xla_model as xm
+
+        # reduce_gradients (sum x 1/world over all replicas, explicit groups) + step().
+        xm.optimizer_step(optimizer, groups=self._all_ranks, pin_layout=True)
+
+    def wrap_loader(
+        self, loader: Iterable, *, channels_last: bool = False, evaluation: Optional[bool] = None
+    ) -> Iterable:
+        """Batches uploaded by ``MpDeviceLoader``; evaluation batches padded to a fixed size.
+
+        Args:
+            loader: yields ``(images, labels, ...)`` on the host.
+            channels_last: ignored on XLA (the compiler chooses layouts).
+            evaluation: pad the batches to ``loader.batch_size`` with weight-0 samples and
+                yield ``(images, labels, weight)``, the same number of batches on every rank.
+                ``None``: when the loader's sampler is an ``ExactShardSampler``.
+        """
+        if evaluation is None:
+            from largebatch.data.samplers import ExactShardSampler
+
+            evaluation = isinstance(getattr(loader, "sampler", None), ExactShardSampler)
+        return _XlaLoader(loader, self, evaluation)
+
+    def mark_step(self) -> None:
+        self._sync()
+
+    def synchronize(self) -> None:
+        import torch_xla.core.xla_model as xm
+
+        xm.wait_device_ops()
+
+    # -- precision -----------------------------------------------------------------------
+    def autocast(self, dtype: Optional[torch.dtype]) -> ContextManager:
+        if dtype is None:
+            return contextlib.nullcontext()
+        if dtype != torch.bfloat16:
+            raise ValueError(f"XLA autocast supports bfloat16 only, not {dtype}; use precision=bf16")
+        return torch.autocast("xla", dtype=torch.bfloat16)
+
+    def supports_bf16(self) -> bool:
+        # TPUs (and GPUs) compute bf16 natively; XLA:CPU emulates it, so `auto` keeps fp32.
+        return self.device_type in ("TPU", "CUDA")
+
+    def grad_scaler(self, enabled: bool, init_scale: float, growth_interval: int) -> Any:
+        if enabled:
+            raise ValueError("loss scaling (precision=fp16) is not supported on XLA; use precision=bf16")
+        return None
+
+    def describe(self) -> str:
+        return f"{super().describe()} [{self.device_type}]"
+
+
+# ---------------------------------------------------------------------------------------
+# data
+
+
+def _eval_batch_count(loader: Any, batch_size: int) -> int:
+    """Batches every rank runs: those of the largest exact shard (same on all ranks)."""
+    sampler = getattr(loader, "sampler", None)
+    n, world = getattr(sampler, "dataset_len", None), getattr(sampler, "world_size", None)
+    if n is None or world is None:
+        return len(loader)  # type: ignore[arg-type]
+    return math.ceil(math.ceil(n / world) / batch_size)
+
+
+def _template_sample(loader: Any) -> Optional[tuple[torch.Tensor, Any]]:
+    """One readable sample of the data set (shapes for the pad batches of an empty shard)."""
+    dataset = getattr(loader, "dataset", None)
+    if dataset is None:
+        return None
+    for i in range(min(len(dataset), 16)):
+        item = dataset[i]
+        if item is not None and isinstance(item[0], torch.Tensor):
+            return item[0], item[1]
+    return None
+
+
+def padded_eval_batches(loader: Iterable, batch_size: int, num_batches: int) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Yield ``(images, labels, weight)`` host batches of exactly ``batch_size`` samples.
+
+    Real samples have weight 1; a short batch is filled up with zero images of label 0 and
+    weight 0, and whole weight-0 batches follow until ``num_batches`` were yielded, so every
+    rank runs the same static-shape evaluation step the same number of times.
+    """
+    template: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+    done = 0
+    for batch in loader:
+        images, labels = batch[0], batch[1]
+        k = images.shape[0]
+        weight = torch.ones(k, dtype=torch.float32)
+        if template is None:
+            template = (images[:1], labels[:1])
+        if k < batch_size:
+            pad = batch_size - k
+            images = torch.cat([images, images.new_zeros((pad, *images.shape[1:]))])
+            labels = torch.cat([labels, labels.new_zeros(pad)])
+            weight = torch.cat([weight, weight.new_zeros(pad)])
+        done += 1
+        yield images, labels, weight
+    if done >= num_batches:
+        return
+    if template is None:
+        sample = _template_sample(loader)
+        if sample is None:
+            return
+        template = (sample[0].unsqueeze(0), torch.as_tensor([sample[1]], dtype=torch.int64))
+    images = template[0].new_zeros((batch_size, *template[0].shape[1:]))
+    labels = template[1].new_zeros(batch_size)
+    weight = torch.zeros(batch_size, dtype=torch.float32)
+    for _ in range(num_batches - done):
+        yield images, labels, weight
+
+
+class _HostBatches:
+    """The host-side iterable handed to ``MpDeviceLoader`` (keeps ``len``)."""
+
+    def __init__(self, loader: Any, evaluation: bool) -> None:
+        self.loader = loader
+        self.evaluation = evaluation
+        self.batch_size = getattr(loader, "batch_size", None)
+
+    def __len__(self) -> int:
+        if self.evaluation and self.batch_size:
+            return _eval_batch_count(self.loader, self.batch_size)
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator:
+        if self.evaluation and self.batch_size:
+            return padded_eval_batches(self.loader, self.batch_size, len(self))
+        return iter(self.loader)
+
+
+class _XlaLoader:
+    """Device batches through ``MpDeviceLoader``; forwards ``set_epoch``, ``sampler``, ... ."""
+
+    def __init__(self, loader: Any, backend: XlaBackend, evaluation: bool) -> None:
+        self.loader = loader
+        self.backend = backend
+        self.evaluation = evaluation
+        self._host = _HostBatches(loader, evaluation)
+
+    def __len__(self) -> int:
+        return len(self._host)
+
+    def __iter__(self) -> Iterator:
+        from torch_xla.distributed.parallel_loader import ParallelLoader
+
+        # One ParallelLoader per pass (what MpDeviceLoader does), closed when the pass ends
+        # or is abandoned, so no upload thread outlives its pass.
+        parallel = ParallelLoader(self._host, [self.backend.device])
+        batches = parallel.per_device_loader(self.backend.device)
+        try:
+            while True:
+                with self.backend._sync_lock():  # next() runs torch_xla.sync()
+                    try:
+                        batch = next(batches)
+                    except StopIteration:
+                        return
+                yield batch
+        finally:
+            parallel.close()
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("loader", "backend", "evaluation", "_host"):
+            raise AttributeError(name)
+        return getattr(self.loader, name)

