@@ -5,8 +5,20 @@
 optimizer and schedule, and runs the loop. Under torchrun every rank runs this; rank 0
 chooses the run directory and the others receive it, so a run has exactly one directory.
 
-Bad input (config, data, batch sizes, checkpoints) ends with one line on stderr naming the
-problem and the fix, and exit code 2; a non-finite loss exits with 3.
+Exit codes:
+
+* 0 (``EXIT_OK``): the run finished (or stopped at ``max_steps`` / its target).
+* 2 (``EXIT_USAGE``): bad input (config key or type, batch sizes, data folders, run
+  directory, a checkpoint that does not fit the run): one line on stderr naming the problem
+  and the fix, no traceback.
+* 3 (``EXIT_NON_FINITE``): the loss became NaN/inf (``non_finite=stop``, or more than
+  ``max_skipped_steps`` skipped steps with ``non_finite=skip``); the message names the step
+  and the rank.
+* 75 (``EXIT_PREEMPTED``, sysexits' EX_TEMPFAIL: "try again later"): SIGTERM or SIGINT
+  arrived; every rank finished the same step and a checkpoint was saved, so rerunning with
+  ``resume=auto run_dir=<same>`` continues. Distinct from 143 (128 + SIGTERM), which means
+  the process was killed before it could save.
+* 130: a second Ctrl-C interrupted without saving.
 """
 
 from __future__ import annotations
@@ -28,8 +40,11 @@ __all__ = ["main", "run", "BatchPlan", "plan_batches"]
 
 log = logging.getLogger("largebatch")
 
+EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_NON_FINITE = 3
+EXIT_PREEMPTED = 75
+EXIT_INTERRUPTED = 130
 
 
 class UsageError(ValueError):
@@ -163,12 +178,93 @@ def _value(x: Any) -> Any:
     return getattr(x, "value", x)
 
 
+def _find_checkpoint(resume: str, ckpt_dir: Path, backend: Any) -> Optional[Path]:
+    """Rank 0 picks the checkpoint (newest readable one for ``auto``); all ranks get it."""
+    from largebatch.engine.checkpoint import CheckpointError, load_latest
+
+    choice: tuple[Optional[str], Optional[str]] = (None, None)
+    if backend.is_main:
+        if resume != "auto":
+            choice = (resume, None) if Path(resume).is_file() else (
+                None, f"checkpoint {resume} does not exist; set resume= to a checkpoint file or to auto")
+        else:
+            found = load_latest(ckpt_dir)
+            choice = (str(found[0]) if found else None, None)
+    path, error = backend.broadcast_object(choice)
+    if error:
+        raise CheckpointError(error)
+    return Path(path) if path else None
+
+
+def _check_fits(ckpt: dict[str, Any], path: Path, *, model_name: str, plan: BatchPlan, steps_per_epoch: int) -> None:
+    """A checkpoint must come from the same model, global batch and epoch length."""
+    from largebatch.engine.checkpoint import CheckpointError
+
+    saved_model = ckpt.get("model_name")
+    if saved_model is not None and saved_model != model_name:
+        raise CheckpointError(
+            f"checkpoint {path} was made with model {saved_model}, not {model_name}; "
+            f"resume with model.name={saved_model} or start a new run_dir"
+        )
+    saved_batch = ckpt.get("global_batch_size", plan.global_batch_size)
+    if saved_batch != plan.global_batch_size:
+        raise UsageError(
+            f"checkpoint {path} was made with global_batch_size={saved_batch}, not "
+            f"{plan.global_batch_size}; resume with global_batch_size={saved_batch} (the LR, "
+            f"schedule and data position depend on it)"
+        )
+    saved_steps = ckpt.get("steps_per_epoch", steps_per_epoch)
+    if saved_steps != steps_per_epoch:
+        raise UsageError(
+            f"checkpoint {path} has {saved_steps} steps per epoch but this run has "
+            f"{steps_per_epoch} (world size {plan.world_size}, {plan.per_device} per device "
+            f"drops a different tail of the data); resume at world size "
+            f"{ckpt.get('world_size')} or with a global_batch_size that divides the data evenly"
+        )
+
+
+def _resume(
+    resume: str, ckpt_dir: Path, *, backend: Any, model_name: str, plan: BatchPlan,
+    steps_per_epoch: int, model: Any, optimizer: Any, scheduler: Any, scaler: Any, state: Any,
+) -> None:
+    """Load the checkpoint ``resume`` names (a path, or ``auto``: the newest in the run)."""
+    from largebatch.engine.checkpoint import CheckpointError, load_checkpoint, restore_rng_state
+
+    path = _find_checkpoint(resume, ckpt_dir, backend)
+    if path is None:
+        log.info("resume=auto: no checkpoint in %s, starting from scratch", ckpt_dir)
+        return
+    ckpt = load_checkpoint(path)
+    _check_fits(ckpt, path, model_name=model_name, plan=plan, steps_per_epoch=steps_per_epoch)
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        raise CheckpointError(
+            f"checkpoint {path} does not fit model {model_name} "
+            f"({str(e).splitlines()[0]}); resume with the model it was made with"
+        ) from None
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    if scaler is not None and ckpt.get("scaler"):
+        scaler.load_state_dict(ckpt["scaler"])
+    state.load_state_dict(ckpt["train_state"])
+    restore_rng_state(ckpt["rng"])
+    saved_world = ckpt.get("world_size", plan.world_size)
+    if saved_world != plan.world_size:
+        log.warning(
+            "checkpoint written at world size %d, resuming at %d: per-device batch is now %d "
+            "(global batch %d kept); the result is not bit-identical to an uninterrupted run",
+            saved_world, plan.world_size, plan.per_device, plan.global_batch_size,
+        )
+    log.info("resumed from %s (epoch %d, step %d)", path, state.epoch, state.step)
+
+
 def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
     """Run one training job described by a ``TrainConfig``; return its summary."""
     from largebatch.backends import build_backend
     from largebatch.engine import hooks as H
-    from largebatch.engine.checkpoint import CheckpointError, load_checkpoint, load_latest, restore_rng_state
     from largebatch.engine.loop import Trainer, TrainState
+    from largebatch.engine.preemption import Preempted, PreemptionHook
     from largebatch.engine.precision import resolve_precision
     from largebatch.lr import build_lr_scheduler, scale_lr
     from largebatch.models import build_model
@@ -232,29 +328,11 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
         state = TrainState()
 
         if cfg.resume:
-            ckpt_dir = run_dir / "checkpoints"
-            if cfg.resume == "auto":
-                found = load_latest(ckpt_dir)
-            else:
-                found = (Path(cfg.resume), load_checkpoint(cfg.resume))
-            if found is None:
-                log.info("resume=auto: no checkpoint in %s, starting from scratch", ckpt_dir)
-            else:
-                path, ckpt = found
-                try:
-                    model.load_state_dict(ckpt["model"])
-                except RuntimeError as e:
-                    raise CheckpointError(
-                        f"checkpoint {path} does not fit model {cfg.model.name} "
-                        f"({str(e).splitlines()[0]}); resume with the model it was made with"
-                    ) from None
-                optimizer.load_state_dict(ckpt["optimizer"])
-                scheduler.load_state_dict(ckpt["scheduler"])
-                if scaler is not None and ckpt.get("scaler"):
-                    scaler.load_state_dict(ckpt["scaler"])
-                state.load_state_dict(ckpt["train_state"])
-                restore_rng_state(ckpt["rng"])
-                log.info("resumed from %s (epoch %d, step %d)", path, state.epoch, state.step)
+            _resume(
+                cfg.resume, run_dir / "checkpoints", backend=backend, model_name=cfg.model.name,
+                plan=plan, steps_per_epoch=steps_per_epoch, model=model, optimizer=optimizer,
+                scheduler=scheduler, scaler=scaler, state=state,
+            )
 
         resolved = {
             "version": __version__,
@@ -291,6 +369,9 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
         channels_last = cfg.model.channels_last
         main = backend.is_main
         hook_list: list[Any] = [H.DataOrderHook(), H.ProgressHook(enabled=main and cfg.progress)]
+        # Agree on a stop every step on CPU/gloo (cheap), every log step on accelerators.
+        preemption = PreemptionHook(check_every=1 if backend.device.type == "cpu" else cfg.log_every)
+        hook_list.append(preemption)
         hook_list.append(
             H.EvalHook(
                 backend.wrap_loader(val_loader, channels_last=channels_last),
@@ -331,10 +412,20 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
             scaler=scaler,
             log_every=cfg.log_every,
             max_steps=cfg.max_steps,
+            non_finite=_value(cfg.non_finite),
+            max_skipped_steps=cfg.max_skipped_steps,
             hooks=hook_list,
             state=state,
         )
-        trainer.train()
+        try:
+            trainer.train()
+        finally:
+            preemption.uninstall()
+        if preemption.preempted:
+            raise Preempted(
+                f"{trainer.stop_reason} at step {state.step}; checkpoint saved in "
+                f"{run_dir / 'checkpoints'}; continue with resume=auto run_dir={run_dir}"
+            )
         skipped = getattr(train_loader, "skipped", 0) + getattr(val_loader, "skipped", 0)
         if skipped and main:
             log.warning("%d unreadable image file(s) were skipped (named above in the log)", skipped)
@@ -356,6 +447,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """``largebatch-train [key=value ...]``: compose the config and run it."""
     from largebatch.config import ConfigError, compose_config, to_train_config
     from largebatch.engine.loop import NonFiniteLossError
+    from largebatch.engine.preemption import Preempted
 
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help"):
@@ -377,10 +469,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except NonFiniteLossError as e:
         print(f"largebatch: error: {e}", file=sys.stderr)
         return EXIT_NON_FINITE
+    except Preempted as e:
+        print(f"largebatch: preempted: {e}", file=sys.stderr)
+        return EXIT_PREEMPTED
     except KeyboardInterrupt:
         print("largebatch: interrupted", file=sys.stderr)
-        return 130
-    return 0
+        return EXIT_INTERRUPTED
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -31,7 +31,14 @@ log = logging.getLogger("largebatch")
 
 
 class DataOrderHook(Hook):
-    """Sets the epoch's shuffle and skips the batches a resumed run has already seen."""
+    """Sets the epoch's shuffle and skips the batches a resumed run has already seen.
+
+    The position is ``epoch_step x accumulation_steps x per-device batch`` samples of this
+    rank's shard. ``ShardedSampler`` deals one permutation round-robin (``perm[r::w]``), so
+    after k steps of global batch B the ranks together have read ``perm[:k*B]`` at any world
+    size: a run resumed at another world size (same global batch) continues with the next
+    unseen images.
+    """
 
     def before_epoch(self) -> None:
         t = self.trainer
@@ -206,7 +213,14 @@ class EvalHook(Hook):
 class CheckpointHook(Hook):
     """Atomic checkpoints every N epochs / N steps and at the end; keeps the newest K.
 
-    ``extra_state`` returns what the run adds (resolved config, ...); only rank 0 writes.
+    A checkpoint holds the model, optimizer, LR schedule and loss-scaler states, the loop
+    state (epoch, step, step within the epoch = the data position, skipped steps, evals),
+    the RNG states (python, numpy, torch, CUDA), the world size, global batch and steps per
+    epoch it was written with, and the library version; ``extra_state`` returns what the
+    run adds (resolved config, model name). Only rank 0 writes: every rank seeds the same
+    global RNG and draws from it in step, so rank 0's RNG state is every rank's.
+    Before writing, the non-finite counters are checked (so a ``stop`` run never saves
+    non-finite weights).
     """
 
     def __init__(
@@ -238,6 +252,8 @@ class CheckpointHook(Hook):
             "rng": capture_rng_state(),
             "world_size": t.backend.world_size,
             "global_batch_size": t.global_batch_size,
+            "accumulation_steps": t.accumulation_steps,
+            "steps_per_epoch": t.steps_per_epoch,
             **self.extra_state(),
         }
 
@@ -245,6 +261,7 @@ class CheckpointHook(Hook):
         t = self.trainer
         if t.state.step == self.last_saved_step:
             return
+        t.check_non_finite()
         self.last_saved_step = t.state.step
         if t.backend.is_main:
             path = save_checkpoint(
@@ -252,6 +269,10 @@ class CheckpointHook(Hook):
             )
             log.debug("saved %s", path)
         t.backend.barrier()
+
+    def before_train(self) -> None:
+        if self.trainer.state.step:  # resumed: the checkpoint of this step is on disk
+            self.last_saved_step = self.trainer.state.step
 
     def after_step(self) -> None:
         t = self.trainer

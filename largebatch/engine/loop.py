@@ -6,22 +6,25 @@ Event order (each hook sees the events it defines, in the order the hooks were g
     for epoch in epochs:
         before_epoch                      # data order for the epoch (resumable mid-epoch)
         for step in epoch:                # one optimizer step = accumulation_steps micro-batches
-            run_step                      # no host read here
-            after_step                    # checkpoints every N steps, stop requests
-            after_log(metrics)            # only every log_every steps: the one loss read-back
+            run_step                      # no host read here (see largebatch.engine.nonfinite)
+            after_step                    # checkpoints every N steps, stop requests (preemption)
+            after_log(metrics)            # only every log_every steps: the one loss read-back,
+                                          # and the non-finite check (policy stop|skip)
         after_epoch                       # state.epoch now counts this epoch as done:
                                           # evaluation (-> after_eval(metrics)), checkpoint
     after_train                           # summary; runs in `finally`, also on errors
 
 The loss is accumulated on the device and read back to the host only on log steps, so a
-step never waits for the device (and on XLA the step graph stays the same).
+step never waits for the device (and on XLA the step graph stays the same). The LR schedule
+advances once per optimizer step that ran: a step an fp16 loss scaler skipped (overflow)
+does not move it. ``max_steps`` is checked before each step, so a run resumed at
+``max_steps`` runs no further step.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
@@ -30,11 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from largebatch.engine.nonfinite import NonFiniteGuard, NonFiniteLossError
+
 __all__ = ["Hook", "NonFiniteLossError", "Trainer", "TrainState"]
-
-
-class NonFiniteLossError(RuntimeError):
-    """The training loss became NaN or infinite."""
 
 
 @dataclass
@@ -92,6 +93,8 @@ class Trainer:
         scaler: Any = None,
         log_every: int = 20,
         max_steps: Optional[int] = None,
+        non_finite: str = "stop",
+        max_skipped_steps: int = 10,
         hooks: Sequence[Hook] = (),
         state: Optional[TrainState] = None,
     ) -> None:
@@ -120,8 +123,21 @@ class Trainer:
             )
         self.stop_reason: Optional[str] = None
         self.start_time: Optional[float] = None  # wall clock at the first step of this process
+        self.guard = NonFiniteGuard(
+            policy=non_finite,
+            max_skipped_steps=max_skipped_steps,
+            backend=backend,
+            model=model,
+            optimizer=optimizer,
+            scaler_skips=scaler is not None,
+        )
+        self.guard.skipped_before = self.state.skipped_steps
+        # The loss scaler skips optimizer.step() on overflow; this host counter (bumped by a
+        # step post-hook, no device read) tells the loop whether the step ran.
+        self._optimizer_steps = 0
+        optimizer.register_step_post_hook(self._count_optimizer_step)
         self._loss_sum = torch.zeros((), device=backend.device)
-        self._loss_steps = 0
+        self._loss_steps = torch.zeros((), device=backend.device)
         self._log_time = 0.0
         self._log_images = 0
 
@@ -141,14 +157,26 @@ class Trainer:
     def current_lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
+    def check_non_finite(self) -> None:
+        """Host check of the non-finite counters (all ranks): raise per policy, else record."""
+        self.state.skipped_steps = self.guard.check(self.state.step)
+
+    def _count_optimizer_step(self, *_: Any) -> None:
+        self._optimizer_steps += 1
+
+    def _should_stop(self) -> bool:
+        if self.max_steps is not None and self.state.step >= self.max_steps:
+            self.request_stop(f"max_steps={self.max_steps} reached")
+        return self.stop_reason is not None
+
     # -- the loop ------------------------------------------------------------------------
     def train(self) -> TrainState:
         self.call("before_train")
         try:
-            while self.state.epoch < self.epochs and self.stop_reason is None:
+            while self.state.epoch < self.epochs and not self._should_stop():
                 self.call("before_epoch")
                 batches = iter(self.train_loader)
-                while self.state.epoch_step < self.steps_per_epoch and self.stop_reason is None:
+                while self.state.epoch_step < self.steps_per_epoch and not self._should_stop():
                     micro = list(itertools.islice(batches, self.accumulation_steps))
                     if len(micro) < self.accumulation_steps:
                         break  # the loader ended early (e.g. skipped unreadable files)
@@ -156,13 +184,12 @@ class Trainer:
                     self.call("after_step")
                     if self.state.step % self.log_every == 0 or self.state.epoch_step == self.steps_per_epoch:
                         self.call("after_log", self._read_metrics())
-                    if self.max_steps is not None and self.state.step >= self.max_steps:
-                        self.request_stop(f"max_steps={self.max_steps} reached")
-                if self.state.epoch_step < self.steps_per_epoch and self.stop_reason is not None:
+                if self.state.epoch_step < self.steps_per_epoch and self._should_stop():
                     break  # stopped mid-epoch
                 self.state.epoch += 1
                 self.state.epoch_step = 0
                 self.call("after_epoch")
+            self.check_non_finite()
         finally:
             self.state.elapsed_s = self.elapsed()
             self.start_time = None
@@ -175,6 +202,7 @@ class Trainer:
             self.start_time = time.perf_counter()
             self._log_time = self.start_time
         n = len(micro_batches)
+        self.guard.before_step()
         step_loss = torch.zeros((), device=self.backend.device)
         for i, (images, labels, *_) in enumerate(micro_batches):
             sync = contextlib.nullcontext() if i == n - 1 else self.backend.no_sync(self.model)
@@ -185,29 +213,32 @@ class Trainer:
                 (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             step_loss += loss.detach()
             self._log_images += images.shape[0] * self.backend.world_size
+        bad = self.guard.observe(step_loss, self.state.step + 1)
+        ran_before = self._optimizer_steps
         self.backend.optimizer_step(self.optimizer, self.scaler)
+        self.guard.after_optimizer_step(bad)
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        if self._optimizer_steps > ran_before:
+            self.scheduler.step()
         self.backend.mark_step()
-        self._loss_sum += step_loss
-        self._loss_steps += 1
+        # Non-finite losses stay out of the logged mean (they are counted by the guard).
+        self._loss_sum += torch.where(bad, torch.zeros_like(step_loss), step_loss)
+        self._loss_steps += (~bad).to(self._loss_steps.dtype)
         self.state.step += 1
         self.state.epoch_step += 1
         self.state.images_seen += self.global_batch_size
 
     def _read_metrics(self) -> dict[str, float]:
-        """The one host read-back: mean loss since the last log step, lr, throughput."""
-        loss = (self._loss_sum / max(self._loss_steps, 1)).item()
+        """The one host read-back: mean finite loss since the last log step, lr, throughput.
+
+        Also the non-finite check, which raises per policy (``stop``, or too many skips).
+        """
+        self.check_non_finite()
+        loss = (self._loss_sum / self._loss_steps.clamp(min=1)).item()
         now = time.perf_counter()
         ips = self._log_images / max(now - self._log_time, 1e-9)
         self._loss_sum.zero_()
-        self._loss_steps = 0
+        self._loss_steps.zero_()
         self._log_images = 0
         self._log_time = now
-        if not math.isfinite(loss):
-            raise NonFiniteLossError(
-                f"the training loss is {loss} at step {self.state.step} (epoch "
-                f"{self.state.epoch}) on rank {self.backend.rank}; lower optimizer.lr, raise "
-                f"schedule.warmup_epochs, or use precision=fp32 to find the cause"
-            )
         return {"loss": loss, "lr": self.current_lr(), "img_per_s": ips}

@@ -1,0 +1,133 @@
+"""Non-finite losses: ``skip`` undoes the step exactly (or the fp16 scaler skips it, without
+moving the LR schedule), bounded by ``max_skipped_steps``; ``stop`` names step and rank.
+
+A NaN is forced the honest way: the test feeds a batch of NaN images (or, through the CLI,
+a training transform that makes every image NaN), so the real loop, guard and CLI run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import pytest
+import torch
+from torch import nn
+
+from largebatch.backends.torch_dist import TorchDistributedBackend
+from largebatch.engine.loop import NonFiniteLossError, Trainer
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3)
+    )
+
+
+def _batches(n: int, nan_at: tuple[int, ...] = ()) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(1)
+    out = []
+    for i in range(n):
+        images = torch.randn(4, 3, 8, 8, generator=gen)
+        labels = torch.randint(0, 3, (4,), generator=gen)
+        if i in nan_at:
+            images = torch.full_like(images, float("nan"))
+        out.append((images, labels))
+    return out
+
+
+def _train(
+    batches: list, *, policy: str, max_skipped: int = 10, log_every: int = 100, fp16: bool = False,
+    constant_lr: bool = False,
+) -> Trainer:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 if constant_lr else 1.0 / (1 + step))
+    backend = TorchDistributedBackend("cpu")
+    scaler: Optional[torch.amp.GradScaler] = backend.grad_scaler(fp16, 2.0**8, 2000)
+    trainer = Trainer(
+        model=model, optimizer=opt, scheduler=sched, train_loader=batches, backend=backend,
+        epochs=1, global_batch_size=4, log_every=log_every, non_finite=policy,
+        max_skipped_steps=max_skipped, autocast_dtype=torch.float16 if fp16 else None, scaler=scaler,
+    )
+    trainer.train()
+    return trainer
+
+
+def _everything(t: Trainer) -> dict[str, torch.Tensor]:
+    out = {f"model.{k}": v for k, v in t.model.state_dict().items()}
+    for i, st in enumerate(t.optimizer.state.values()):
+        out.update({f"opt.{i}.{k}": v for k, v in st.items() if isinstance(v, torch.Tensor)})
+    return out
+
+
+@pytest.mark.parametrize("nan_at", [0, 2], ids=["first-step", "mid-run"])
+def test_skip_policy_matches_a_run_without_the_bad_batch(nan_at: int) -> None:
+    """Parameters, BN statistics and momentum end exactly as if the NaN batch never came
+    (constant LR: a skipped step still counts for the schedule, which avoids a host sync)."""
+    batches = _batches(4)
+    with_nan = batches[:nan_at] + _batches(1, nan_at=(0,)) + batches[nan_at:]
+    skipped = _train(with_nan, policy="skip", constant_lr=True)
+    clean = _train(batches, policy="skip", constant_lr=True)
+    assert skipped.state.skipped_steps == 1 and clean.state.skipped_steps == 0
+    a, b = _everything(skipped), _everything(clean)
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, different
+
+
+def test_skip_policy_gives_up_after_max_skipped_steps() -> None:
+    with pytest.raises(NonFiniteLossError, match=r"3 steps skipped.*max_skipped_steps=2.*first at step 2 on rank 0"):
+        _train(_batches(6, nan_at=(1, 2, 3)), policy="skip", max_skipped=2, log_every=1)
+
+
+def test_stop_policy_names_step_and_rank() -> None:
+    with pytest.raises(NonFiniteLossError, match=r"not finite at step 3 on rank 0"):
+        _train(_batches(6, nan_at=(2,)), policy="stop", log_every=2)
+
+
+def test_fp16_scaler_skip_does_not_advance_the_lr_schedule() -> None:
+    t = _train(_batches(4, nan_at=(1,)), policy="skip", fp16=True)
+    assert t.state.step == 4 and t.state.skipped_steps == 1
+    assert t.scheduler.last_epoch == 3  # 3 optimizer steps ran
+    assert t.scaler.get_scale() < 2.0**8  # the scaler backed off on the NaN step
+    assert all(torch.isfinite(v.float()).all() for v in _everything(t).values())
+
+
+# -- through the CLI: exit code 3 and one line naming step and rank --------------------------
+
+def _nan_images(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the real training transform return NaN images (test-side fault injection)."""
+    import largebatch.data.folder as folder
+
+    real = folder.build_train_transform
+
+    def poisoned(*args, **kwargs):  # type: ignore[no-untyped-def]
+        transform = real(*args, **kwargs)
+        return lambda image: transform(image) * float("nan")
+
+    monkeypatch.setattr(folder, "build_train_transform", poisoned)
+
+
+@pytest.mark.parametrize(
+    "policy,pattern",
+    [("stop", "not finite at step 1 on rank 0"), ("skip", "3 steps skipped for a non-finite loss")],
+)
+def test_cli_exits_3_naming_step_and_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, policy: str, pattern: str
+) -> None:
+    from largebatch.cli import EXIT_NON_FINITE, main
+
+    _nan_images(monkeypatch)
+    code = main([
+        "debug=smoke", "progress=false", "tensorboard=false", "data.workers=0", "global_batch_size=8",
+        "data.synthetic.train_per_class=8", "data.synthetic.val_per_class=2", "log_every=1",
+        f"non_finite={policy}", "max_skipped_steps=2", f"run_dir={tmp_path / 'run'}",
+    ])
+    err = capsys.readouterr().err.strip()
+    assert code == EXIT_NON_FINITE == 3
+    assert err.startswith("largebatch: error:") and "\n" not in err and pattern in err, err
+    # stop: nothing non-finite is saved; skip: the weights stayed finite, nothing saved either
+    # because the run gave up before a checkpoint step.
+    assert not list((tmp_path / "run" / "checkpoints").glob("*.pt"))
