@@ -1,0 +1,31 @@
+"""Test-only fault injection for torchrun workers (put this folder on PYTHONPATH).
+
+``LARGEBATCH_TEST_FAULT=RANK:STEP:SIGNAL`` makes the worker of that rank send itself SIGNAL
+(e.g. SIGKILL, SIGTERM) right after optimizer step STEP, in the first attempt only
+(``TORCHELASTIC_RESTART_COUNT`` 0), so a restarted worker group runs clean. Nothing here is
+imported by largebatch itself; Python imports ``sitecustomize`` at start-up when it is on
+the path.
+"""
+
+import os
+import signal
+
+
+def _install(spec: str) -> None:
+    rank, step, name = spec.split(":")
+    if os.environ.get("RANK") != rank or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return
+    from largebatch.engine import loop
+
+    real_run_step = loop.Trainer.run_step
+
+    def run_step(self, micro_batches):  # type: ignore[no-untyped-def]
+        real_run_step(self, micro_batches)
+        if self.state.step == int(step):
+            os.kill(os.getpid(), getattr(signal, name))
+
+    loop.Trainer.run_step = run_step
+
+
+if os.environ.get("LARGEBATCH_TEST_FAULT") and "RANK" in os.environ:
+    _install(os.environ["LARGEBATCH_TEST_FAULT"])

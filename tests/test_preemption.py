@@ -1,0 +1,57 @@
+"""SIGTERM during training: the step finishes, a checkpoint is saved, the CLI exits with
+EXIT_PREEMPTED (75), and ``resume=auto`` on the same run directory finishes the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from largebatch.cli import EXIT_PREEMPTED, main
+from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
+
+FAST = [
+    "debug=smoke",
+    "progress=false",
+    "tensorboard=false",
+    "data.workers=0",
+    "global_batch_size=8",
+    "data.synthetic.train_per_class=8",
+    "data.synthetic.val_per_class=2",
+    "epochs=3",  # 4 steps per epoch: 12 steps
+    "checkpoint.every_steps=1",
+]
+
+
+def _wait_for_checkpoint(directory: Path, proc: subprocess.Popen, timeout_s: float = 120) -> None:
+    deadline = time.time() + timeout_s
+    while not list_checkpoints(directory):
+        assert proc.poll() is None, f"training ended before it was signalled: {proc.communicate()}"
+        assert time.time() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+
+
+def test_sigterm_saves_exits_75_and_resume_finishes(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "largebatch.train", *FAST, f"run_dir={run}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+    )
+    _wait_for_checkpoint(run / "checkpoints", proc)  # training is under way
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_PREEMPTED == 75, (out, err)
+    assert "largebatch: preempted:" in err and "resume=auto" in err and "Traceback" not in err
+    last = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])
+    stopped_at = last["train_state"]["step"]
+    assert 1 <= stopped_at < 12
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == stopped_at and summary["stop_reason"].startswith("preempted (SIGTERM)")
+
+    assert main([*FAST, f"run_dir={run}", "resume=auto"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 12 and summary["epochs"] == 3
