@@ -12,9 +12,11 @@ from pathlib import Path
 import torch
 
 from largebatch.engine.checkpoint import (
+    capture_rng_state,
     checkpoint_name,
     list_checkpoints,
     load_latest,
+    restore_rng_state,
     save_checkpoint,
 )
 
@@ -58,3 +60,18 @@ def test_killed_writer_leaves_previous_checkpoint(tmp_path: Path) -> None:
     path, state = load_latest(tmp_path)
     assert path.name == checkpoint_name(1, 10)
     assert torch.equal(state["model"]["w"], torch.ones(3))
+
+
+def test_rng_state_round_trips_through_a_checkpoint(tmp_path: Path) -> None:
+    import random
+
+    import numpy as np
+
+    def draw() -> tuple:
+        return random.random(), float(np.random.rand()), torch.rand(3).tolist()
+
+    path = save_checkpoint({"model": {}, "rng": capture_rng_state()}, tmp_path, checkpoint_name(0, 1))
+    expected = draw()
+    restore_rng_state(load_latest(tmp_path)[1]["rng"])
+    assert draw() == expected
+    assert path.exists()

@@ -94,3 +94,68 @@ def test_console_script_and_module_entry(cache: Path) -> None:
         capture_output=True, text=True, env=env, timeout=120,
     )
     assert proc.returncode == 2 and "epochs" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.fixture()
+def small_data(cache: Path) -> Path:
+    """A 2-class ImageFolder tree (train/ and val/) to break in different ways."""
+    from largebatch.data.synthetic import make_synthetic_imagenet
+
+    return make_synthetic_imagenet(cache / "data", num_classes=2, train_per_class=4, val_per_class=2, image_size=36)
+
+
+def _break_data(root: Path, how: str) -> None:
+    import shutil
+
+    if how == "empty_class":
+        for f in (root / "train" / sorted(p.name for p in (root / "train").iterdir())[0]).iterdir():
+            f.unlink()
+    elif how == "class_lists_differ":
+        first = sorted(p.name for p in (root / "val").iterdir())[0]
+        shutil.move(str(root / "val" / first), str(root / "val" / "zz_other_class"))
+
+
+def _foreign_checkpoint(directory: Path, how: str) -> Path:
+    from largebatch.engine.checkpoint import checkpoint_name, save_checkpoint
+
+    if how == "other_model":
+        state = {"model": {}, "model_name": "resnet18", "global_batch_size": 8}
+    elif how == "incompatible_tensors":
+        state = {"model": torch.nn.Linear(2, 2).state_dict()}
+    else:  # another global batch size
+        state = {"model": {}, "model_name": "resnet10t", "global_batch_size": 64}
+    return save_checkpoint(state, directory, checkpoint_name(0, 1))
+
+
+@pytest.mark.parametrize(
+    "args,pattern",
+    [
+        (["epochs=many"], "could not be converted to Integer (full_key: epochs)"),
+        (["non_finite=maybe"], "expected one of [skip, stop]"),
+        (["data.root={data}", "+break=empty_class"], "holds no image"),
+        (["data.root={data}", "+break=class_lists_differ"], "class folders differ"),
+        (["run_dir={cache}/a_file/run"], "cannot write the run directory"),
+        (["resume={cache}/no_such.pt"], "does not exist; set resume="),
+        (["resume={ckpt}", "+ckpt=other_model"], "was made with model resnet18, not resnet10t"),
+        (["resume={ckpt}", "+ckpt=incompatible_tensors"], "does not fit model resnet10t"),
+        (["resume={ckpt}", "+ckpt=other_batch"], "global_batch_size=64, not 8"),
+    ],
+    ids=["wrong-type", "bad-choice", "empty-class", "class-lists-differ", "unwritable-run-dir",
+         "missing-checkpoint", "checkpoint-other-model", "checkpoint-incompatible", "checkpoint-other-batch"],
+)
+def test_more_bad_input_is_one_line_and_exit_2(
+    cache: Path, small_data: Path, capsys: pytest.CaptureFixture, args: list[str], pattern: str
+) -> None:
+    (cache / "a_file").write_text("not a folder")
+    ckpt = cache / "ckpt"
+    setup = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args if a.startswith("+")}
+    if "+break" in setup:
+        _break_data(small_data, setup["+break"])
+    if "+ckpt" in setup:
+        ckpt = _foreign_checkpoint(cache / "foreign", setup["+ckpt"])
+    overrides = [a.format(data=small_data, cache=cache, ckpt=ckpt) for a in args if not a.startswith("+")]
+    code = main([*TINY, "global_batch_size=8", f"output_root={cache / 'runs'}", *overrides])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.startswith("largebatch: error:") and "\n" not in err and "Traceback" not in err
+    assert pattern in err, err

@@ -22,6 +22,7 @@ FAST = [
     "global_batch_size=8",
     "data.synthetic.train_per_class=8",
     "data.synthetic.val_per_class=2",
+    "data.image_size=16",
     "epochs=3",  # 4 steps per epoch: 12 steps
     "checkpoint.every_steps=1",
 ]

@@ -20,6 +20,7 @@ EXACT = [
     "global_batch_size=8",
     "data.synthetic.train_per_class=8",
     "data.synthetic.val_per_class=2",
+    "data.image_size=16",
     "progress=false",
     "tensorboard=false",
     "model=resnet10t",
@@ -45,6 +46,19 @@ def _final_weights(run: Path, expected_step: int) -> dict[str, torch.Tensor]:
     return last["model"]
 
 
+def _assert_complete(ckpt: dict) -> None:
+    """Everything an exact resume needs, plus what tells a later run what made it."""
+    import largebatch
+
+    assert {"model", "optimizer", "scheduler", "scaler", "train_state", "rng", "config"} <= ckpt.keys()
+    assert ckpt["optimizer"]["state"], "no momentum buffers"
+    assert ckpt["scheduler"]["last_epoch"] == ckpt["train_state"]["step"]
+    assert {"python", "numpy", "torch"} <= ckpt["rng"].keys()
+    assert ckpt["version"] == largebatch.__version__ and ckpt["model_name"] == "resnet10t"
+    assert (ckpt["world_size"], ckpt["global_batch_size"], ckpt["steps_per_epoch"]) == (1, 8, 4)
+    assert ckpt["config"]["schedule"]["warmup_epochs"] == 0.5  # the resolved config
+
+
 def _assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert a.keys() == b.keys()
     different = [k for k in a if not torch.equal(a[k], b[k])]
@@ -59,7 +73,8 @@ def test_stop_and_resume_gives_identical_weights(
     assert main([*EXACT, f"run_dir={run}", f"max_steps={stop_after}"]) == 0
     stopped = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])
     assert stopped["train_state"]["step"] == stop_after
-    assert stopped["train_state"]["epoch_step"] == stop_after % 4
+    assert stopped["train_state"]["epoch_step"] == stop_after % 4  # the data position
+    _assert_complete(stopped)
     assert main([*EXACT, f"run_dir={run}", "resume=auto", "max_steps=null"]) == 0
     _assert_identical(straight, _final_weights(run, expected_step=8))
     summary = json.loads((run / "summary.json").read_text())
