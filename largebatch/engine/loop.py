@@ -131,7 +131,6 @@ class Trainer:
             optimizer=optimizer,
             scaler_skips=scaler is not None,
         )
-        self.guard.skipped_before = self.state.skipped_steps
         # The loss scaler skips optimizer.step() on overflow; this host counter (bumped by a
         # step post-hook, no device read) tells the loop whether the step ran.
         self._optimizer_steps = 0
@@ -171,6 +170,7 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------
     def train(self) -> TrainState:
+        self.guard.start(step=self.state.step, skipped_steps=self.state.skipped_steps)
         self.call("before_train")
         try:
             while self.state.epoch < self.epochs and not self._should_stop():
@@ -213,7 +213,7 @@ class Trainer:
                 (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             step_loss += loss.detach()
             self._log_images += images.shape[0] * self.backend.world_size
-        bad = self.guard.observe(step_loss, self.state.step + 1)
+        bad = self.guard.observe(step_loss)
         ran_before = self._optimizer_steps
         self.backend.optimizer_step(self.optimizer, self.scaler)
         self.guard.after_optimizer_step(bad)

@@ -75,10 +75,18 @@ class NonFiniteGuard:
         self._bad_count = torch.zeros((), dtype=torch.int64, device=device)  # this rank
         self._first_bad = torch.full((), -1, dtype=torch.int64, device=device)  # this rank
         self._skipped = torch.zeros((), dtype=torch.int64, device=device)  # all ranks agree
+        # The step number lives on the device too: a Python int baked into each step's ops
+        # would be a new constant per step (an XLA recompile per step).
+        self._step = torch.zeros((), dtype=torch.int64, device=device)
         self._backup: list[torch.Tensor] = []
         self._live: list[torch.Tensor] = []
         self._state_keys: Optional[list[tuple[int, str]]] = None
         self.skipped_before = 0  # skipped steps of earlier processes (resumed run)
+
+    def start(self, *, step: int, skipped_steps: int) -> None:
+        """Continue the counts of a resumed run: ``step`` steps done, ``skipped_steps`` skipped."""
+        self._step.fill_(step)
+        self.skipped_before = skipped_steps
 
     # -- per step, no host read ----------------------------------------------------------
     def before_step(self) -> None:
@@ -92,12 +100,12 @@ class NonFiniteGuard:
         else:
             torch._foreach_copy_(self._backup, live)
 
-    def observe(self, step_loss: torch.Tensor, step: int) -> torch.Tensor:
-        """Record whether ``step_loss`` of ``step`` is finite; return the step's skip flag."""
+    def observe(self, step_loss: torch.Tensor) -> torch.Tensor:
+        """Record whether the step's loss is finite; return the step's skip flag (device)."""
+        self._step += 1
         bad = ~torch.isfinite(step_loss.detach())
         self._bad_count += bad.to(torch.int64)
-        first = torch.full_like(self._first_bad, step)
-        self._first_bad = torch.where(bad & (self._first_bad < 0), first, self._first_bad)
+        self._first_bad = torch.where(bad & (self._first_bad < 0), self._step, self._first_bad)
         if self.policy != "skip":
             return bad
         if self.backend.world_size > 1:
