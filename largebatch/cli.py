@@ -388,7 +388,7 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
                 every_epochs=cfg.checkpoint.every_epochs,
                 every_steps=cfg.checkpoint.every_steps,
                 keep=cfg.checkpoint.keep,
-                extra_state=lambda: {"config": config_dict, "model_name": cfg.model.name},
+                extra_state=lambda: {"config": config_dict, "resolved": resolved, "model_name": cfg.model.name},
             )
         )
         if main:

@@ -122,6 +122,8 @@ def _foreign_checkpoint(directory: Path, how: str) -> Path:
         state = {"model": {}, "model_name": "resnet18", "global_batch_size": 8}
     elif how == "incompatible_tensors":
         state = {"model": torch.nn.Linear(2, 2).state_dict()}
+    elif how == "other_epoch_length":  # e.g. written at a world size that drops another tail
+        state = {"model": {}, "model_name": "resnet10t", "global_batch_size": 8, "steps_per_epoch": 99}
     else:  # another global batch size
         state = {"model": {}, "model_name": "resnet10t", "global_batch_size": 64}
     return save_checkpoint(state, directory, checkpoint_name(0, 1))
@@ -139,9 +141,11 @@ def _foreign_checkpoint(directory: Path, how: str) -> Path:
         (["resume={ckpt}", "+ckpt=other_model"], "was made with model resnet18, not resnet10t"),
         (["resume={ckpt}", "+ckpt=incompatible_tensors"], "does not fit model resnet10t"),
         (["resume={ckpt}", "+ckpt=other_batch"], "global_batch_size=64, not 8"),
+        (["resume={ckpt}", "+ckpt=other_epoch_length"], "has 99 steps per epoch but this run has 16"),
     ],
     ids=["wrong-type", "bad-choice", "empty-class", "class-lists-differ", "unwritable-run-dir",
-         "missing-checkpoint", "checkpoint-other-model", "checkpoint-incompatible", "checkpoint-other-batch"],
+         "missing-checkpoint", "checkpoint-other-model", "checkpoint-incompatible", "checkpoint-other-batch",
+         "checkpoint-other-epoch-length"],
 )
 def test_more_bad_input_is_one_line_and_exit_2(
     cache: Path, small_data: Path, capsys: pytest.CaptureFixture, args: list[str], pattern: str
