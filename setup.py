@@ -52,6 +52,7 @@ setup(
         "console_scripts": [
             "largebatch-train=largebatch.cli:main",
             "largebatch-make-synthetic=largebatch.data.synthetic:main",
+            "largebatch-report=largebatch.report:main",
         ]
     },
 )

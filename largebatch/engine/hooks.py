@@ -25,6 +25,7 @@ __all__ = [
     "ProgressHook",
     "SummaryHook",
     "TensorBoardHook",
+    "target_check",
 ]
 
 log = logging.getLogger("largebatch")
@@ -109,12 +110,13 @@ class _ScalarWriter(Hook):
 
 
 class TensorBoardHook(_ScalarWriter):
-    """Scalars: train loss, lr, img/s, val top-1/top-5, epoch time."""
+    """Scalars: train loss, lr, img/s, val top-1/top-5, epoch time, time to target (once)."""
 
     def __init__(self, log_dir: str | os.PathLike) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(log_dir=str(log_dir))
+        self.wrote_time_to_target = False
 
     def after_log(self, metrics: dict[str, float]) -> None:
         step = self.trainer.state.step
@@ -128,6 +130,9 @@ class TensorBoardHook(_ScalarWriter):
         self.writer.add_scalar("val/top5", metrics["top5"], s.step)
         self.writer.add_scalar("val/loss", metrics["loss"], s.step)
         self.writer.add_scalar("val/top1_vs_wall_s", metrics["top1"], int(self.trainer.elapsed()))
+        if s.time_to_target_s is not None and not self.wrote_time_to_target:
+            self.wrote_time_to_target = True  # once, at the evaluation that reached the target
+            self.writer.add_scalar("val/time_to_target_s", s.time_to_target_s, s.step)
 
     def after_epoch(self) -> None:
         self.writer.add_scalar("train/epoch_time_s", self.epoch_time(), self.trainer.state.epoch)
@@ -162,6 +167,26 @@ class JsonlHook(_ScalarWriter):
 
     def after_train(self) -> None:
         self.file.close()
+
+
+def target_check(
+    top1: float,
+    wall_s: float,
+    *,
+    target_top1: Optional[float],
+    stop_at_target: bool,
+    time_to_target_s: Optional[float],
+) -> tuple[Optional[float], bool]:
+    """The time-to-accuracy rule for one evaluation: ``(time_to_target_s, stop)``.
+
+    The time to target is the ``wall_s`` of the *first* evaluation with ``top1 >=
+    target_top1`` (percent) and never changes after; ``stop`` is true when this evaluation
+    is at or above target and ``stop_at_target`` is set. No target: ``(None, False)``.
+    """
+    reached = target_top1 is not None and top1 >= target_top1
+    if reached and time_to_target_s is None:
+        time_to_target_s = wall_s
+    return time_to_target_s, reached and stop_at_target
 
 
 class EvalHook(Hook):
@@ -202,10 +227,11 @@ class EvalHook(Hook):
         s.evals.append(metrics)
         if metrics["top1"] > s.best_top1:
             s.best_top1, s.best_epoch = metrics["top1"], epoch
-        reached = self.target_top1 is not None and metrics["top1"] >= self.target_top1
-        if reached and s.time_to_target_s is None:
-            s.time_to_target_s = metrics["wall_s"]
-        if reached and self.stop_at_target:
+        s.time_to_target_s, stop = target_check(
+            metrics["top1"], metrics["wall_s"], target_top1=self.target_top1,
+            stop_at_target=self.stop_at_target, time_to_target_s=s.time_to_target_s,
+        )
+        if stop:
             t.request_stop(f"target top-1 {self.target_top1}% reached")
         t.call("after_eval", metrics)
 
