@@ -5,6 +5,10 @@
 optimizer and schedule, and runs the loop. Under torchrun every rank runs this; rank 0
 chooses the run directory and the others receive it, so a run has exactly one directory.
 
+Under torchrun with ``--max-restarts``, a restarted worker group resumes by itself: without
+``run_dir=`` the run directory is ``<output_root>/<model>-<torchrun run id>`` (the same for
+every restart), and ``resume`` defaults to ``auto`` once ``TORCHELASTIC_RESTART_COUNT`` > 0.
+
 Exit codes:
 
 * 0 (``EXIT_OK``): the run finished (or stopped at ``max_steps`` / its target).
@@ -95,6 +99,21 @@ def _setup_logging(is_main: bool, run_dir: Optional[Path]) -> None:
     root.setLevel(level)
 
 
+def _elastic_run_id() -> Optional[str]:
+    """torchrun's job id (``--rdzv-id``; a fresh id per ``--standalone`` launch), if any."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    return run_id if run_id and run_id != "none" else None
+
+
+def _resume_setting(resume: Optional[str]) -> Optional[str]:
+    """``resume``; a restarted torchrun worker group always resumes (``auto``)."""
+    if resume is None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
+        log.info("torchrun restart %s: resuming from the newest checkpoint (resume=auto)",
+                 os.environ["TORCHELASTIC_RESTART_COUNT"])
+        return "auto"
+    return resume
+
+
 def _make_run_dir(cfg: Any, backend: Any) -> Path:
     """Rank 0 creates the run directory; every rank gets the same path."""
     path: Optional[str] = None
@@ -103,6 +122,9 @@ def _make_run_dir(cfg: Any, backend: Any) -> Path:
         try:
             if cfg.run_dir:
                 run_dir = Path(cfg.run_dir)
+            elif _elastic_run_id():
+                # Every restart of a torchrun job must find the same directory (to resume).
+                run_dir = Path(cfg.output_root) / f"{cfg.model.name}-{_elastic_run_id()}"
             else:
                 stamp = time.strftime("%Y%m%d-%H%M%S")
                 run_dir = Path(cfg.output_root) / f"{stamp}-{cfg.model.name}"
@@ -327,9 +349,10 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
         scaler = backend.grad_scaler(precision.loss_scaling, cfg.precision.init_scale, cfg.precision.growth_interval)
         state = TrainState()
 
-        if cfg.resume:
+        resume = _resume_setting(cfg.resume)
+        if resume:
             _resume(
-                cfg.resume, run_dir / "checkpoints", backend=backend, model_name=cfg.model.name,
+                resume, run_dir / "checkpoints", backend=backend, model_name=cfg.model.name,
                 plan=plan, steps_per_epoch=steps_per_epoch, model=model, optimizer=optimizer,
                 scheduler=scheduler, scaler=scaler, state=state,
             )
@@ -372,14 +395,6 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
         # Agree on a stop every step on CPU/gloo (cheap), every log step on accelerators.
         preemption = PreemptionHook(check_every=1 if backend.device.type == "cpu" else cfg.log_every)
         hook_list.append(preemption)
-        if main:  # before EvalHook, so that epoch_stop precedes the epoch's eval_accuracy
-            from largebatch.engine.mllog import MLPerfLogHook
-
-            hook_list.append(MLPerfLogHook(run_dir / "mlperf_log.jsonl", target_top1=cfg.target_top1, params={
-                "global_batch_size": plan.global_batch_size, "world_size": backend.world_size,
-                "opt_name": cfg.optimizer.name, "opt_base_learning_rate": lr,
-                "opt_learning_rate_warmup_epochs": cfg.schedule.warmup_epochs, "model": cfg.model.name,
-            }))
         hook_list.append(
             H.EvalHook(
                 backend.wrap_loader(val_loader, channels_last=channels_last),
