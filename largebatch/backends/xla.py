@@ -18,8 +18,8 @@ of one process, and XLA:CPU collectives abort ("Termination timeout ... of 10 se
 every replica launches the same graph shortly after the others. Measures taken here, only
 there (``PJRT_DEVICE=CPU`` and more than one device in the process):
 
-* ``XLA_THREAD_POOL_SIZE`` at least 16 (set by :func:`prepare_xla_environment` before the
-  runtime starts; the launcher calls it);
+* ``XLA_THREAD_POOL_SIZE`` at least 16 and ``XLA_ENABLE_PARAM_ALIASING=0`` (set by
+  :func:`prepare_xla_environment` before the runtime starts; the launcher calls it);
 * every ``torch_xla.sync()`` (step end, loader step, host collectives) holds one process-wide
   lock, so replicas compile one at a time and the later ones hit the compilation cache;
 * graphs are identical on every replica: rank-dependent values enter as device data (the
@@ -78,6 +78,12 @@ def prepare_xla_environment() -> None:
         have = 0
     if have < want:
         os.environ["XLA_THREAD_POOL_SIZE"] = str(want)
+    # With input/output buffer aliasing (donation) a graph that updates tensors in place (BN
+    # running statistics, optimizer state) executes inside torch_xla.sync(), under the sync
+    # lock, so its all-reduce waits for replicas that cannot launch theirs: the rendezvous
+    # aborts after 10 s. Without aliasing the launch returns at once. (Measured here with
+    # torch-xla 2.9.0; costs only memory, and only on XLA:CPU test replicas.)
+    os.environ["XLA_ENABLE_PARAM_ALIASING"] = "0"
 
 
 def _replica_groups(group_size: int, world_size: int) -> list[list[int]]:
@@ -146,6 +152,7 @@ class XlaBackend(Backend):
         self._serial = self.device_type == "CPU" and xr.addressable_device_count() > 1
         self._all_ranks = [list(range(self.world_size))]
         self._reducers: dict[int, Any] = {}
+        self._real_device: Optional[str] = None
 
     def _sync_lock(self) -> ContextManager:
         return _SYNC_LOCK if self._serial else contextlib.nullcontext()
@@ -153,8 +160,20 @@ class XlaBackend(Backend):
     def _sync(self) -> None:
         import torch_xla
 
+        if self._serial:
+            # torch-xla launches a graph only after the device's previous one finished. That
+            # wait must happen before taking the lock: the previous graph's all-reduce waits
+            # for the other replicas, which cannot launch theirs while the lock is held.
+            self._wait_own_device()
         with self._sync_lock():
             torch_xla.sync()
+
+    def _wait_own_device(self) -> None:
+        import torch_xla.core.xla_model as xm
+
+        if self._real_device is None:
+            self._real_device = xm.xla_real_devices([self.device])[0]
+        xm.wait_device_ops([self._real_device])
 
     # -- collectives (host level: they end with a sync; not for use inside a step) -------
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -198,8 +217,12 @@ class XlaBackend(Backend):
             self._sync()
             masks: dict[torch.dtype, torch.Tensor] = {}
             for t in tensors:
-                if t.dtype not in masks:  # device data, not a constant: same graph everywhere
-                    masks[t.dtype] = torch.tensor(int(self.rank == src), dtype=t.dtype).to(self.device)
+                if t.dtype not in masks:
+                    # Device data of shape [1], reshaped on the device: a 0-dim upload would be
+                    # shared with an equal scalar already in the graph (torch-xla caches scalar
+                    # device data by value), giving rank 0 (mask 1) a different graph.
+                    mask = torch.tensor([int(self.rank == src)], dtype=t.dtype).to(self.device)
+                    masks[t.dtype] = mask.reshape(())
                 t.mul_(masks[t.dtype])
             _all_reduce_sum(list(tensors), self._all_ranks)
             self._sync()
@@ -384,6 +407,8 @@ class _XlaLoader:
         batches = parallel.per_device_loader(self.backend.device)
         try:
             while True:
+                if self.backend._serial:
+                    self.backend._wait_own_device()  # as in XlaBackend._sync
                 with self.backend._sync_lock():  # next() runs torch_xla.sync()
                     try:
                         batch = next(batches)

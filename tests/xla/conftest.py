@@ -14,3 +14,9 @@ import os
 if importlib.util.find_spec("torch_xla") is not None:
     os.environ.setdefault("PJRT_DEVICE", "CPU")
     os.environ.pop("CPU_NUM_DEVICES", None)  # this process: one device
+    # Start this process's XLA device before any test runs autograd on the CPU: the autograd
+    # engine sizes its per-device queues on the first backward, and an XLA device that appears
+    # later trips an internal assert (seen when the replica tests' CPU references ran first).
+    import torch_xla
+
+    torch_xla.device()

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The XLA tests (tests/xla) in their own environment: torch-xla 2.9.0 pins torch 2.9.0, so it
+# cannot share .venv. One XLA:CPU device in the pytest process; the multi-replica tests start
+# their own 4-device subprocess. Called by scripts/test.sh; runs alone as well.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup_env.sh xla
+export PJRT_DEVICE=CPU
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+.venv-xla/bin/python -m pytest -q "$@" tests/xla
