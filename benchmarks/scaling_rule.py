@@ -165,7 +165,7 @@ def write_markdown(path: Path, rows: list[dict[str, Any]], args: argparse.Namesp
     lines = [
         "# Final top-1 vs global batch size at a fixed epoch budget",
         "",
-        f"`python benchmarks/scaling_rule.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
+        args.command,
         "",
         f"resnet10t, embedded synthetic set ({args.classes} classes, {n_train} training and "
         f"{args.classes * args.val_per_class} validation images, {args.crop}px crops), {args.epochs} epochs "
@@ -212,23 +212,48 @@ def write_plot(path: Path, rows: list[dict[str, Any]], batches: Sequence[int], r
     plt.close(fig)
 
 
+def render(args: argparse.Namespace) -> int:
+    """Table and plot from the JSON rows of a run (its .jsonl file, or its printed log)."""
+    rows = []
+    for line in args.render.read_text(encoding="utf-8").splitlines():
+        if line.startswith("{"):
+            rows.append(json.loads(line))
+    args.batches = sorted({r["batch"] for r in rows})
+    args.recipes = [r for r in RECIPES if any(x["recipe"] == r for x in rows)]
+    args.seeds = sorted({r["seed"] for r in rows})
+    seeds = " ".join(map(str, args.seeds))
+    args.command = f"`python benchmarks/scaling_rule.py --seeds {seeds}` (table redrawn from its rows with `--render`)"
+    n_train = args.classes * args.train_per_class
+    wall = sum(r["seconds"] for r in rows if not (r["batch"] == args.base_batch and r["recipe"] in SGD_AT_BASE[1:]))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_markdown(args.out.with_suffix(".md"), rows, args, n_train, wall, args.batches)
+    write_plot(args.out.with_suffix(".png"), rows, args.batches, args.recipes)
+    print(args.out.with_suffix(".md").read_text(), flush=True)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--batches", type=int, nargs="+", default=[32, 128, 256, 512, 1024])
-    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--batches", type=int, nargs="+", default=[32, 256, 1024])
+    p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--train-per-class", type=int, default=260)
     p.add_argument("--val-per-class", type=int, default=50)
-    p.add_argument("--crop", type=int, default=28)
+    p.add_argument("--crop", type=int, default=24)
     p.add_argument("--base-batch", type=int, default=32)
     p.add_argument("--sgd-lr", type=float, default=0.05)
     p.add_argument("--lars-lr", type=float, default=0.25)
-    p.add_argument("--warmup-epochs", type=float, default=2.0)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--warmup-epochs", type=float, default=1.5)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
     p.add_argument("--quick", action="store_true", help="2 batch sizes, 2 epochs")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "scaling_rule")
+    p.add_argument("--render", type=Path, metavar="ROWS.jsonl",
+                   help="no training: redraw the table and plot from rows saved (or printed) by a run")
     args = p.parse_args(argv)
+    if args.render is not None:
+        return render(args)
+    args.command = "`" + " ".join(["python benchmarks/scaling_rule.py", *(argv if argv is not None else sys.argv[1:])]) + "`"
     if args.quick:
         args.batches, args.epochs, args.warmup_epochs = [32, 256], 2, 0.5
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
