@@ -25,6 +25,23 @@ def _env_int(name: str, default: int) -> int:
     return int(value) if value not in (None, "") else default
 
 
+def _attempt_store(timeout: datetime.timedelta) -> dict[str, Any]:
+    """``init_process_group`` arguments that keep torchrun restarts apart (empty otherwise).
+
+    torchrun's agent serves one TCPStore to every restart of the worker group, and the
+    ``env://`` rendezvous does not prefix its keys per attempt; a restarted group can then
+    read the previous attempt's keys and hang in process-group creation (seen with gloo,
+    intermittently). Prefixing the store with the restart count gives each attempt its own
+    keys.
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return {}
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+    store = dist.PrefixStore(f"largebatch/attempt_{attempt}", store)
+    return {"store": store, "rank": rank, "world_size": world_size}
+
+
 class TorchDistributedBackend(Backend):
     """Data parallelism with torch.distributed; ``kind`` is ``"cpu"`` (gloo) or ``"cuda"`` (NCCL)."""
 
@@ -60,6 +77,7 @@ class TorchDistributedBackend(Backend):
             dist.init_process_group(
                 "nccl" if self.kind == "cuda" else "gloo",
                 timeout=self.timeout,
+                **_attempt_store(self.timeout),
                 **({"device_id": self.device} if self.kind == "cuda" else {}),
             )
             self._owns_group = True

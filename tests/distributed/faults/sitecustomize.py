@@ -27,5 +27,10 @@ def _install(spec: str) -> None:
     loop.Trainer.run_step = run_step
 
 
+if os.environ.get("LARGEBATCH_TEST_FAULT"):
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints every thread's stack
+
 if os.environ.get("LARGEBATCH_TEST_FAULT") and "RANK" in os.environ:
     _install(os.environ["LARGEBATCH_TEST_FAULT"])
