@@ -61,8 +61,12 @@ def _torchrun(root: Path, fault: str, *extra: str, max_restarts: int) -> tuple[i
         try:
             code = proc.wait(timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers
-            proc.wait()
+            proc.terminate()  # torchrun stops its workers (they run in their own sessions)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
             code = None
     text = log.read_text()
     assert code is not None, f"torchrun timed out:\n{text[-4000:]}"
