@@ -14,6 +14,7 @@ Run:
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import time
 from typing import Callable
@@ -24,15 +25,20 @@ import torch
 
 from largebatch.optim import LAMB, LARS, param_groups
 
+def _foreach(cls: type, foreach: bool) -> dict[str, bool]:
+    """``{'foreach': foreach}`` where the optimizer takes it (timm before 1.0.30 has none)."""
+    return {"foreach": foreach} if "foreach" in inspect.signature(cls).parameters else {}
+
+
 # name -> (family, factory(groups, foreach)); one hyper-parameter set per family, as in the recipes
 CANDIDATES: dict[str, tuple[str, Callable[[list[dict], bool], torch.optim.Optimizer]]] = {
     "torch SGD": ("sgd", lambda g, fe: torch.optim.SGD(g, lr=0.1, momentum=0.9, foreach=fe)),
     "largebatch LARS": ("lars", lambda g, fe: LARS(g, lr=10.0, momentum=0.9, foreach=fe)),
-    "timm Lars": ("lars", lambda g, fe: timm.optim.Lars(g, lr=10.0, momentum=0.9, foreach=fe)),
+    "timm Lars": ("lars", lambda g, fe: timm.optim.Lars(g, lr=10.0, momentum=0.9, **_foreach(timm.optim.Lars, fe))),
     "torch AdamW": ("adam", lambda g, fe: torch.optim.AdamW(g, lr=1e-3, foreach=fe)),
     "largebatch LAMB": ("lamb", lambda g, fe: LAMB(g, lr=1e-3, foreach=fe)),
     # max_grad_norm=None: timm clips inside Lamb by default, ours does not; compare the same algorithm
-    "timm Lamb": ("lamb", lambda g, fe: timm.optim.Lamb(g, lr=1e-3, max_grad_norm=None, foreach=fe)),
+    "timm Lamb": ("lamb", lambda g, fe: timm.optim.Lamb(g, lr=1e-3, max_grad_norm=None, **_foreach(timm.optim.Lamb, fe))),
 }
 
 
