@@ -395,6 +395,14 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
         # Agree on a stop every step on CPU/gloo (cheap), every log step on accelerators.
         preemption = PreemptionHook(check_every=1 if backend.device.type == "cpu" else cfg.log_every)
         hook_list.append(preemption)
+        if main:  # before EvalHook, so that epoch_stop precedes the epoch's eval_accuracy
+            from largebatch.engine.mllog import MLPerfLogHook
+
+            hook_list.append(MLPerfLogHook(run_dir / "mlperf_log.jsonl", target_top1=cfg.target_top1, params={
+                "global_batch_size": plan.global_batch_size, "world_size": backend.world_size,
+                "opt_name": cfg.optimizer.name, "opt_base_learning_rate": lr,
+                "opt_learning_rate_warmup_epochs": cfg.schedule.warmup_epochs, "model": cfg.model.name,
+            }))
         hook_list.append(
             H.EvalHook(
                 backend.wrap_loader(val_loader, channels_last=channels_last),
