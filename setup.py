@@ -54,6 +54,8 @@ setup(
         "console_scripts": [
             "largebatch-train=largebatch.cli:main",
             "largebatch-make-synthetic=largebatch.data.synthetic:main",
+            "largebatch-check-data=largebatch.data.check:main",
+            "largebatch-make-shards=largebatch.data.shards:main",
             "largebatch-report=largebatch.report:main",
         ]
     },

@@ -149,7 +149,11 @@ def _make_run_dir(cfg: Any, backend: Any) -> Path:
 
 
 def _resolve_data_root(cfg: Any, backend: Any) -> Path:
-    """``data.root``, or the embedded synthetic set (made by rank 0 on first use)."""
+    """``data.root``, or the embedded synthetic set (made by rank 0 on first use).
+
+    When the run may read with DALI (``data.loader`` dali or auto), rank 0 also runs the
+    data check on the embedded set if it has none yet, so DALI works on it out of the box.
+    """
     if cfg.data.root:
         return Path(cfg.data.root).expanduser()
     from largebatch.data.synthetic import ensure_synthetic
@@ -165,15 +169,79 @@ def _resolve_data_root(cfg: Any, backend: Any) -> Path:
     root: Optional[Path] = None
     if backend.is_main:
         root = ensure_synthetic(workers=max(1, cfg.data.workers), **args)
+        if _value(cfg.data.loader) != "torchvision":
+            _ensure_checked(root, workers=max(1, cfg.data.workers))
     backend.barrier()
     return ensure_synthetic(**args) if root is None else root
 
 
-def _build_data(cfg: Any, backend: Any, plan: BatchPlan, root: Path) -> tuple[Any, Any, int]:
-    from largebatch.data.folder import build_loaders
+def _ensure_checked(root: Path, *, workers: int) -> None:
+    """Run the data check on ``root`` unless an up-to-date one is on disk."""
+    from largebatch.data.check import SPLITS, check_dataset, require_checked
+    from largebatch.data.folder import DataError
 
-    train, val, num_classes = build_loaders(
-        root,
+    try:
+        for split in SPLITS:
+            require_checked(root, split)
+    except DataError:
+        report = check_dataset(root, workers=workers)
+        log.info("checked %s for DALI: %d file(s) left out (%s)", root, len(report.fatal), report.report_path)
+
+
+def _dali_decision(requested: str, root: Path) -> tuple[bool, Optional[dict[str, str]], Optional[str], Optional[str]]:
+    """``(use_dali, clean file lists, error, note)`` for ``data.loader=requested`` (dali|auto).
+
+    DALI needs the clean file lists of ``largebatch-check-data`` (it cannot skip a bad file):
+    ``dali`` on an unchecked (or changed) set is an error naming the command; ``auto`` then
+    reads with torchvision and says why in the note.
+    """
+    from largebatch.data.check import SPLITS, require_checked
+    from largebatch.data.dali import dali_available, require_dali
+    from largebatch.data.folder import DataError
+
+    if not dali_available():
+        if requested == "dali":
+            try:
+                require_dali()
+            except DataError as err:
+                return False, None, str(err), None
+        return False, None, None, "data.loader=auto: NVIDIA DALI is not installed, reading with torchvision"
+    if not root.is_dir():  # the loader builders name the missing folder
+        return requested == "dali", None, None, None
+    try:
+        lists = {split: str(require_checked(root, split)) for split in SPLITS}
+    except DataError as err:
+        if requested == "dali":
+            return False, None, f"{err} (or set data.loader=torchvision)", None
+        return False, None, None, f"data.loader=auto: reading with torchvision, not DALI: {err}"
+    return True, lists, None, None
+
+
+def _build_data(cfg: Any, backend: Any, plan: BatchPlan, root: Path) -> tuple[Any, Any, int]:
+    """Train and val loaders of this rank: torchvision, or DALI (``data.loader``).
+
+    Rank 0 decides between the two (DALI only on a set checked by ``largebatch-check-data``)
+    and tells the others, so every rank reads with the same pipeline.
+    """
+    from largebatch.data.folder import DataError, build_loaders
+
+    requested = _value(cfg.data.loader)
+    use_dali, lists = False, None
+    if requested != "torchvision":
+        decision: tuple[bool, Optional[dict[str, str]], Optional[str], Optional[str]] = (False, None, None, None)
+        if backend.is_main:
+            decision = _dali_decision(requested, root)
+        use_dali, lists, error, note = backend.broadcast_object(decision)
+        if error:
+            raise DataError(error)
+        if note and backend.is_main:
+            log.info("%s", note)
+        if lists and not all(Path(p).is_file() for p in lists.values()):
+            # rank 0's lists live on a disk this node does not see: find this node's own
+            from largebatch.data.check import require_checked
+
+            lists = {split: str(require_checked(root, split)) for split in lists}
+    common = dict(
         image_size=cfg.data.image_size,
         batch_size=plan.per_device,
         workers=cfg.data.workers,
@@ -182,8 +250,24 @@ def _build_data(cfg: Any, backend: Any, plan: BatchPlan, root: Path) -> tuple[An
         seed=cfg.seed,
         crop_scale=tuple(cfg.data.crop_scale),
         val_crop_ratio=cfg.data.val_crop_ratio,
-        pin_memory=backend.device.type != "cpu",
     )
+    if not use_dali:
+        if backend.is_main:
+            log.info("input pipeline: torchvision DataLoader, %d worker(s) per rank", cfg.data.workers)
+        return build_loaders(root, pin_memory=backend.device.type != "cpu", **common)
+    from largebatch.data.dali import build_dali_loaders
+
+    device = backend.device
+    # mixed (GPU) decode on a CUDA device; anything else decodes on the CPU
+    device_id = (device.index if device.index is not None else backend.local_rank) if device.type == "cuda" else None
+    layout = "NHWC" if cfg.model.channels_last else "NCHW"
+    train, val, num_classes = build_dali_loaders(root, device_id=device_id, layout=layout, file_list=lists, **common)
+    if backend.is_main:
+        log.info(
+            "input pipeline: DALI, %s decode, %d thread(s), %s; %d train / %d val files from the "
+            "data check's lists", "mixed (GPU)" if device_id is not None else "CPU",
+            max(1, cfg.data.workers), layout, train.sampler.dataset_len, val.sampler.dataset_len,
+        )
     return train, val, num_classes
 
 

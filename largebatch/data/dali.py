@@ -59,6 +59,7 @@ __all__ = [
     "decode_random_crop",
     "list_image_folder",
     "read_file_list",
+    "require_dali",
 ]
 
 TRAIN_ASPECT_RATIO = (3 / 4, 4 / 3)  # torchvision RandomResizedCrop's default ratio
@@ -82,10 +83,15 @@ def dali_available() -> bool:
     return True
 
 
-def _dali() -> Any:
+def require_dali() -> None:
+    """Raise :class:`DataError` naming the fix when DALI cannot be imported."""
     if not dali_available():
         raise DataError("data.loader=dali needs NVIDIA DALI: pip install 'largebatch[dali]' "
                         "(nvidia-dali-cuda130), or use data.loader=torchvision")
+
+
+def _dali() -> Any:
+    require_dali()
     import nvidia.dali
 
     return nvidia.dali
@@ -281,6 +287,7 @@ class DaliLoader:
         self.device_id = device_id
         self.epoch = 0
         self.skip_batches = 0
+        self.skipped = 0  # never grows: DALI cannot skip a file, the data check left them out
         self._source = _BatchSource(paths, np.asarray(labels, dtype=np.int64))
         self._graph = graph
         self._workers = max(1, workers)
@@ -519,6 +526,7 @@ class DaliShardLoader:
         self.device_id = device_id
         self.epoch = 0
         self.skip_batches = 0
+        self.skipped = 0  # never grows (see DaliLoader.skipped)
         self._graph = graph
         self._workers = max(1, workers)
         self._depth = prefetch_queue_depth

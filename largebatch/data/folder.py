@@ -212,8 +212,18 @@ class SkipCountingLoader:
     def batch_size(self) -> int | None:
         return self.loader.batch_size
 
-    def set_epoch(self, epoch: int) -> None:
-        self.loader.sampler.set_epoch(epoch)
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+        """Use epoch ``epoch``'s shuffle and skip its first ``skip_batches`` batches (resume).
+
+        The same call as :class:`largebatch.data.dali.DaliLoader`'s; a skip needs a
+        :class:`ShardedSampler` (it becomes ``set_start(skip_batches x batch_size)``).
+        """
+        sampler = self.loader.sampler
+        sampler.set_epoch(epoch)
+        if isinstance(sampler, ShardedSampler):
+            sampler.set_start(skip_batches * (self.batch_size or 1))
+        elif skip_batches:
+            raise ValueError(f"skip_batches needs a ShardedSampler, not {type(sampler).__name__}")
 
     def __len__(self) -> int:
         return len(self.loader)

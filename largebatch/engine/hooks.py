@@ -39,15 +39,18 @@ class DataOrderHook(Hook):
     after k steps of global batch B the ranks together have read ``perm[:k*B]`` at any world
     size: a run resumed at another world size (same global batch) continues with the next
     unseen images.
+
+    The loader does the skip: ``set_epoch(epoch, skip_batches=k)`` (the torchvision loader
+    turns it into ``sampler.set_start(k x batch_size)``; the DALI loader never reads them).
     """
 
     def before_epoch(self) -> None:
         t = self.trainer
-        loader = t.train_loader
-        loader.set_epoch(t.state.epoch)
-        done = t.state.epoch_step * t.accumulation_steps
+        done = t.state.epoch_step * t.accumulation_steps  # micro-batches this rank has read
         if done:
-            loader.sampler.set_start(done * loader.batch_size)
+            t.train_loader.set_epoch(t.state.epoch, skip_batches=done)
+        else:
+            t.train_loader.set_epoch(t.state.epoch)
 
 
 class ProgressHook(Hook):
