@@ -226,6 +226,8 @@ def _build_data(cfg: Any, backend: Any, plan: BatchPlan, root: Path) -> tuple[An
     from largebatch.data.folder import DataError, build_loaders
 
     requested = _value(cfg.data.loader)
+    if cfg.data.shards:
+        return _build_shard_data(cfg, backend, plan, requested)
     use_dali, lists = False, None
     if requested != "torchvision":
         decision: tuple[bool, Optional[dict[str, str]], Optional[str], Optional[str]] = (False, None, None, None)
@@ -268,6 +270,32 @@ def _build_data(cfg: Any, backend: Any, plan: BatchPlan, root: Path) -> tuple[An
             "data check's lists", "mixed (GPU)" if device_id is not None else "CPU",
             max(1, cfg.data.workers), layout, train.sampler.dataset_len, val.sampler.dataset_len,
         )
+    return train, val, num_classes
+
+
+def _build_shard_data(cfg: Any, backend: Any, plan: BatchPlan, requested: str) -> tuple[Any, Any, int]:
+    """DALI loaders over the packed shards of ``data.shards`` (``largebatch-make-shards``)."""
+    from largebatch.data.dali import build_dali_shard_loaders, require_dali
+    from largebatch.data.folder import DataError
+
+    if requested == "torchvision":
+        raise DataError(
+            f"data.shards={cfg.data.shards} is read by DALI only; set data.loader=dali (or auto), "
+            f"or drop data.shards to read data.root's files with torchvision"
+        )
+    require_dali()
+    device = backend.device
+    device_id = (device.index if device.index is not None else backend.local_rank) if device.type == "cuda" else None
+    layout = "NHWC" if cfg.model.channels_last else "NCHW"
+    train, val, num_classes = build_dali_shard_loaders(
+        cfg.data.shards, image_size=cfg.data.image_size, batch_size=plan.per_device,
+        workers=cfg.data.workers, rank=backend.rank, world_size=backend.world_size, seed=cfg.seed,
+        crop_scale=tuple(cfg.data.crop_scale), val_crop_ratio=cfg.data.val_crop_ratio,
+        device_id=device_id, layout=layout,
+    )
+    if backend.is_main:
+        log.info("input pipeline: DALI webdataset reader over the shards in %s, %s decode, %s",
+                 cfg.data.shards, "mixed (GPU)" if device_id is not None else "CPU", layout)
     return train, val, num_classes
 
 

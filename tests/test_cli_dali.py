@@ -155,3 +155,22 @@ def test_check_data_command_is_installed() -> None:
     proc = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: largebatch-check-data")
+
+
+def test_training_reads_packed_shards(cache: Path, folder: Path) -> None:
+    """data.shards: a run reads the WebDataset shards of largebatch-make-shards with DALI and
+    evaluates every validation image once; with data.loader=torchvision it is refused."""
+    from largebatch.data.shards import main as make_shards_main
+
+    check_dataset(folder, workers=1)
+    shards = cache / "shards"
+    assert make_shards_main([str(folder), str(shards), "--shard-size", "4", "--workers", "1"]) == 0
+    run = cache / "run-shards"
+    args = [*TINY, "global_batch_size=4", "epochs=1", f"data.root={folder}", f"data.shards={shards}"]
+    assert main([*args, "data.loader=dali", f"run_dir={run}"]) == 0
+    summary = _summary(run)
+    assert summary["steps"] == 16 // 4
+    evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [e["total"] for e in evals if e["kind"] == "eval"] == [4]
+    assert "webdataset reader" in (run / "train.log").read_text()
+    assert main([*args, "data.loader=torchvision", f"run_dir={cache / 'refused'}"]) == 2

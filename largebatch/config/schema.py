@@ -140,6 +140,9 @@ class DataConfig:
     val_crop_ratio: float = 0.875  # val: resize shorter side to image_size/ratio, center crop
     crop_scale: List[float] = field(default_factory=lambda: [0.08, 1.0])
     workers: int = 2  # DataLoader workers (or DALI threads) per process
+    # Folder written by `largebatch-make-shards ROOT OUT` (WebDataset tars + DALI indexes):
+    # read train/val from it with DALI's webdataset reader instead of data.root's files.
+    shards: Optional[str] = None
     synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
 
 
