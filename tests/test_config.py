@@ -29,7 +29,7 @@ def test_every_preset_composes(group: str, name: str) -> None:
 def test_default_is_the_embedded_run() -> None:
     cfg = to_train_config(compose_config([]))
     assert cfg.data.root is None
-    assert cfg.global_batch_size == 256 and cfg.base_batch_size == 256
+    assert cfg.global_batch_size == 64 and cfg.base_batch_size == 256  # experiment=embedded_cpu
 
 
 def test_mistyped_key_names_the_closest_valid_key() -> None:

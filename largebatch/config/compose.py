@@ -39,6 +39,8 @@ def config_keys() -> list[str]:
 def _check_override_keys(overrides: Iterable[str]) -> None:
     known = set(config_keys())
     for o in overrides:
+        if o.startswith("~") and o[1:].split("=")[0] in GROUPS:
+            continue  # Hydra's deletion of a defaults entry, e.g. ~experiment
         if "=" not in o:
             raise ConfigError(f"override {o!r} is not of the form key=value")
         key = o.split("=", 1)[0].strip()
