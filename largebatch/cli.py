@@ -256,7 +256,7 @@ def _build_data(cfg: Any, backend: Any, plan: BatchPlan, root: Path) -> tuple[An
     if not use_dali:
         if backend.is_main:
             log.info("input pipeline: torchvision DataLoader, %d worker(s) per rank", cfg.data.workers)
-        return build_loaders(root, pin_memory=backend.device.type != "cpu", **common)
+        return build_loaders(root, pin_memory=backend.device.type == "cuda", **common)
     from largebatch.data.dali import build_dali_loaders
 
     device = backend.device
