@@ -92,6 +92,7 @@ def scenario_train(backend: Any, out: dict[str, Any]) -> None:
             for p in model.parameters():
                 p.add_(0.1 * (backend.rank + 1))
     model = backend.prepare_model(model)
+    out["start_state"] = {k: v.cpu() for k, v in model.state_dict().items()}
     model = convert_group_sync_batchnorm(model, -1, backend.bn_reducer(-1))
     opt = build_optimizer("sgd", model, lr=0.1, weight_decay=1e-4, momentum=0.9)
     sched = build_lr_scheduler(opt, name="cosine", steps_per_epoch=TRAIN_STEPS, epochs=1, warmup_epochs=0.5)
@@ -114,6 +115,9 @@ def scenario_collectives(backend: Any, out: dict[str, Any]) -> None:
     out["object"] = backend.broadcast_object({"rank": r, "text": "x" * (100 * (r + 1))} if r == 0 else None)
     backend.barrier()
     model = backend.prepare_model(tiny_resnet()).eval()
+    # Replicas are threads sharing torch's global generator, so the weights each one drew
+    # differ run to run; after prepare_model's broadcast all hold rank 0's: saved for the test.
+    out["model_state"] = {k: v.cpu() for k, v in model.state_dict().items()}
     for n in (10, 2):  # 10 images: shards 3,3,2,2; 2 images: ranks 2 and 3 own none
         images, labels = eval_data(n)
         loader = backend.wrap_loader(exact_eval_loader(images, labels, rank=r, world_size=backend.world_size, batch_size=2))

@@ -86,9 +86,9 @@ def test_training_keeps_replicas_identical(tmp_path: Path) -> None:
     for r in range(1, WORLD):
         for name, value in outs[r]["state"].items():
             assert max_abs_diff(value.float(), first[name].float()) < 1e-6, f"{name} differs on replica {r}"
-    from tests.xla.common import tiny_resnet
-
-    start = tiny_resnet().state_dict()
+    start = outs[0]["start_state"]  # rank 0's weights, broadcast before the first step
+    for o in outs[1:]:
+        assert all(torch.equal(o["start_state"][k], v) for k, v in start.items()), "replicas started apart"
     moved = [n for n, v in first.items() if v.dtype.is_floating_point and max_abs_diff(v, start[n]) > 1e-4]
     assert any(n.endswith("weight") for n in moved), "no parameter changed in training"
 
@@ -103,7 +103,11 @@ def test_host_collectives_and_exact_padded_evaluation(tmp_path: Path) -> None:
         assert o["object"] == {"rank": 0, "text": "x" * 100}
     from tests.xla.common import tiny_resnet
 
+    state = outs[0]["model_state"]
+    for o in outs[1:]:  # prepare_model broadcast rank 0's weights to every replica
+        assert all(torch.equal(o["model_state"][k], v) for k, v in state.items())
     model = tiny_resnet().eval()
+    model.load_state_dict(state)
     for n in (10, 2):
         totals = {o[f"eval{n}"]["total"] for o in outs}
         assert totals == {n}, f"eval of {n} images counted {totals}"
