@@ -217,6 +217,27 @@ def _dali_decision(requested: str, root: Path) -> tuple[bool, Optional[dict[str,
     return True, lists, None, None
 
 
+def _loader_arguments(cfg: Any, backend: Any, plan: BatchPlan) -> dict[str, Any]:
+    """What every pipeline (torchvision, DALI files, DALI shards) takes: sizes, shard, seed."""
+    return dict(
+        image_size=cfg.data.image_size,
+        batch_size=plan.per_device,
+        workers=cfg.data.workers,
+        rank=backend.rank,
+        world_size=backend.world_size,
+        seed=cfg.seed,
+        crop_scale=tuple(cfg.data.crop_scale),
+        val_crop_ratio=cfg.data.val_crop_ratio,
+    )
+
+
+def _dali_device_and_layout(cfg: Any, backend: Any) -> tuple[Optional[int], str]:
+    """DALI's ``device_id`` (mixed GPU decode on a CUDA device, else None: CPU decode) and layout."""
+    device = backend.device
+    device_id = (device.index if device.index is not None else backend.local_rank) if device.type == "cuda" else None
+    return device_id, "NHWC" if cfg.model.channels_last else "NCHW"
+
+
 def _build_data(cfg: Any, backend: Any, plan: BatchPlan, root: Path) -> tuple[Any, Any, int]:
     """Train and val loaders of this rank: torchvision, or DALI (``data.loader``).
 
@@ -243,26 +264,14 @@ def _build_data(cfg: Any, backend: Any, plan: BatchPlan, root: Path) -> tuple[An
             from largebatch.data.check import require_checked
 
             lists = {split: str(require_checked(root, split)) for split in lists}
-    common = dict(
-        image_size=cfg.data.image_size,
-        batch_size=plan.per_device,
-        workers=cfg.data.workers,
-        rank=backend.rank,
-        world_size=backend.world_size,
-        seed=cfg.seed,
-        crop_scale=tuple(cfg.data.crop_scale),
-        val_crop_ratio=cfg.data.val_crop_ratio,
-    )
+    common = _loader_arguments(cfg, backend, plan)
     if not use_dali:
         if backend.is_main:
             log.info("input pipeline: torchvision DataLoader, %d worker(s) per rank", cfg.data.workers)
         return build_loaders(root, pin_memory=backend.device.type == "cuda", **common)
     from largebatch.data.dali import build_dali_loaders
 
-    device = backend.device
-    # mixed (GPU) decode on a CUDA device; anything else decodes on the CPU
-    device_id = (device.index if device.index is not None else backend.local_rank) if device.type == "cuda" else None
-    layout = "NHWC" if cfg.model.channels_last else "NCHW"
+    device_id, layout = _dali_device_and_layout(cfg, backend)
     train, val, num_classes = build_dali_loaders(root, device_id=device_id, layout=layout, file_list=lists, **common)
     if backend.is_main:
         log.info(
@@ -284,14 +293,9 @@ def _build_shard_data(cfg: Any, backend: Any, plan: BatchPlan, requested: str) -
             f"or drop data.shards to read data.root's files with torchvision"
         )
     require_dali()
-    device = backend.device
-    device_id = (device.index if device.index is not None else backend.local_rank) if device.type == "cuda" else None
-    layout = "NHWC" if cfg.model.channels_last else "NCHW"
+    device_id, layout = _dali_device_and_layout(cfg, backend)
     train, val, num_classes = build_dali_shard_loaders(
-        cfg.data.shards, image_size=cfg.data.image_size, batch_size=plan.per_device,
-        workers=cfg.data.workers, rank=backend.rank, world_size=backend.world_size, seed=cfg.seed,
-        crop_scale=tuple(cfg.data.crop_scale), val_crop_ratio=cfg.data.val_crop_ratio,
-        device_id=device_id, layout=layout,
+        cfg.data.shards, device_id=device_id, layout=layout, **_loader_arguments(cfg, backend, plan)
     )
     if backend.is_main:
         log.info("input pipeline: DALI webdataset reader over the shards in %s, %s decode, %s",
