@@ -39,8 +39,9 @@ import torch
 from omegaconf import OmegaConf
 
 from largebatch import __version__
+from largebatch.errors import UsageError
 
-__all__ = ["main", "run", "BatchPlan", "plan_batches"]
+__all__ = ["main", "run", "BatchPlan", "UsageError", "plan_batches"]
 
 log = logging.getLogger("largebatch")
 
@@ -49,10 +50,6 @@ EXIT_USAGE = 2
 EXIT_NON_FINITE = 3
 EXIT_PREEMPTED = 75
 EXIT_INTERRUPTED = 130
-
-
-class UsageError(ValueError):
-    """A setting that cannot work; the message says which and how to fix it."""
 
 
 @dataclass(frozen=True)
@@ -148,174 +145,6 @@ def _make_run_dir(cfg: Any, backend: Any) -> Path:
     return Path(path)
 
 
-def _resolve_data_root(cfg: Any, backend: Any) -> Path:
-    """``data.root``, or the embedded synthetic set (made by rank 0 on first use).
-
-    When the run may read with DALI (``data.loader`` dali or auto), rank 0 also runs the
-    data check on the embedded set if it has none yet, so DALI works on it out of the box.
-    """
-    if cfg.data.root:
-        return Path(cfg.data.root).expanduser()
-    from largebatch.data.synthetic import ensure_synthetic
-
-    syn = cfg.data.synthetic
-    args = dict(
-        num_classes=syn.classes,
-        train_per_class=syn.train_per_class,
-        val_per_class=syn.val_per_class,
-        image_size=syn.image_size,
-        seed=syn.seed,
-    )
-    root: Optional[Path] = None
-    if backend.is_main:
-        root = ensure_synthetic(workers=max(1, cfg.data.workers), **args)
-        if _value(cfg.data.loader) != "torchvision":
-            _ensure_checked(root, workers=max(1, cfg.data.workers))
-    backend.barrier()
-    return ensure_synthetic(**args) if root is None else root
-
-
-def _ensure_checked(root: Path, *, workers: int) -> None:
-    """Run the data check on ``root`` unless an up-to-date one is on disk."""
-    from largebatch.data.check import SPLITS, check_dataset, require_checked
-    from largebatch.data.folder import DataError
-
-    try:
-        for split in SPLITS:
-            require_checked(root, split)
-    except DataError:
-        report = check_dataset(root, workers=workers)
-        log.info("checked %s for DALI: %d file(s) left out (%s)", root, len(report.fatal), report.report_path)
-
-
-def _dali_decision(requested: str, root: Path) -> tuple[bool, Optional[dict[str, str]], Optional[str], Optional[str]]:
-    """``(use_dali, clean file lists, error, note)`` for ``data.loader=requested`` (dali|auto).
-
-    DALI needs the clean file lists of ``largebatch-check-data`` (it cannot skip a bad file):
-    ``dali`` on an unchecked (or changed) set is an error naming the command; ``auto`` then
-    reads with torchvision and says why in the note.
-    """
-    from largebatch.data.check import SPLITS, require_checked
-    from largebatch.data.dali import dali_available, require_dali
-    from largebatch.data.folder import DataError
-
-    if not dali_available():
-        if requested == "dali":
-            try:
-                require_dali()
-            except DataError as err:
-                return False, None, str(err), None
-        return False, None, None, "data.loader=auto: NVIDIA DALI is not installed, reading with torchvision"
-    if not root.is_dir():  # the loader builders name the missing folder
-        return requested == "dali", None, None, None
-    try:
-        lists = {split: str(require_checked(root, split)) for split in SPLITS}
-    except DataError as err:
-        if requested == "dali":
-            return False, None, f"{err} (or set data.loader=torchvision)", None
-        return False, None, None, f"data.loader=auto: reading with torchvision, not DALI: {err}"
-    return True, lists, None, None
-
-
-def _loader_arguments(cfg: Any, backend: Any, plan: BatchPlan) -> dict[str, Any]:
-    """What every pipeline (torchvision, DALI files, DALI shards) takes: sizes, shard, seed."""
-    return dict(
-        image_size=cfg.data.image_size,
-        batch_size=plan.per_device,
-        workers=cfg.data.workers,
-        rank=backend.rank,
-        world_size=backend.world_size,
-        seed=cfg.seed,
-        crop_scale=tuple(cfg.data.crop_scale),
-        val_crop_ratio=cfg.data.val_crop_ratio,
-    )
-
-
-def _dali_device_and_layout(cfg: Any, backend: Any) -> tuple[Optional[int], str]:
-    """DALI's ``device_id`` (mixed GPU decode on a CUDA device, else None: CPU decode) and layout."""
-    device = backend.device
-    device_id = (device.index if device.index is not None else backend.local_rank) if device.type == "cuda" else None
-    return device_id, "NHWC" if cfg.model.channels_last else "NCHW"
-
-
-def _build_data(cfg: Any, backend: Any, plan: BatchPlan, root: Path) -> tuple[Any, Any, int]:
-    """Train and val loaders of this rank: torchvision, or DALI (``data.loader``).
-
-    Rank 0 decides between the two (DALI only on a set checked by ``largebatch-check-data``)
-    and tells the others, so every rank reads with the same pipeline.
-    """
-    from largebatch.data.folder import DataError, build_loaders
-
-    requested = _value(cfg.data.loader)
-    if cfg.data.shards:
-        return _build_shard_data(cfg, backend, plan, requested)
-    use_dali, lists = False, None
-    if requested != "torchvision":
-        decision: tuple[bool, Optional[dict[str, str]], Optional[str], Optional[str]] = (False, None, None, None)
-        if backend.is_main:
-            decision = _dali_decision(requested, root)
-        use_dali, lists, error, note = backend.broadcast_object(decision)
-        if error:
-            raise DataError(error)
-        if note and backend.is_main:
-            log.info("%s", note)
-        if lists and not all(Path(p).is_file() for p in lists.values()):
-            # rank 0's lists live on a disk this node does not see: find this node's own
-            from largebatch.data.check import require_checked
-
-            lists = {split: str(require_checked(root, split)) for split in lists}
-    common = _loader_arguments(cfg, backend, plan)
-    if not use_dali:
-        if backend.is_main:
-            log.info("input pipeline: torchvision DataLoader, %d worker(s) per rank", cfg.data.workers)
-        return build_loaders(root, pin_memory=backend.device.type == "cuda", **common)
-    from largebatch.data.dali import build_dali_loaders
-
-    device_id, layout = _dali_device_and_layout(cfg, backend)
-    train, val, num_classes = build_dali_loaders(root, device_id=device_id, layout=layout, file_list=lists, **common)
-    if backend.is_main:
-        log.info(
-            "input pipeline: DALI, %s decode, %d thread(s), %s; %d train / %d val files from the "
-            "data check's lists", "mixed (GPU)" if device_id is not None else "CPU",
-            max(1, cfg.data.workers), layout, train.sampler.dataset_len, val.sampler.dataset_len,
-        )
-    return train, val, num_classes
-
-
-def _build_shard_data(cfg: Any, backend: Any, plan: BatchPlan, requested: str) -> tuple[Any, Any, int]:
-    """DALI loaders over the packed shards of ``data.shards`` (``largebatch-make-shards``)."""
-    from largebatch.data.dali import build_dali_shard_loaders, require_dali
-    from largebatch.data.folder import DataError
-
-    if requested == "torchvision":
-        raise DataError(
-            f"data.shards={cfg.data.shards} is read by DALI only; set data.loader=dali (or auto), "
-            f"or drop data.shards to read data.root's files with torchvision"
-        )
-    require_dali()
-    device_id, layout = _dali_device_and_layout(cfg, backend)
-    train, val, num_classes = build_dali_shard_loaders(
-        cfg.data.shards, device_id=device_id, layout=layout, **_loader_arguments(cfg, backend, plan)
-    )
-    if backend.is_main:
-        log.info("input pipeline: DALI webdataset reader over the shards in %s, %s decode, %s",
-                 cfg.data.shards, "mixed (GPU)" if device_id is not None else "CPU", layout)
-    return train, val, num_classes
-
-
-def _optimizer_options(opt: Any) -> dict[str, Any]:
-    """The optimizer-specific options the config sets (None = the optimizer's default)."""
-    names = ("momentum", "nesterov", "trust_coefficient", "eps", "betas", "foreach")
-    out = {n: getattr(opt, n) for n in names if getattr(opt, n) is not None}
-    if "betas" in out:
-        out["betas"] = tuple(out["betas"])
-    return out
-
-
-def _value(x: Any) -> Any:
-    return getattr(x, "value", x)
-
-
 def _find_checkpoint(resume: str, ckpt_dir: Path, backend: Any) -> Optional[Path]:
     """Rank 0 picks the checkpoint (newest readable one for ``auto``); all ranks get it."""
     from largebatch.engine.checkpoint import CheckpointError, load_latest
@@ -397,74 +226,187 @@ def _resume(
     log.info("resumed from %s (epoch %d, step %d)", path, state.epoch, state.step)
 
 
-def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
-    """Run one training job described by a ``TrainConfig``; return its summary."""
-    from largebatch.backends import build_backend
-    from largebatch.engine import hooks as H
-    from largebatch.engine.loop import Trainer, TrainState
-    from largebatch.engine.preemption import Preempted, PreemptionHook
-    from largebatch.engine.precision import resolve_precision
-    from largebatch.lr import build_lr_scheduler, scale_lr
+def _data(cfg: Any, backend: Any, plan: BatchPlan) -> tuple[Path, Any, Any, int]:
+    """The data folder and this rank's loaders (``largebatch.data.build``)."""
+    from largebatch.data.build import build_run_loaders, resolve_data_root
+
+    data = cfg.data
+    syn = data.synthetic
+    root = resolve_data_root(
+        data.root, loader=data.loader, workers=data.workers, backend=backend,
+        synthetic=dict(num_classes=syn.classes, train_per_class=syn.train_per_class,
+                       val_per_class=syn.val_per_class, image_size=syn.image_size, seed=syn.seed),
+    )
+    device = backend.device
+    on_gpu = device.type == "cuda"  # pinned host memory and DALI's mixed decode need a GPU
+    train, val, num_classes = build_run_loaders(
+        root, loader=data.loader, shards=data.shards, backend=backend, image_size=data.image_size,
+        batch_size=plan.per_device, workers=data.workers, seed=cfg.seed, crop_scale=data.crop_scale,
+        val_crop_ratio=data.val_crop_ratio, pin_memory=on_gpu,
+        dali_device_id=(device.index if device.index is not None else backend.local_rank) if on_gpu else None,
+        layout="NHWC" if cfg.model.channels_last else "NCHW",
+    )
+    return root, train, val, num_classes
+
+
+def _model(cfg: Any, backend: Any, num_classes: int) -> Any:
+    """The timm model on the device, with grouped BN (``bn.group_size``) across ranks."""
     from largebatch.models import build_model
     from largebatch.nn import convert_group_sync_batchnorm
+
+    m = cfg.model
+    model = build_model(m.name, num_classes, zero_init_last_bn_gamma=m.zero_init_last_bn,
+                        drop_rate=m.drop_rate, drop_path_rate=m.drop_path_rate)
+    model = backend.prepare_model(model, channels_last=m.channels_last)
+    if cfg.bn.group_size != 1 and backend.world_size > 1:
+        model = convert_group_sync_batchnorm(model, cfg.bn.group_size, backend.bn_reducer(cfg.bn.group_size))
+    return model
+
+
+def _train_model(cfg: Any, backend: Any, model: Any) -> Any:
+    """The model as the loop calls it: DDP with the comm hook, then ``torch.compile``."""
+    comm = cfg.comm
+    train_model = backend.wrap_model(model, bucket_mb=comm.bucket_mb, algorithm=comm.algorithm,
+                                     compress=comm.compress, ranks_per_node=comm.ranks_per_node)
+    return torch.compile(train_model) if cfg.model.compile else train_model
+
+
+def _optimizer_options(opt: Any) -> dict[str, Any]:
+    """The optimizer-specific options the config sets (None = the optimizer's default)."""
+    names = ("momentum", "nesterov", "trust_coefficient", "eps", "betas", "foreach")
+    out = {n: getattr(opt, n) for n in names if getattr(opt, n) is not None}
+    if "betas" in out:
+        out["betas"] = tuple(out["betas"])
+    return out
+
+
+def _optimizer(cfg: Any, model: Any, lr: float) -> Any:
     from largebatch.optim import build_optimizer
 
-    backend = build_backend(_value(cfg.backend.name), timeout_s=cfg.backend.timeout_s)
+    opt = cfg.optimizer
+    return build_optimizer(opt.name, model, lr=lr, weight_decay=opt.weight_decay,
+                           exclude_bn_bias=opt.exclude_bn_bias, **_optimizer_options(opt))
+
+
+def _scheduler(cfg: Any, optimizer: Any, steps_per_epoch: int) -> Any:
+    from largebatch.lr import build_lr_scheduler
+
+    s = cfg.schedule
+    return build_lr_scheduler(
+        optimizer, name=s.name, steps_per_epoch=steps_per_epoch, epochs=cfg.epochs,
+        warmup_epochs=s.warmup_epochs, warmup_start_factor=s.warmup_start_factor,
+        milestones=s.milestones, gamma=s.gamma, power=s.power, end_factor=s.end_factor,
+    )
+
+
+def _resolved(cfg: Any, backend: Any, plan: BatchPlan, **facts: Any) -> dict[str, Any]:
+    """What the run resolved (summary.json, checkpoints): sizes, lr, precision, paths."""
+    steps_per_epoch = facts["steps_per_epoch"]
+    return {
+        "version": __version__,
+        "backend": backend.describe(),
+        "world_size": backend.world_size,
+        "global_batch_size": plan.global_batch_size,
+        "per_device_batch_size": plan.per_device,
+        "accumulation_steps": plan.accumulation_steps,
+        "lr_per_base_batch": cfg.optimizer.lr,
+        "base_batch_size": cfg.base_batch_size,
+        "lr_scaling": cfg.lr_scaling,
+        "lr": facts["lr"],
+        "optimizer": cfg.optimizer.name,
+        "steps_per_epoch": steps_per_epoch,
+        "warmup_steps": int(round(cfg.schedule.warmup_epochs * steps_per_epoch)),
+        "precision": facts["precision"],
+        "model": cfg.model.name,
+        "num_classes": facts["num_classes"],
+        "bn_group_size": cfg.bn.group_size,
+        "data_root": str(facts["data_root"]),
+        "run_dir": str(facts["run_dir"]),
+    }
+
+
+def _announce(resolved: dict[str, Any], run_dir: Path, raw_cfg: Any) -> None:
+    """Rank 0: write config.yaml and log the batch and lr arithmetic once."""
+    if raw_cfg is not None:
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(raw_cfg), encoding="utf-8")
+    r = resolved
+    log.info(
+        "global batch %d = %d per device x %d devices x %d accumulation; lr %.4g per %d "
+        "images, %s-scaled to %.4g; %d steps/epoch, %d warmup steps; %s, %s; run dir %s",
+        r["global_batch_size"], r["per_device_batch_size"], r["world_size"], r["accumulation_steps"],
+        r["lr_per_base_batch"], r["base_batch_size"], r["lr_scaling"], r["lr"], r["steps_per_epoch"],
+        r["warmup_steps"], r["precision"], r["backend"], run_dir,
+    )
+
+
+def _hooks(cfg: Any, backend: Any, run_dir: Path, val_loader: Any, resolved: dict[str, Any], raw_cfg: Any) -> Any:
+    """The run's hooks (``largebatch.engine.assemble``) from the config's plain values."""
+    from largebatch.engine.assemble import build_run_hooks
+
+    config_dict = OmegaConf.to_container(raw_cfg, resolve=True) if raw_cfg is not None else None
+    ckpt = cfg.checkpoint
+    return build_run_hooks(
+        run_dir=run_dir, is_main=backend.is_main,
+        val_loader=backend.wrap_loader(val_loader, channels_last=cfg.model.channels_last),
+        # Agree on a stop every step on CPU/gloo (cheap), every log step on accelerators.
+        agree_every=1 if backend.device.type == "cpu" else cfg.log_every,
+        progress=cfg.progress, eval_every=cfg.eval_every, target_top1=cfg.target_top1,
+        stop_at_target=cfg.stop_at_target, channels_last=cfg.model.channels_last,
+        checkpoint_every_epochs=ckpt.every_epochs, checkpoint_every_steps=ckpt.every_steps, checkpoint_keep=ckpt.keep,
+        checkpoint_extra=lambda: {"config": config_dict, "resolved": resolved, "model_name": cfg.model.name},
+        tensorboard=cfg.tensorboard,
+        mlperf_params={
+            "global_batch_size": resolved["global_batch_size"], "world_size": resolved["world_size"],
+            "opt_name": cfg.optimizer.name, "opt_base_learning_rate": resolved["lr"],
+            "opt_learning_rate_warmup_epochs": cfg.schedule.warmup_epochs, "model": cfg.model.name,
+        },
+        summary_extra=resolved,
+    )
+
+
+def _train(trainer: Any, hooks: Any, run_dir: Path, loaders: Sequence[Any], is_main: bool) -> dict[str, Any]:
+    """Run the loop; a SIGTERM/SIGINT stop becomes ``Preempted`` (exit 75, resumable)."""
+    from largebatch.engine.preemption import Preempted
+
+    try:
+        trainer.train()
+    finally:
+        hooks.preemption.uninstall()
+    if hooks.preemption.preempted:
+        raise Preempted(
+            f"{trainer.stop_reason} at step {trainer.state.step}; checkpoint saved in "
+            f"{run_dir / 'checkpoints'}; continue with resume=auto run_dir={run_dir}"
+        )
+    skipped = sum(getattr(loader, "skipped", 0) for loader in loaders)
+    if skipped and is_main:
+        log.warning("%d unreadable image file(s) were skipped (named above in the log)", skipped)
+    return hooks.summary.summary
+
+
+def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
+    """Run one training job described by a ``TrainConfig`` (choices as plain strings); return its summary."""
+    from largebatch.backends import build_backend
+    from largebatch.engine.loop import Trainer, TrainState
+    from largebatch.engine.precision import resolve_precision
+    from largebatch.lr import scale_lr
+
+    backend = build_backend(cfg.backend.name, timeout_s=cfg.backend.timeout_s)
     backend.start()
     try:
         plan = plan_batches(cfg.global_batch_size, backend.world_size, cfg.accumulation_steps)
         run_dir = _make_run_dir(cfg, backend)
         _setup_logging(backend.is_main, run_dir)
         torch.manual_seed(cfg.seed)
-        precision = resolve_precision(_value(cfg.precision.name), backend)
-        data_root = _resolve_data_root(cfg, backend)
-        train_loader, val_loader, num_classes = _build_data(cfg, backend, plan, data_root)
-
-        model = build_model(
-            cfg.model.name,
-            num_classes,
-            zero_init_last_bn_gamma=cfg.model.zero_init_last_bn,
-            drop_rate=cfg.model.drop_rate,
-            drop_path_rate=cfg.model.drop_path_rate,
-        )
-        model = backend.prepare_model(model, channels_last=cfg.model.channels_last)
-        if cfg.bn.group_size != 1 and backend.world_size > 1:
-            model = convert_group_sync_batchnorm(model, cfg.bn.group_size, backend.bn_reducer(cfg.bn.group_size))
-        lr = scale_lr(cfg.optimizer.lr, cfg.global_batch_size, cfg.base_batch_size, _value(cfg.lr_scaling))
-        optimizer = build_optimizer(
-            cfg.optimizer.name,
-            model,
-            lr=lr,
-            weight_decay=cfg.optimizer.weight_decay,
-            exclude_bn_bias=cfg.optimizer.exclude_bn_bias,
-            **_optimizer_options(cfg.optimizer),
-        )
-        train_model = backend.wrap_model(
-            model,
-            bucket_mb=cfg.comm.bucket_mb,
-            algorithm=_value(cfg.comm.algorithm),
-            compress=_value(cfg.comm.compress),
-            ranks_per_node=cfg.comm.ranks_per_node,
-        )
-        if cfg.model.compile:
-            train_model = torch.compile(train_model)
+        precision = resolve_precision(cfg.precision.name, backend)
+        data_root, train_loader, val_loader, num_classes = _data(cfg, backend, plan)
+        model = _model(cfg, backend, num_classes)
+        lr = scale_lr(cfg.optimizer.lr, cfg.global_batch_size, cfg.base_batch_size, cfg.lr_scaling)
+        optimizer = _optimizer(cfg, model, lr)
+        train_model = _train_model(cfg, backend, model)
         steps_per_epoch = len(train_loader) // plan.accumulation_steps
-        sched = cfg.schedule
-        scheduler = build_lr_scheduler(
-            optimizer,
-            name=_value(sched.name),
-            steps_per_epoch=steps_per_epoch,
-            epochs=cfg.epochs,
-            warmup_epochs=sched.warmup_epochs,
-            warmup_start_factor=sched.warmup_start_factor,
-            milestones=sched.milestones,
-            gamma=sched.gamma,
-            power=sched.power,
-            end_factor=sched.end_factor,
-        )
+        scheduler = _scheduler(cfg, optimizer, steps_per_epoch)
         scaler = backend.grad_scaler(precision.loss_scaling, cfg.precision.init_scale, cfg.precision.growth_interval)
         state = TrainState()
-
         resume = _resume_setting(cfg.resume)
         if resume:
             _resume(
@@ -472,111 +414,21 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
                 plan=plan, steps_per_epoch=steps_per_epoch, model=model, optimizer=optimizer,
                 scheduler=scheduler, scaler=scaler, state=state,
             )
-
-        resolved = {
-            "version": __version__,
-            "backend": backend.describe(),
-            "world_size": backend.world_size,
-            "global_batch_size": plan.global_batch_size,
-            "per_device_batch_size": plan.per_device,
-            "accumulation_steps": plan.accumulation_steps,
-            "lr_per_base_batch": cfg.optimizer.lr,
-            "base_batch_size": cfg.base_batch_size,
-            "lr_scaling": _value(cfg.lr_scaling),
-            "lr": lr,
-            "optimizer": cfg.optimizer.name,
-            "steps_per_epoch": steps_per_epoch,
-            "warmup_steps": int(round(sched.warmup_epochs * steps_per_epoch)),
-            "precision": precision.name,
-            "model": cfg.model.name,
-            "num_classes": num_classes,
-            "bn_group_size": cfg.bn.group_size,
-            "data_root": str(data_root),
-            "run_dir": str(run_dir),
-        }
+        resolved = _resolved(cfg, backend, plan, lr=lr, steps_per_epoch=steps_per_epoch, precision=precision.name,
+                             num_classes=num_classes, data_root=data_root, run_dir=run_dir)
         if backend.is_main:
-            if raw_cfg is not None:
-                (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(raw_cfg), encoding="utf-8")
-            log.info(
-                "global batch %d = %d per device x %d devices x %d accumulation; lr %.4g per %d "
-                "images, %s-scaled to %.4g; %d steps/epoch, %d warmup steps; %s, %s; run dir %s",
-                plan.global_batch_size, plan.per_device, plan.world_size, plan.accumulation_steps,
-                cfg.optimizer.lr, cfg.base_batch_size, resolved["lr_scaling"], lr, steps_per_epoch,
-                resolved["warmup_steps"], precision.name, backend.describe(), run_dir,
-            )
-
-        channels_last = cfg.model.channels_last
-        main = backend.is_main
-        hook_list: list[Any] = [H.DataOrderHook(), H.ProgressHook(enabled=main and cfg.progress)]
-        # Agree on a stop every step on CPU/gloo (cheap), every log step on accelerators.
-        preemption = PreemptionHook(check_every=1 if backend.device.type == "cpu" else cfg.log_every)
-        hook_list.append(preemption)
-        if main:  # before EvalHook, so that epoch_stop precedes the epoch's eval_accuracy
-            from largebatch.engine.mllog import MLPerfLogHook
-
-            hook_list.append(MLPerfLogHook(run_dir / "mlperf_log.jsonl", target_top1=cfg.target_top1, params={
-                "global_batch_size": plan.global_batch_size, "world_size": backend.world_size,
-                "opt_name": cfg.optimizer.name, "opt_base_learning_rate": lr,
-                "opt_learning_rate_warmup_epochs": cfg.schedule.warmup_epochs, "model": cfg.model.name,
-            }))
-        hook_list.append(
-            H.EvalHook(
-                backend.wrap_loader(val_loader, channels_last=channels_last),
-                every=cfg.eval_every,
-                target_top1=cfg.target_top1,
-                stop_at_target=cfg.stop_at_target,
-                channels_last=channels_last,
-            )
-        )
-        config_dict = OmegaConf.to_container(raw_cfg, resolve=True) if raw_cfg is not None else None
-        hook_list.append(
-            H.CheckpointHook(
-                run_dir / "checkpoints",
-                every_epochs=cfg.checkpoint.every_epochs,
-                every_steps=cfg.checkpoint.every_steps,
-                keep=cfg.checkpoint.keep,
-                extra_state=lambda: {"config": config_dict, "resolved": resolved, "model_name": cfg.model.name},
-            )
-        )
-        if main:
-            if cfg.tensorboard:
-                hook_list.append(H.TensorBoardHook(run_dir / "tensorboard"))
-            hook_list.append(H.JsonlHook(run_dir / "metrics.jsonl"))
-        summary_hook = H.SummaryHook(run_dir / "summary.json" if main else None, target_top1=cfg.target_top1, extra=resolved)
-        hook_list.append(summary_hook)
-
+            _announce(resolved, run_dir, raw_cfg)
+        hooks = _hooks(cfg, backend, run_dir, val_loader, resolved, raw_cfg)
         trainer = Trainer(
-            model=train_model,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            train_loader=backend.wrap_loader(train_loader, channels_last=channels_last),
-            backend=backend,
-            epochs=cfg.epochs,
-            global_batch_size=plan.global_batch_size,
-            accumulation_steps=plan.accumulation_steps,
-            label_smoothing=cfg.label_smoothing,
-            autocast_dtype=precision.autocast_dtype,
-            scaler=scaler,
-            log_every=cfg.log_every,
-            max_steps=cfg.max_steps,
-            non_finite=_value(cfg.non_finite),
-            max_skipped_steps=cfg.max_skipped_steps,
-            hooks=hook_list,
-            state=state,
+            model=train_model, optimizer=optimizer, scheduler=scheduler,
+            train_loader=backend.wrap_loader(train_loader, channels_last=cfg.model.channels_last),
+            backend=backend, epochs=cfg.epochs, global_batch_size=plan.global_batch_size,
+            accumulation_steps=plan.accumulation_steps, label_smoothing=cfg.label_smoothing,
+            autocast_dtype=precision.autocast_dtype, scaler=scaler, log_every=cfg.log_every,
+            max_steps=cfg.max_steps, non_finite=cfg.non_finite, max_skipped_steps=cfg.max_skipped_steps,
+            hooks=hooks.hooks, state=state,
         )
-        try:
-            trainer.train()
-        finally:
-            preemption.uninstall()
-        if preemption.preempted:
-            raise Preempted(
-                f"{trainer.stop_reason} at step {state.step}; checkpoint saved in "
-                f"{run_dir / 'checkpoints'}; continue with resume=auto run_dir={run_dir}"
-            )
-        skipped = getattr(train_loader, "skipped", 0) + getattr(val_loader, "skipped", 0)
-        if skipped and main:
-            log.warning("%d unreadable image file(s) were skipped (named above in the log)", skipped)
-        return summary_hook.summary
+        return _train(trainer, hooks, run_dir, (train_loader, val_loader), backend.is_main)
     finally:
         backend.shutdown()
 
@@ -606,11 +458,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cfg = to_train_config(raw)
         run(cfg, raw)
     except _user_errors() as e:
-        print(f"largebatch: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except ValueError as e:
-        # Argument checks of the library (optimizer options, BN group size, ...) are
-        # ValueErrors with a message written for the user.
         print(f"largebatch: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except NonFiniteLossError as e:

@@ -7,13 +7,13 @@ import os
 import torch
 
 from largebatch.backends.base import Backend
+from largebatch.errors import UsageError
 
 __all__ = ["Backend", "build_backend", "resolve_backend_name"]
 
 
 def resolve_backend_name(name: str) -> str:
     """``auto`` -> ``xla`` when PJRT_DEVICE is set, ``cuda`` when a GPU is visible, else ``cpu``."""
-    name = getattr(name, "value", name)
     if name != "auto":
         return name
     if os.environ.get("PJRT_DEVICE"):
@@ -32,4 +32,4 @@ def build_backend(name: str = "auto", *, timeout_s: int = 1800) -> Backend:
         from largebatch.backends.xla import XlaBackend
 
         return XlaBackend(timeout_s=timeout_s)
-    raise ValueError(f"unknown backend {name!r}; choose auto, cpu, cuda or xla")
+    raise UsageError(f"unknown backend {name!r}; choose auto, cpu, cuda or xla")

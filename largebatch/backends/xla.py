@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from largebatch.backends.base import Backend
+from largebatch.errors import UsageError
 
 __all__ = ["XlaBackend", "XlaGroupReducer", "prepare_xla_environment", "MIN_CPU_THREAD_POOL"]
 
@@ -115,7 +116,7 @@ class XlaGroupReducer:
 
     def __init__(self, group_size: int, world_size: int) -> None:
         if group_size < 1 or world_size % group_size:
-            raise ValueError(f"group_size {group_size} must divide the world size {world_size}")
+            raise UsageError(f"group_size {group_size} must divide the world size {world_size}")
         self.size = group_size
         self.groups = _replica_groups(group_size, world_size)
 
@@ -241,8 +242,8 @@ class XlaBackend(Backend):
 
     def wrap_model(self, model: nn.Module, **comm: Any) -> nn.Module:
         """The model itself: gradients are all-reduced in :meth:`optimizer_step`, not by DDP."""
-        algorithm = getattr(comm.get("algorithm"), "value", comm.get("algorithm"))
-        compress = getattr(comm.get("compress"), "value", comm.get("compress"))
+        algorithm = comm.get("algorithm")
+        compress = comm.get("compress")
         if algorithm not in (None, "flat") or compress not in (None, "none"):
             log.warning(
                 "comm.algorithm=%s comm.compress=%s do not apply on XLA (the compiler's all-reduce "
@@ -253,7 +254,7 @@ class XlaBackend(Backend):
     def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Optional[Any]) -> None:
         """All-reduce the gradients (mean over replicas) and step, inside the step graph."""
         if scaler is not None:
-            raise ValueError("loss scaling (precision=fp16) is not supported on XLA; use precision=bf16")
+            raise UsageError("loss scaling (precision=fp16) is not supported on XLA; use precision=bf16")
         import torch_xla.core.xla_model as xm
 
         # reduce_gradients (sum x 1/world over all replicas, explicit groups) + step().
@@ -290,7 +291,7 @@ class XlaBackend(Backend):
         if dtype is None:
             return contextlib.nullcontext()
         if dtype != torch.bfloat16:
-            raise ValueError(f"XLA autocast supports bfloat16 only, not {dtype}; use precision=bf16")
+            raise UsageError(f"XLA autocast supports bfloat16 only, not {dtype}; use precision=bf16")
         return torch.autocast("xla", dtype=torch.bfloat16)
 
     def supports_bf16(self) -> bool:
@@ -299,7 +300,7 @@ class XlaBackend(Backend):
 
     def grad_scaler(self, enabled: bool, init_scale: float, growth_interval: int) -> Any:
         if enabled:
-            raise ValueError("loss scaling (precision=fp16) is not supported on XLA; use precision=bf16")
+            raise UsageError("loss scaling (precision=fp16) is not supported on XLA; use precision=bf16")
         return None
 
     def describe(self) -> str:

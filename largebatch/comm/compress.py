@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from largebatch.errors import UsageError
+
 __all__ = ["COMPRESSIONS", "wire_dtype", "padded_numel", "pack", "unpack"]
 
 COMPRESSIONS: dict[str, torch.dtype | None] = {
@@ -24,7 +26,7 @@ COMPRESSIONS: dict[str, torch.dtype | None] = {
 def wire_dtype(compress: str, grad_dtype: torch.dtype) -> torch.dtype:
     """The dtype a bucket of ``grad_dtype`` travels in under ``compress``."""
     if compress not in COMPRESSIONS:
-        raise ValueError(
+        raise UsageError(
             f"unknown comm.compress {compress!r}; expected one of {sorted(COMPRESSIONS)}"
         )
     return COMPRESSIONS[compress] or grad_dtype

@@ -39,6 +39,7 @@ from largebatch.comm.topology import (
     resolve_topology,
     row_groups,
 )
+from largebatch.errors import UsageError
 
 __all__ = ["ALGORITHMS", "CommState", "comm_hook", "make_comm_state", "register_comm_hook"]
 
@@ -260,13 +261,13 @@ def make_comm_state(
     Needs an initialised default process group; usable without DDP (``state.allreduce``).
     """
     if algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown comm.algorithm {algorithm!r}; expected one of {ALGORITHMS}")
+        raise UsageError(f"unknown comm.algorithm {algorithm!r}; expected one of {ALGORITHMS}")
     if compress not in COMPRESSIONS:
-        raise ValueError(
+        raise UsageError(
             f"unknown comm.compress {compress!r}; expected one of {sorted(COMPRESSIONS)}"
         )
     if torus_shape is not None and algorithm != "torus2d":
-        raise ValueError(f"torus_shape is only used by comm.algorithm 'torus2d', not {algorithm!r}")
+        raise UsageError(f"torus_shape is only used by comm.algorithm 'torus2d', not {algorithm!r}")
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("comm hooks need an initialised torch.distributed process group")
     world_size, rank = dist.get_world_size(), dist.get_rank()

@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from largebatch.errors import UsageError
+
 __all__ = ["Topology", "resolve_topology", "grid_shape", "row_groups", "column_groups"]
 
 
@@ -29,11 +31,11 @@ class Topology:
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+            raise UsageError(f"world_size must be >= 1, got {self.world_size}")
         if self.ranks_per_node < 1:
-            raise ValueError(f"ranks_per_node must be >= 1, got {self.ranks_per_node}")
+            raise UsageError(f"ranks_per_node must be >= 1, got {self.ranks_per_node}")
         if self.world_size % self.ranks_per_node:
-            raise ValueError(
+            raise UsageError(
                 f"world size {self.world_size} is not divisible by ranks_per_node "
                 f"{self.ranks_per_node}: every node must run the same number of ranks"
             )
@@ -60,9 +62,9 @@ def resolve_topology(world_size: int, ranks_per_node: int | None, *, required: b
             try:
                 ranks_per_node = int(env)
             except ValueError:
-                raise ValueError(f"LOCAL_WORLD_SIZE={env!r} is not an integer") from None
+                raise UsageError(f"LOCAL_WORLD_SIZE={env!r} is not an integer") from None
         elif required:
-            raise ValueError(
+            raise UsageError(
                 "ranks per node is unknown: pass comm.ranks_per_node or launch with torchrun "
                 "(which sets LOCAL_WORLD_SIZE)"
             )
@@ -76,10 +78,10 @@ def grid_shape(topology: Topology, torus_shape: tuple[int, int] | None = None) -
     if torus_shape is None:
         return topology.ranks_per_node, topology.nodes
     if len(torus_shape) != 2:
-        raise ValueError(f"torus_shape must be (X, Y), got {torus_shape!r}")
+        raise UsageError(f"torus_shape must be (X, Y), got {torus_shape!r}")
     x, y = (int(v) for v in torus_shape)
     if x < 1 or y < 1 or x * y != topology.world_size:
-        raise ValueError(
+        raise UsageError(
             f"torus_shape {x} x {y} does not tile the world of {topology.world_size} ranks "
             "(need X * Y == world size, both >= 1)"
         )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
+from enum import Enum
 from typing import Any, Iterable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
@@ -98,5 +100,21 @@ def compose_config(overrides: Sequence[str] = (), config_name: str = "train") ->
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:
-    """The composed config as plain dataclasses (Enums included)."""
-    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+    """The composed config as plain dataclasses, each choice as its plain string.
+
+    The schema types choices as Enums, so a wrong choice fails at compose time naming the
+    valid ones; past that point they are turned into their values here, once, so that the
+    library receives ``"cosine"``, never ``ScheduleName.cosine``.
+    """
+    out = OmegaConf.to_object(cfg)
+    _enums_to_values(out)
+    return out  # type: ignore[return-value]
+
+
+def _enums_to_values(node: Any) -> None:
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if isinstance(value, Enum):
+            setattr(node, f.name, value.value)
+        elif dataclasses.is_dataclass(value):
+            _enums_to_values(value)

@@ -48,6 +48,7 @@ import torch
 
 from largebatch.data.folder import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, DataError
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
+from largebatch.errors import UsageError
 
 __all__ = [
     "DEFAULT_HW_DECODER_LOAD",
@@ -209,11 +210,11 @@ def read_file_list(path: str | os.PathLike, base: str | os.PathLike) -> tuple[li
 def _check_common(image_size: int, batch_size: int, workers: int, layout: str,
                   dtype: torch.dtype, rank: int, world_size: int) -> None:
     if image_size < 8:
-        raise ValueError(f"image_size must be >= 8 pixels, got {image_size}")
+        raise UsageError(f"image_size must be >= 8 pixels, got {image_size}")
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        raise UsageError(f"batch_size must be >= 1, got {batch_size}")
     if workers < 0:
-        raise ValueError(f"workers must be >= 0, got {workers}")
+        raise UsageError(f"workers must be >= 0, got {workers}")
     if layout not in ("NCHW", "NHWC"):
         raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
     if dtype not in (torch.float32, torch.float16):
@@ -441,7 +442,7 @@ def build_dali_loaders(
     """
     _check_common(image_size, batch_size, workers, layout, dtype, rank, world_size)
     if not 0 < val_crop_ratio <= 1:
-        raise ValueError(f"val_crop_ratio must be in (0, 1], got {val_crop_ratio}")
+        raise UsageError(f"val_crop_ratio must be in (0, 1], got {val_crop_ratio}")
     root = os.fspath(root)
     if not os.path.isdir(root):
         raise DataError(f"data root {root} does not exist: set data.root to a folder holding "

@@ -35,6 +35,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
+from largebatch.errors import UsageError
 
 __all__ = [
     "IMAGENET_DEFAULT_MEAN",
@@ -92,7 +93,7 @@ def build_val_transform(
 ) -> v2.Compose:
     """Resize the shorter side to ``image_size / crop_ratio``, centre-crop ``image_size``."""
     if not 0 < crop_ratio <= 1:
-        raise ValueError(f"crop_ratio must be in (0, 1], got {crop_ratio}")
+        raise UsageError(f"crop_ratio must be in (0, 1], got {crop_ratio}")
     return v2.Compose([
         v2.Resize(round(image_size / crop_ratio), antialias=True),
         v2.CenterCrop(image_size),

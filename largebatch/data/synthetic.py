@@ -46,6 +46,8 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
+from largebatch.errors import UsageError
+
 __all__ = [
     "FORMAT_VERSION",
     "MANIFEST_NAME",
@@ -94,15 +96,15 @@ class SyntheticSpec(dict):
 def _check_args(num_classes: int, train_per_class: int, val_per_class: int, image_size: int,
                 seed: int) -> None:
     if not 1 <= num_classes <= MAX_CLASSES:
-        raise ValueError(f"num_classes must be in 1..{MAX_CLASSES}, got {num_classes}")
+        raise UsageError(f"num_classes must be in 1..{MAX_CLASSES}, got {num_classes}")
     if train_per_class < 1:
-        raise ValueError(f"train_per_class must be >= 1, got {train_per_class}")
+        raise UsageError(f"train_per_class must be >= 1, got {train_per_class}")
     if val_per_class < 1:
-        raise ValueError(f"val_per_class must be >= 1, got {val_per_class}")
+        raise UsageError(f"val_per_class must be >= 1, got {val_per_class}")
     if not 16 <= image_size <= 1024:
-        raise ValueError(f"image_size must be in 16..1024 pixels, got {image_size}")
+        raise UsageError(f"image_size must be in 16..1024 pixels, got {image_size}")
     if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
+        raise UsageError(f"seed must be >= 0, got {seed}")
 
 
 def class_folder_name(class_index: int) -> str:

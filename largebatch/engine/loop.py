@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from largebatch.engine.nonfinite import NonFiniteGuard, NonFiniteLossError
+from largebatch.errors import UsageError
 
 __all__ = ["Hook", "NonFiniteLossError", "Trainer", "TrainState"]
 
@@ -117,7 +118,7 @@ class Trainer:
             h.trainer = self
         self.steps_per_epoch = len(train_loader) // accumulation_steps
         if self.steps_per_epoch == 0:
-            raise ValueError(
+            raise UsageError(
                 f"an epoch has no optimizer step: {len(train_loader)} batches per rank for "
                 f"{accumulation_steps} accumulation steps; use a smaller global_batch_size"
             )

@@ -29,6 +29,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from largebatch.errors import UsageError
+
 __all__ = ["NonFiniteGuard", "NonFiniteLossError"]
 
 
@@ -61,9 +63,8 @@ class NonFiniteGuard:
         optimizer: torch.optim.Optimizer,
         scaler_skips: bool = False,
     ) -> None:
-        policy = getattr(policy, "value", policy)
         if policy not in ("stop", "skip"):
-            raise ValueError(f"non_finite must be 'stop' or 'skip', got {policy!r}")
+            raise UsageError(f"non_finite must be 'stop' or 'skip', got {policy!r}")
         self.policy = policy
         self.max_skipped_steps = max_skipped_steps
         self.backend = backend

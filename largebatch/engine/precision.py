@@ -18,6 +18,8 @@ from typing import Any, Optional
 
 import torch
 
+from largebatch.errors import UsageError
+
 __all__ = ["PrecisionPolicy", "resolve_precision"]
 
 log = logging.getLogger(__name__)
@@ -32,7 +34,6 @@ class PrecisionPolicy:
 
 def resolve_precision(name: str, backend: Any) -> PrecisionPolicy:
     """Turn ``auto|fp32|bf16|fp16`` into a policy for ``backend``'s device."""
-    name = getattr(name, "value", name)
     if name == "auto":
         name = "bf16" if backend.supports_bf16() else "fp32"
     if name == "fp32":
@@ -43,6 +44,6 @@ def resolve_precision(name: str, backend: Any) -> PrecisionPolicy:
         if backend.device.type == "cpu":
             log.warning("precision=fp16 on a CPU is very slow; bf16 or fp32 are the CPU choices")
         if backend.name == "xla":
-            raise ValueError("precision=fp16 is not supported on XLA; use bf16")
+            raise UsageError("precision=fp16 is not supported on XLA; use bf16")
         return PrecisionPolicy("fp16", torch.float16, True)
-    raise ValueError(f"unknown precision {name!r}; choose auto, fp32, bf16 or fp16")
+    raise UsageError(f"unknown precision {name!r}; choose auto, fp32, bf16 or fp16")

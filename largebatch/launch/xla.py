@@ -67,14 +67,14 @@ def _run_replica(index: int, raw_cfg: Any) -> None:
         cli.run(cfg, raw)
     except NonFiniteLossError as e:
         raise ReplicaError(cli.EXIT_NON_FINITE, f"largebatch: error: {e}") from None
-    except (*cli._user_errors(), ValueError) as e:
+    except cli._user_errors() as e:
         raise ReplicaError(cli.EXIT_USAGE, f"largebatch: error: {e}") from None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Compose the config once (with ``backend=xla``), then run a replica per XLA device."""
     from largebatch import cli
-    from largebatch.config import ConfigError, compose_config, to_train_config
+    from largebatch.config import compose_config, to_train_config
 
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help"):
@@ -83,7 +83,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         raw = compose_config([*args, "backend=xla"])
         to_train_config(raw)  # type errors show here, once
-    except (ConfigError, ValueError) as e:
+    except cli._user_errors() as e:
         print(f"largebatch: error: {e}", file=sys.stderr)
         return cli.EXIT_USAGE
     try:

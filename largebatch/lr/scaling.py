@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 
+from largebatch.errors import UsageError
+
 __all__ = ["scale_lr", "SCALING_RULES"]
 
 SCALING_RULES = ("linear", "sqrt", "none")
@@ -20,9 +22,8 @@ SCALING_RULES = ("linear", "sqrt", "none")
 
 def scale_lr(lr: float, global_batch_size: int, base_batch_size: int, rule: str) -> float:
     """Return the learning rate for ``global_batch_size`` given ``lr`` for ``base_batch_size``."""
-    rule = getattr(rule, "value", rule)
     if global_batch_size <= 0 or base_batch_size <= 0:
-        raise ValueError(
+        raise UsageError(
             f"batch sizes must be positive, got global_batch_size={global_batch_size}, "
             f"base_batch_size={base_batch_size}"
         )
@@ -33,4 +34,4 @@ def scale_lr(lr: float, global_batch_size: int, base_batch_size: int, rule: str)
         return lr * math.sqrt(ratio)
     if rule == "none":
         return lr
-    raise ValueError(f"unknown lr_scaling {rule!r}; choose one of {', '.join(SCALING_RULES)}")
+    raise UsageError(f"unknown lr_scaling {rule!r}; choose one of {', '.join(SCALING_RULES)}")

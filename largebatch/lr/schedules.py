@@ -15,6 +15,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from largebatch.errors import UsageError
+
 __all__ = [
     "warmup_factor",
     "step_decay",
@@ -67,7 +69,6 @@ def lr_multiplier(
     end_factor: float = 0.0,
 ) -> float:
     """The multiplier of the scaled lr at optimizer step ``step`` (0-based)."""
-    name = getattr(name, "value", name)
     after = step - warmup_steps
     if name == "constant":
         decay = 1.0
@@ -78,7 +79,7 @@ def lr_multiplier(
     elif name == "poly":
         decay = poly_decay(after, total_steps - warmup_steps, power, end_factor)
     else:
-        raise ValueError(f"unknown schedule {name!r}; choose constant, step, cosine or poly")
+        raise UsageError(f"unknown schedule {name!r}; choose constant, step, cosine or poly")
     return warmup_factor(step, warmup_steps, warmup_start_factor) * decay
 
 

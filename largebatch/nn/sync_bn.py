@@ -37,6 +37,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from largebatch.errors import UsageError
+
 __all__ = [
     "GroupReducer",
     "LocalReducer",
@@ -104,9 +106,9 @@ def resolve_group_size(group_size: int, world_size: int) -> int:
     if group_size in (-1, 0):
         return world_size
     if group_size < 0:
-        raise ValueError(f"group_size must be positive, or -1/0 for the whole world; got {group_size}")
+        raise UsageError(f"group_size must be positive, or -1/0 for the whole world; got {group_size}")
     if world_size % group_size != 0:
-        raise ValueError(
+        raise UsageError(
             f"BN group_size {group_size} does not divide the world size {world_size}; "
             f"choose a divisor of {world_size} (or -1 for the whole world)"
         )
@@ -417,7 +419,7 @@ def convert_group_sync_batchnorm(
     if reducer is None:
         reducer = process_group_reducer(group_size)
     elif group_size not in (-1, 0) and group_size != reducer.size:
-        raise ValueError(f"group_size {group_size} does not match the reducer's group size {reducer.size}")
+        raise UsageError(f"group_size {group_size} does not match the reducer's group size {reducer.size}")
     if reducer.size == 1:
         return module
     if use_torch_sync_bn_on_cuda and isinstance(reducer, ProcessGroupReducer) and _on_cuda(module):

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
+from largebatch.errors import UsageError
 from .lamb import LAMB
 from .lars import LARS
 from .param_groups import param_groups
@@ -91,10 +92,10 @@ def build_optimizer(
     """
     entry = OPTIMIZERS.get(name)
     if entry is None:
-        raise ValueError(f"unknown optimizer {name!r}; valid names: {', '.join(optimizer_names())}")
+        raise UsageError(f"unknown optimizer {name!r}; valid names: {', '.join(optimizer_names())}")
     unknown = sorted(set(options) - entry.options)
     if unknown:
-        raise ValueError(
+        raise UsageError(
             f"optimizer {name!r} does not take option(s) {', '.join(map(repr, unknown))}; "
             f"it accepts: {', '.join(sorted(entry.options))}"
         )

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from largebatch.errors import UsageError
 from .lars import _sq_norm, _stacked, _use_foreach
 
 __all__ = ["LAMB", "lamb"]
@@ -182,14 +183,14 @@ def lamb(
 
 def _check_lamb_group(group: dict[str, Any], where: str) -> None:
     if not group["lr"] >= 0.0:
-        raise ValueError(f"{where}: invalid lr {group['lr']!r}, must be >= 0")
+        raise UsageError(f"{where}: invalid lr {group['lr']!r}, must be >= 0")
     betas = group["betas"]
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-        raise ValueError(f"{where}: invalid betas {betas!r}, must be two values in [0, 1)")
+        raise UsageError(f"{where}: invalid betas {betas!r}, must be two values in [0, 1)")
     if not group["eps"] > 0.0:
-        raise ValueError(f"{where}: invalid eps {group['eps']!r}, must be > 0")
+        raise UsageError(f"{where}: invalid eps {group['eps']!r}, must be > 0")
     if not group["weight_decay"] >= 0.0:
-        raise ValueError(f"{where}: invalid weight_decay {group['weight_decay']!r}, must be >= 0")
+        raise UsageError(f"{where}: invalid weight_decay {group['weight_decay']!r}, must be >= 0")
 
 
 def _bias_corrections(step: int, beta1: float, beta2: float, eps: float) -> tuple[float, float]:

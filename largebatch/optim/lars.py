@@ -24,6 +24,8 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from largebatch.errors import UsageError
+
 __all__ = ["LARS", "lars"]
 
 
@@ -187,17 +189,17 @@ def lars(
 
 def _check_lars_group(group: dict[str, Any], where: str) -> None:
     if not group["lr"] >= 0.0:
-        raise ValueError(f"{where}: invalid lr {group['lr']!r}, must be >= 0")
+        raise UsageError(f"{where}: invalid lr {group['lr']!r}, must be >= 0")
     if not 0.0 <= group["momentum"] < 1.0:
-        raise ValueError(f"{where}: invalid momentum {group['momentum']!r}, must be in [0, 1)")
+        raise UsageError(f"{where}: invalid momentum {group['momentum']!r}, must be in [0, 1)")
     if not group["weight_decay"] >= 0.0:
-        raise ValueError(f"{where}: invalid weight_decay {group['weight_decay']!r}, must be >= 0")
+        raise UsageError(f"{where}: invalid weight_decay {group['weight_decay']!r}, must be >= 0")
     if not group["trust_coefficient"] > 0.0:
-        raise ValueError(f"{where}: invalid trust_coefficient {group['trust_coefficient']!r}, must be > 0")
+        raise UsageError(f"{where}: invalid trust_coefficient {group['trust_coefficient']!r}, must be > 0")
     if not group["eps"] >= 0.0:
-        raise ValueError(f"{where}: invalid eps {group['eps']!r}, must be >= 0")
+        raise UsageError(f"{where}: invalid eps {group['eps']!r}, must be >= 0")
     if group["nesterov"] and group["momentum"] == 0:
-        raise ValueError(f"{where}: nesterov=True needs momentum > 0")
+        raise UsageError(f"{where}: nesterov=True needs momentum > 0")
 
 
 def _use_foreach(foreach: Optional[bool], params: list[Tensor]) -> bool:

@@ -13,6 +13,8 @@ from typing import Any
 
 from torch import nn
 
+from largebatch.errors import UsageError
+
 __all__ = ["param_groups"]
 
 _NORM_LAYERS = (
@@ -42,7 +44,7 @@ def param_groups(model: nn.Module, weight_decay: float, exclude_bn_bias: bool = 
         exclude_bn_bias: False gives a single group, all parameters decayed and adapted (default: True).
     """
     if weight_decay < 0:
-        raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
+        raise UsageError(f"weight_decay must be >= 0, got {weight_decay!r}")
     decay, excluded = [], []
     no_decay_names = _no_weight_decay_names(model) if exclude_bn_bias else set()
     norm_params = _norm_layer_param_ids(model) if exclude_bn_bias else set()
