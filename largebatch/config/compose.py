@@ -5,14 +5,18 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+from contextlib import contextmanager
 from enum import Enum
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
 from largebatch.config.schema import TrainConfig, register_schema
 
-__all__ = ["ConfigError", "compose_config", "config_keys", "to_train_config"]
+__all__ = [
+    "ConfigError", "check_composed", "check_overrides", "compose_config", "config_keys", "hydra_errors",
+    "hydra_session", "to_train_config",
+]
 
 CONFIG_MODULE = "largebatch.conf"
 GROUPS = ("model", "optimizer", "schedule", "data", "precision", "backend", "bn", "comm", "experiment", "debug")
@@ -38,7 +42,8 @@ def config_keys() -> list[str]:
     return keys
 
 
-def _check_override_keys(overrides: Iterable[str]) -> None:
+def check_overrides(overrides: Iterable[str]) -> None:
+    """Every override names a schema key, a config group or a Hydra setting (else: the closest key)."""
     known = set(config_keys())
     for o in overrides:
         if o.startswith("~") and o[1:].split("=")[0] in GROUPS:
@@ -47,7 +52,7 @@ def _check_override_keys(overrides: Iterable[str]) -> None:
             raise ConfigError(f"override {o!r} is not of the form key=value")
         key = o.split("=", 1)[0].strip()
         key = key.lstrip("+~")
-        if key.startswith("hydra.") or key.split("@")[0] in GROUPS:
+        if key.startswith(("hydra.", "hydra/")) or key.split("@")[0] in GROUPS:
             continue
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
@@ -66,22 +71,20 @@ def _first_line(e: BaseException) -> str:
     return f"{head} ({key})" if key and key not in head else head
 
 
-def compose_config(overrides: Sequence[str] = (), config_name: str = "train") -> DictConfig:
-    """Compose ``conf/<config_name>.yaml`` with command-line ``overrides``, typed by the schema."""
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
+@contextmanager
+def hydra_errors() -> Iterator[None]:
+    """Turn Hydra's and OmegaConf's composition errors into one-line ``ConfigError``s."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    _check_override_keys(overrides)
-    register_schema()
-    GlobalHydra.instance().clear()
     try:
-        with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-            cfg = compose(config_name=config_name, overrides=list(overrides))
+        yield
     except (HydraException, OmegaConfBaseException) as e:
         msg = _first_line(e)
         m = re.search(r"Could not find '([^']+)'", msg)
+        if m and m.group(1).startswith("hydra/launcher/submitit"):
+            raise ConfigError(f"{m.group(1).split('/')[-1]} needs Hydra's submitit launcher: "
+                              f"pip install 'largebatch[slurm]' (hydra-submitit-launcher)") from None
         if m:
             group = m.group(1).split("/")[0]
             text = str(e)
@@ -89,6 +92,27 @@ def compose_config(overrides: Sequence[str] = (), config_name: str = "train") ->
             listed = f"; choose one of: {', '.join(options)}" if options else ""
             raise ConfigError(f"no config '{m.group(1)}' in conf/{group}/{listed}") from None
         raise ConfigError(msg) from None
+
+
+@contextmanager
+def hydra_session(job_name: str = "largebatch-train") -> Iterator[Any]:
+    """Hydra initialised on ``conf/`` (the package ``largebatch.conf``); yields its ``Hydra`` object.
+
+    The object runs Hydra's own ``--cfg``, ``--help`` and multirun (sweeper + launcher).
+    """
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_schema()
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module=CONFIG_MODULE, job_name=job_name, version_base="1.3"):
+        yield GlobalHydra.instance().hydra
+
+
+def check_composed(cfg: DictConfig) -> DictConfig:
+    """Resolve interpolations in place and require every ``???`` value to be set."""
+    from omegaconf.errors import OmegaConfBaseException
+
     try:
         OmegaConf.resolve(cfg)
         missing = sorted(OmegaConf.missing_keys(cfg))
@@ -97,6 +121,16 @@ def compose_config(overrides: Sequence[str] = (), config_name: str = "train") ->
     if missing:
         raise ConfigError(f"config value(s) {', '.join(missing)} must be set, e.g. {missing[0]}=...")
     return cfg
+
+
+def compose_config(overrides: Sequence[str] = (), config_name: str = "train") -> DictConfig:
+    """Compose ``conf/<config_name>.yaml`` with command-line ``overrides``, typed by the schema."""
+    from hydra import compose
+
+    check_overrides(overrides)
+    with hydra_errors(), hydra_session():
+        cfg = compose(config_name=config_name, overrides=list(overrides))
+    return check_composed(cfg)
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:

@@ -7,6 +7,12 @@ Choice-valued settings are Enums, so an invalid choice names the valid ones.
 
 Units are written next to each hyperparameter: the learning rate is *per base_batch_size
 images* and is scaled to ``global_batch_size`` by ``lr_scaling`` (see ``largebatch.lr``).
+
+One source for each value: a key that ``conf/train.yaml`` or every option of its group sets
+(the recipe: batch, lr, epochs, crop size, model, optimizer, ...) has no default here
+(``MISSING``), so the YAML is where a reader finds the default run's value. The defaults
+written here are for keys no YAML file sets (checkpoint cadence, logging, seeds, ...), and a
+test checks that none of them contradicts the default composition.
 """
 
 from __future__ import annotations
@@ -86,8 +92,8 @@ class NonFinitePolicy(str, Enum):
 
 @dataclass
 class ModelConfig:
-    name: str = "resnet10t"  # any timm model name
-    zero_init_last_bn: bool = True  # Goyal et al. 2017 sec. 5.1: gamma=0 in each block's last BN
+    name: str = MISSING  # any timm model name
+    zero_init_last_bn: bool = MISSING  # Goyal et al. 2017 sec. 5.1: gamma=0 in each block's last BN
     channels_last: bool = False
     drop_rate: float = 0.0
     drop_path_rate: float = 0.0
@@ -96,10 +102,10 @@ class ModelConfig:
 
 @dataclass
 class OptimizerConfig:
-    name: str = "sgd"  # a name from largebatch.optim.optimizer_names()
-    lr: float = 0.1  # per base_batch_size images, before scaling
-    weight_decay: float = 5e-5
-    exclude_bn_bias: bool = True  # no weight decay / no LARS adaptation on BN and bias
+    name: str = MISSING  # a name from largebatch.optim.optimizer_names()
+    lr: float = MISSING  # per base_batch_size images, before scaling
+    weight_decay: float = MISSING
+    exclude_bn_bias: bool = MISSING  # no weight decay / no LARS adaptation on BN and bias
     # Optimizer-specific options: None means "the optimizer's default". Setting one the
     # chosen optimizer does not take is an error at start, naming the option.
     momentum: Optional[float] = None
@@ -112,8 +118,8 @@ class OptimizerConfig:
 
 @dataclass
 class ScheduleConfig:
-    name: ScheduleName = ScheduleName.cosine
-    warmup_epochs: float = 0.0  # gradual warmup (Goyal et al. 2017 sec. 2.2), per iteration
+    name: ScheduleName = MISSING
+    warmup_epochs: float = MISSING  # gradual warmup (Goyal et al. 2017 sec. 2.2), per iteration
     warmup_start_factor: float = 0.1  # warmup starts at this fraction of the scaled lr
     milestones: List[float] = field(default_factory=list)  # step decay: epochs
     gamma: float = 0.1  # step decay: factor at each milestone
@@ -135,11 +141,11 @@ class DataConfig:
     # ImageFolder root with train/ and val/; null: the embedded data set. No default, so a
     # data preset that does not set it (data=imagenet) asks for it at compose time.
     root: Optional[str] = MISSING
-    loader: LoaderName = LoaderName.torchvision
-    image_size: int = 224  # training crop side, pixels
-    val_crop_ratio: float = 0.875  # val: resize shorter side to image_size/ratio, center crop
-    crop_scale: List[float] = field(default_factory=lambda: [0.08, 1.0])
-    workers: int = 2  # DataLoader workers (or DALI threads) per process
+    loader: LoaderName = MISSING
+    image_size: int = MISSING  # training crop side, pixels
+    val_crop_ratio: float = MISSING  # val: resize shorter side to image_size/ratio, center crop
+    crop_scale: List[float] = MISSING  # RandomResizedCrop area range
+    workers: int = MISSING  # DataLoader workers (or DALI threads) per process
     # Folder written by `largebatch-make-shards ROOT OUT` (WebDataset tars + DALI indexes):
     # read train/val from it with DALI's webdataset reader instead of data.root's files.
     shards: Optional[str] = None
@@ -148,14 +154,14 @@ class DataConfig:
 
 @dataclass
 class PrecisionConfig:
-    name: PrecisionName = PrecisionName.auto
+    name: PrecisionName = MISSING
     init_scale: float = 65536.0  # fp16 dynamic loss scaling: initial scale
     growth_interval: int = 2000  # fp16: steps without overflow before the scale doubles
 
 
 @dataclass
 class BackendConfig:
-    name: BackendName = BackendName.auto
+    name: BackendName = MISSING
     timeout_s: int = 1800  # collective timeout
 
 
@@ -163,14 +169,14 @@ class BackendConfig:
 class BNConfig:
     # Ranks whose batches form one BN batch (Ying et al. 2018 sec. 3.3): 1 = per-worker BN
     # (Goyal et al.), -1 = the whole world.
-    group_size: int = 1
+    group_size: int = MISSING
 
 
 @dataclass
 class CommConfig:
-    algorithm: CommAlgorithm = CommAlgorithm.flat
-    compress: CommCompress = CommCompress.none
-    bucket_mb: float = 25.0  # DDP bucket (tensor fusion) size, MiB
+    algorithm: CommAlgorithm = MISSING
+    compress: CommCompress = MISSING
+    bucket_mb: float = MISSING  # DDP bucket (tensor fusion) size, MiB
     ranks_per_node: Optional[int] = None  # None: torchrun's LOCAL_WORLD_SIZE
 
 
@@ -193,21 +199,21 @@ class TrainConfig:
     comm: CommConfig = field(default_factory=CommConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
-    epochs: int = 16
-    global_batch_size: int = 256  # images per optimizer step, all devices together
-    base_batch_size: int = 256  # the batch optimizer.lr is given for
-    lr_scaling: LRScaling = LRScaling.linear
+    epochs: int = MISSING
+    global_batch_size: int = MISSING  # images per optimizer step, all devices together
+    base_batch_size: int = MISSING  # the batch optimizer.lr is given for
+    lr_scaling: LRScaling = MISSING
     accumulation_steps: int = 1  # micro-batches per optimizer step
-    label_smoothing: float = 0.1
+    label_smoothing: float = MISSING
     seed: int = 0
     eval_every: int = 1  # epochs between evaluations (the last epoch is always evaluated)
     log_every: int = 20  # steps between loss read-backs / log lines
-    target_top1: Optional[float] = None  # percent; time-to-accuracy is reported against it
+    target_top1: Optional[float] = MISSING  # percent (null: none); time-to-accuracy is reported against it
     stop_at_target: bool = False
     max_steps: Optional[int] = None  # stop after this many optimizer steps (smoke runs)
     non_finite: NonFinitePolicy = NonFinitePolicy.stop
     max_skipped_steps: int = 10  # with non_finite=skip: give up after this many
-    output_root: str = "runs"  # a new run directory is made under it unless run_dir is set
+    output_root: str = MISSING  # a new run directory is made under it unless run_dir is set
     run_dir: Optional[str] = None
     resume: Optional[str] = None  # null | auto | path to a checkpoint
     progress: bool = True  # tqdm progress bar on rank 0

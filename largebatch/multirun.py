@@ -1,0 +1,121 @@
+"""``largebatch-train -m ...``: a Hydra multirun, one training run per job, and a summary.
+
+Hydra's sweeper expands the overrides (``global_batch_size=256,1024 optimizer=sgd,lars``: 4
+jobs) and its launcher runs :func:`train_job` once per job: the basic launcher one after
+another in this process, ``hydra/launcher=submitit_local`` in subprocesses,
+``hydra/launcher=submitit_slurm`` as a SLURM job array (``pip install largebatch[slurm]``;
+``conf/hydra/launcher/slurm.yaml`` is an example). Every job trains in its own run directory,
+``hydra.sweep.dir/hydra.sweep.subdir`` (``<output_root>/multirun-<time>/<job number>``), next
+to Hydra's record of the job (``.hydra/``). When every job has ended, :func:`summary_table`
+prints one line per job: its overrides, best top-1, training time and exit status.
+
+A job's bad input, non-finite loss or preemption ends that job with its exit code (the table
+shows it) and the sweep goes on; a bug stops the sweep with its traceback, and Ctrl-C stops it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import time
+from typing import Any, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+__all__ = ["JOB_FIELDS", "run_multirun", "summary_table", "train_job"]
+
+# What train_job returns for each job (a plain dict: it crosses process boundaries).
+JOB_FIELDS = ("job", "overrides", "exit_code", "best_top1", "time_to_target_s", "wall_time_s", "run_dir", "error")
+
+
+def _distributed_env_from_submitit() -> None:
+    """In a submitit job of several tasks, set torchrun's variables (RANK, WORLD_SIZE, ...).
+
+    Each SLURM task is one rank of the run; the backend reads the same variables torchrun
+    sets. GPU visibility is left alone: each rank picks ``LOCAL_RANK``'s device.
+    """
+    if "SUBMITIT_EXECUTOR" not in os.environ and "SUBMITIT_FOLDER" not in os.environ:
+        return
+    import submitit
+
+    env = submitit.JobEnvironment()
+    if env.num_tasks > 1:
+        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+
+
+def train_job(cfg: DictConfig) -> dict[str, Any]:
+    """One job of a multirun: train in Hydra's job directory; return the job's row.
+
+    Hydra calls it with the job's composed config (the ``hydra`` node removed);
+    ``HydraConfig`` holds the job's number, overrides and output directory.
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    from largebatch import cli
+    from largebatch.config import check_composed, to_train_config
+    from largebatch.engine.loop import NonFiniteLossError
+    from largebatch.engine.preemption import Preempted
+
+    hc = HydraConfig.get()
+    row: dict[str, Any] = dict.fromkeys(JOB_FIELDS)
+    row.update(job=hc.job.num, overrides=" ".join(hc.overrides.task), run_dir=hc.runtime.output_dir)
+    raw = copy.deepcopy(cfg)
+    OmegaConf.set_readonly(raw, False)
+    raw.run_dir = hc.runtime.output_dir
+    _distributed_env_from_submitit()
+    start = time.monotonic()
+    try:
+        summary = cli.run(to_train_config(check_composed(raw)), raw)
+        row.update(exit_code=cli.EXIT_OK, best_top1=summary.get("best_top1"),
+                   time_to_target_s=summary.get("time_to_target_s"), wall_time_s=summary.get("wall_time_s"))
+    except cli._user_errors() as e:
+        row.update(exit_code=cli.EXIT_USAGE, error=str(e))
+    except NonFiniteLossError as e:
+        row.update(exit_code=cli.EXIT_NON_FINITE, error=str(e))
+    except Preempted as e:
+        row.update(exit_code=cli.EXIT_PREEMPTED, error=f"preempted: {e}")
+    if row["wall_time_s"] is None:
+        row["wall_time_s"] = round(time.monotonic() - start, 2)
+    if row["error"]:
+        print(f"largebatch: job {row['job']} ({row['overrides']}): error: {row['error']}", file=sys.stderr)
+    return row
+
+
+def _cell(value: Any, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def summary_table(rows: Sequence[dict[str, Any]], sweep_dir: Optional[str] = None) -> str:
+    """The jobs of a multirun, one line each: overrides, best top-1, time to target, time, exit.
+
+    The overrides every job shares go in the title; each line names what its job changes.
+    """
+    per_job = [r["overrides"].split() for r in rows]
+    shared = [o for o in per_job[0] if all(o in job for job in per_job)] if len(per_job) > 1 else []
+    header = ("job", "overrides", "best top-1 %", "to target s", "train s", "exit")
+    lines = [
+        (str(r["job"]), " ".join(o for o in job if o not in shared) or "(none)", _cell(r["best_top1"], ".2f"),
+         _cell(r["time_to_target_s"], ".1f"), _cell(r["wall_time_s"], ".1f"),
+         str(r["exit_code"]) + (f" {r['error']}" if r["error"] else ""))
+        for r, job in zip(rows, per_job)
+    ]
+    widths = [max(len(row[i]) for row in (header, *lines)) for i in range(len(header) - 1)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths) + "  {}"
+    title = f"largebatch: {len(rows)} job(s)" + (f" in {sweep_dir}" if sweep_dir else "")
+    if shared:
+        title += f", all with {' '.join(shared)}"
+    return "\n".join([title, fmt.format(*header), *(fmt.format(*row) for row in lines)])
+
+
+def run_multirun(overrides: Sequence[str]) -> int:
+    """Sweep ``overrides`` with Hydra's sweeper and launcher; print the table; the largest exit code."""
+    from largebatch.config import check_overrides, hydra_errors, hydra_session
+
+    check_overrides(overrides)
+    with hydra_errors(), hydra_session() as hydra:
+        batches = hydra.multirun(config_name="train", task_function=train_job, overrides=list(overrides))
+    rows = [job.return_value for batch in batches for job in batch]
+    sweep_dir = os.path.dirname(rows[0]["run_dir"]) if rows else None
+    print(summary_table(rows, sweep_dir), flush=True)
+    return max((r["exit_code"] for r in rows), default=0)
