@@ -163,3 +163,31 @@ def test_more_bad_input_is_one_line_and_exit_2(
     assert code == 2, err
     assert err.startswith("largebatch: error:") and "\n" not in err and "Traceback" not in err
     assert pattern in err, err
+
+
+def test_a_bug_keeps_its_traceback(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the project's error types become "exit 2, one line": a ValueError from a bug in
+    the code propagates (the old ``except ValueError`` reported it as a usage error)."""
+    import largebatch.cli as cli
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ValueError("a bug, not bad input")
+
+    monkeypatch.setattr(cli, "_model", broken)
+    with pytest.raises(ValueError, match="a bug"):
+        main([*TINY, f"output_root={cache / 'runs'}"])
+
+
+def test_library_checks_meant_for_users_are_usage_errors(cache: Path, capsys: pytest.CaptureFixture) -> None:
+    """A library argument check written for the user (here LARS's momentum range) is a
+    UsageError: one line, exit 2."""
+    assert main([*TINY, f"output_root={cache / 'runs'}", "optimizer=lars", "optimizer.momentum=1.5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("largebatch: error:") and "momentum" in err and "\n" not in err
+
+
+def test_version(capsys: pytest.CaptureFixture) -> None:
+    from largebatch import __version__
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"largebatch {__version__}"

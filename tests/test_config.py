@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+from enum import Enum
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
+from omegaconf import OmegaConf
 
 from largebatch.config import ConfigError, compose_config, config_keys, to_train_config
 from largebatch.config.schema import TrainConfig
@@ -29,7 +34,73 @@ def test_every_preset_composes(group: str, name: str) -> None:
 def test_default_is_the_embedded_run() -> None:
     cfg = to_train_config(compose_config([]))
     assert cfg.data.root is None
-    assert cfg.global_batch_size == 64 and cfg.base_batch_size == 256  # experiment=embedded_cpu
+    assert cfg.global_batch_size == 64 and cfg.base_batch_size == 256
+    assert (cfg.data.image_size, cfg.optimizer.lr, cfg.epochs, cfg.target_top1) == (32, 0.2, 16, 90.0)
+
+
+def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> value of every leaf of a YAML mapping."""
+    out: dict[str, Any] = {}
+    for k, v in node.items():
+        if isinstance(v, dict):
+            out.update(_leaves(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def test_train_yaml_shows_what_the_default_run_does() -> None:
+    """Every value conf/train.yaml writes is the default run's value: no later layer (a
+    default experiment) replaces it out of the reader's sight."""
+    text = yaml.safe_load((CONF / "train.yaml").read_text())
+    written = {k: v for k, v in _leaves(text).items() if not k.startswith(("defaults", "hydra."))}
+    composed = compose_config([])
+    assert {"global_batch_size", "optimizer.lr", "epochs", "target_top1"} <= set(written)
+    for key, value in written.items():
+        assert OmegaConf.select(composed, key) == value, key
+    # the default group files' values reach the run unless train.yaml names them
+    for entry in text["defaults"]:
+        if isinstance(entry, dict) and not any(str(k).startswith(("override", "optional")) for k in entry):
+            (group, option), = entry.items()
+            for key, value in _leaves(yaml.safe_load((CONF / group / f"{option}.yaml").read_text())).items():
+                full = f"{group}.{key}"
+                assert OmegaConf.select(composed, full) == written.get(full, value), full
+
+
+def test_no_schema_default_contradicts_the_default_run() -> None:
+    """One source per value: a schema default either is MISSING (the YAML holds the value) or
+    equals what the default run uses (data.image_size was 224 in the schema, 40 in the data
+    preset and 32 in the default experiment)."""
+    schema = OmegaConf.structured(TrainConfig)
+    composed = compose_config([])
+    for key in config_keys():
+        parent, _, leaf = key.rpartition(".")
+        container = OmegaConf.select(schema, parent) if parent else schema
+        if OmegaConf.is_config(container._get_node(leaf)) or OmegaConf.is_missing(container, leaf):
+            continue
+        default = container[leaf]
+        if default is not None:  # None: "not set", the library's own default applies
+            assert OmegaConf.select(composed, key) == default, key
+    for key in ("global_batch_size", "data.image_size", "optimizer.lr", "target_top1", "epochs"):
+        parent, _, leaf = key.rpartition(".")
+        assert OmegaConf.is_missing(OmegaConf.select(schema, parent) if parent else schema, leaf), key
+
+
+def test_choices_reach_the_library_as_plain_strings() -> None:
+    """The Enums of the schema end at to_train_config: nothing downstream unwraps ``.value``."""
+    cfg = to_train_config(compose_config(["schedule=poly", "precision=bf16", "comm=hierarchical"]))
+
+    def walk(node: Any) -> None:
+        for f in dataclasses.fields(node):
+            value = getattr(node, f.name)
+            if dataclasses.is_dataclass(value):
+                walk(value)
+            else:
+                assert not isinstance(value, Enum), f.name
+
+    walk(cfg)
+    assert type(cfg.schedule.name) is str and cfg.schedule.name == "poly"
+    assert (cfg.precision.name, cfg.comm.algorithm, cfg.lr_scaling) == ("bf16", "hierarchical", "linear")
 
 
 def test_mistyped_key_names_the_closest_valid_key() -> None:
