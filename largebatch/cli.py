@@ -1,9 +1,13 @@
 """Command-line entry points: the only code that reads the config object.
 
-``largebatch-train [hydra overrides]`` (also ``python -m largebatch.train``) composes
-``conf/train.yaml``, checks the batch arithmetic, starts the backend, builds data, model,
-optimizer and schedule, and runs the loop. Under torchrun every rank runs this; rank 0
-chooses the run directory and the others receive it, so a run has exactly one directory.
+``largebatch-train [--cfg job] [-m] [key=value ...]`` (also ``python -m largebatch.train``)
+composes ``conf/train.yaml`` with Hydra, checks the batch arithmetic, starts the backend, builds
+data, model, optimizer and schedule, and runs the loop: :func:`run` reads as the list of those
+steps, each a short builder that hands the config's plain values to the library
+(``largebatch.data.build``, ``largebatch.engine.assemble``, ...). Under torchrun every rank
+runs this; rank 0 chooses the run directory and the others receive it, so a run has exactly one
+directory. The command line itself (Hydra's flags, ``hydra.run.dir``) is
+``largebatch.config.command_line``; ``-m`` sweeps are ``largebatch.multirun``.
 
 Under torchrun with ``--max-restarts``, a restarted worker group resumes by itself: without
 ``run_dir=`` the run directory is ``<output_root>/<model>-<torchrun run id>`` (the same for
@@ -442,85 +446,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (UsageError, ConfigError, DataError, CheckpointError, ModelError)
 
 
-# Hydra flags this command does not take (it has one config tree, conf/train.yaml).
-_REFUSED_FLAGS = ("config_path", "config_name", "config_dir", "experimental_rerun", "shell_completion")
-
-
-def _parse(args: Sequence[str]) -> Any:
-    """Hydra's own command line (``--cfg``, ``-m``, ``--help``, ...); a bad flag is a UsageError."""
-    from hydra._internal.utils import get_args_parser
-
-    parser = get_args_parser()
-    parser.prog = "largebatch-train"
-
-    def error(message: str) -> None:
-        raise UsageError(f"{message}; see largebatch-train --help")
-
-    parser.error = error  # type: ignore[method-assign]
-    opts = parser.parse_args(list(args))
-    refused = [f"--{f.replace('_', '-')}" for f in _REFUSED_FLAGS if getattr(opts, f, None)]
-    if refused:
-        raise UsageError(f"largebatch-train does not take {refused[0]}: its config is conf/train.yaml "
-                         f"plus overrides (key=value, group=option)")
-    opts.parser = parser
-    return opts
-
-
-def _single_run_overrides(overrides: Sequence[str]) -> list[str]:
-    """A single run honours ``hydra.run.dir=X`` (as ``run_dir=X``) and refuses other Hydra settings."""
-    out: list[str] = []
-    run_dirs = [o for o in overrides if o.split("=", 1)[0].lstrip("+") in ("run_dir", "hydra.run.dir")]
-    if len(run_dirs) > 1:
-        raise UsageError(f"set the run directory once, not {' and '.join(run_dirs)}")
-    for o in overrides:
-        key = o.split("=", 1)[0].lstrip("+~")
-        if key == "hydra.run.dir":
-            out.append("run_dir=" + o.split("=", 1)[1])
-        elif key.startswith(("hydra.", "hydra/")):
-            hint = " (add -m: it applies to multiruns)" if key.startswith(("hydra.sweep", "hydra/launcher", "hydra.launcher", "hydra/sweeper", "hydra.sweeper")) else ""
-            raise UsageError(f"a single run does not use {key}{hint}; of Hydra's settings it reads hydra.run.dir (= run_dir)")
-        else:
-            out.append(o)
-    return out
-
-
-def _multirun_overrides(overrides: Sequence[str]) -> list[str]:
-    """A multirun gives each job its own directory: refuse one directory for all of them."""
-    for o in overrides:
-        key = o.split("=", 1)[0].lstrip("+~")
-        if key in ("run_dir", "hydra.run.dir"):
-            raise UsageError(f"with -m each job runs in hydra.sweep.dir/<job number>; set hydra.sweep.dir=... "
-                             f"instead of {key}")
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
-        raise UsageError("-m runs its jobs from one process; under torchrun start one torchrun per job, or "
-                         "sweep with -m hydra/launcher=submitit_slurm hydra.launcher.tasks_per_node=N")
-    return list(overrides)
-
-
-def _show(opts: Any) -> None:
-    """``--help``, ``--hydra-help``, ``--cfg``, ``--info``: Hydra's own output for conf/train.yaml."""
-    from largebatch.config import check_overrides, compose_config, hydra_errors, hydra_session
-
-    overrides = list(opts.overrides)
-    check_overrides(overrides)
-    if opts.cfg or opts.info:
-        compose_config([o for o in overrides if not o.split("=", 1)[0].lstrip("+~").startswith(("hydra.", "hydra/"))])
-    with hydra_errors(), hydra_session() as hydra:
-        if opts.help:
-            hydra.app_help(config_name="train", args_parser=opts.parser, args=opts)
-        elif opts.hydra_help:
-            hydra.hydra_help(config_name="train", args_parser=opts.parser, args=opts)
-        elif opts.cfg:
-            hydra.show_cfg(config_name="train", overrides=overrides, cfg_type=opts.cfg, package=opts.package,
-                           resolve=opts.resolve)
-        else:
-            hydra.show_info(opts.info, config_name="train", overrides=overrides)
-
-
 def _train_once(overrides: Sequence[str]) -> int:
     from largebatch.config import compose_config, to_train_config
+    from largebatch.config.command_line import single_run_overrides
 
-    raw = compose_config(_single_run_overrides(overrides))
+    raw = compose_config(single_run_overrides(overrides))
     run(to_train_config(raw), raw)
     return EXIT_OK
 
@@ -530,19 +460,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from largebatch.engine.loop import NonFiniteLossError
     from largebatch.engine.preemption import Preempted
 
+    from largebatch.config.command_line import multirun_overrides, parse_command_line, show
+
     args = list(sys.argv[1:] if argv is None else argv)
     if "--version" in args:
         print(f"largebatch {__version__}")
         return EXIT_OK
     try:
-        opts = _parse(args)
+        opts = parse_command_line(args)
         if opts.help or opts.hydra_help or opts.cfg or opts.info:
-            _show(opts)
+            show(opts)
             return EXIT_OK
         if opts.multirun:
             from largebatch.multirun import run_multirun
 
-            return run_multirun(_multirun_overrides(opts.overrides))
+            return run_multirun(multirun_overrides(opts.overrides))
         return _train_once(opts.overrides)
     except _user_errors() as e:
         print(f"largebatch: error: {e}", file=sys.stderr)

@@ -35,6 +35,8 @@ def test_wheel_install_finds_conf(tmp_path: Path) -> None:
     )
     assert (site / "largebatch" / "conf" / "train.yaml").exists()
     assert (site / "largebatch" / "conf" / "optimizer" / "lars.yaml").exists()
+    assert (site / "largebatch" / "conf" / "hydra" / "help" / "largebatch.yaml").exists()  # --help
+    assert (site / "largebatch" / "conf" / "hydra" / "launcher" / "slurm.yaml").exists()
     out = subprocess.run(
         [sys.executable, "-c", _PROBE], cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
         capture_output=True, text=True, timeout=120,

@@ -1,0 +1,103 @@
+"""The command line of ``largebatch-train``: Hydra's flags, and which Hydra settings a run reads.
+
+``largebatch-train`` parses its arguments with Hydra's own parser, so the flags are those of
+any Hydra application: ``--cfg job|hydra|all`` (with ``--resolve``, ``--package``), ``--help``
+(usage, flags, every config group and its options: ``conf/hydra/help/largebatch.yaml``),
+``--hydra-help``, ``--info``, ``-m/--multirun``. Flags that pick another config tree
+(``--config-path``, ``--config-name``, ``--config-dir``) are refused: the tree is ``conf/``.
+
+Of Hydra's own settings, a single run reads ``hydra.run.dir`` (it is the run directory, as
+``run_dir=``) and refuses the others, which it would ignore; a multirun reads them all
+(``hydra.sweep.dir``, ``hydra/launcher``, ``hydra.launcher.*``, ...) and refuses one
+``run_dir`` for all its jobs.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from largebatch.errors import UsageError
+
+__all__ = ["multirun_overrides", "parse_command_line", "show", "single_run_overrides"]
+
+_SWEEP_SETTINGS = ("hydra.sweep", "hydra/launcher", "hydra.launcher", "hydra/sweeper", "hydra.sweeper")
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+# Hydra flags this command does not take (it has one config tree, conf/train.yaml).
+_REFUSED_FLAGS = ("config_path", "config_name", "config_dir", "experimental_rerun", "shell_completion")
+
+
+def parse_command_line(args: Sequence[str]) -> Any:
+    """Hydra's own command line (``--cfg``, ``-m``, ``--help``, ...); a bad flag is a UsageError."""
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+    parser.prog = "largebatch-train"
+
+    def error(message: str) -> None:
+        raise UsageError(f"{message}; see largebatch-train --help")
+
+    parser.error = error  # type: ignore[method-assign]
+    opts = parser.parse_args(list(args))
+    refused = [f"--{f.replace('_', '-')}" for f in _REFUSED_FLAGS if getattr(opts, f, None)]
+    if refused:
+        raise UsageError(f"largebatch-train does not take {refused[0]}: its config is conf/train.yaml "
+                         f"plus overrides (key=value, group=option)")
+    opts.parser = parser
+    return opts
+
+
+def single_run_overrides(overrides: Sequence[str]) -> list[str]:
+    """A single run honours ``hydra.run.dir=X`` (as ``run_dir=X``) and refuses other Hydra settings."""
+    out: list[str] = []
+    run_dirs = [o for o in overrides if o.split("=", 1)[0].lstrip("+") in ("run_dir", "hydra.run.dir")]
+    if len(run_dirs) > 1:
+        raise UsageError(f"set the run directory once, not {' and '.join(run_dirs)}")
+    for o in overrides:
+        key = _key(o)
+        if key == "hydra.run.dir":
+            out.append("run_dir=" + o.split("=", 1)[1])
+        elif key.startswith(("hydra.", "hydra/")):
+            hint = " (add -m: it applies to multiruns)" if key.startswith(_SWEEP_SETTINGS) else ""
+            raise UsageError(f"a single run does not use {key}{hint}; of Hydra's settings it reads hydra.run.dir (= run_dir)")
+        else:
+            out.append(o)
+    return out
+
+
+def multirun_overrides(overrides: Sequence[str]) -> list[str]:
+    """A multirun gives each job its own directory: refuse one directory for all of them."""
+    for o in overrides:
+        key = _key(o)
+        if key in ("run_dir", "hydra.run.dir"):
+            raise UsageError(f"with -m each job runs in hydra.sweep.dir/<job number>; set hydra.sweep.dir=... "
+                             f"instead of {key}")
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        raise UsageError("-m runs its jobs from one process; under torchrun start one torchrun per job, or "
+                         "sweep with -m hydra/launcher=submitit_slurm hydra.launcher.tasks_per_node=N")
+    return list(overrides)
+
+
+def show(opts: Any) -> None:
+    """``--help``, ``--hydra-help``, ``--cfg``, ``--info``: Hydra's own output for conf/train.yaml."""
+    from largebatch.config import check_overrides, compose_config, hydra_errors, hydra_session
+
+    overrides = list(opts.overrides)
+    check_overrides(overrides)
+    if opts.cfg or opts.info:
+        compose_config([o for o in overrides if not _key(o).startswith(("hydra.", "hydra/"))])
+    with hydra_errors(), hydra_session() as hydra:
+        if opts.help:
+            hydra.app_help(config_name="train", args_parser=opts.parser, args=opts)
+        elif opts.hydra_help:
+            hydra.hydra_help(config_name="train", args_parser=opts.parser, args=opts)
+        elif opts.cfg:
+            hydra.show_cfg(config_name="train", overrides=overrides, cfg_type=opts.cfg, package=opts.package,
+                           resolve=opts.resolve)
+        else:
+            hydra.show_info(opts.info, config_name="train", overrides=overrides)
