@@ -189,6 +189,8 @@ class CheckpointConfig:
 
 @dataclass
 class TrainConfig:
+    """The whole run. ``to_train_config`` returns it with each Enum choice as its plain string."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)

@@ -126,7 +126,7 @@ def rank_subgroup(group_size: int) -> Optional[dist.ProcessGroup]:
 
     On first use for a given size, every rank creates every subgroup (a torch.distributed
     requirement), so all ranks must call this with the same sizes in the same order. The
-    whole-world size returns ``None`` (the default group). Raises ``ValueError`` if
+    whole-world size returns ``None`` (the default group). Raises ``UsageError`` (a ValueError) if
     ``group_size`` does not divide the world size.
     """
     world_size = dist.get_world_size()
@@ -409,7 +409,7 @@ def convert_group_sync_batchnorm(
 
     Args:
         module: the model (converted in place where possible; use the return value).
-        group_size: ranks per BN group; must divide the world size (``ValueError`` if not).
+        group_size: ranks per BN group; must divide the world size (``UsageError`` if not).
         reducer: the group's :class:`GroupReducer`; ``None`` builds a
             :class:`ProcessGroupReducer` for the initialized torch.distributed world.
         use_torch_sync_bn_on_cuda: when the model is on CUDA and the reducer is a

@@ -88,7 +88,7 @@ def build_optimizer(
             each accepted only by the optimizers that take it; an option set to None keeps the default.
 
     Raises:
-        ValueError: unknown ``name``, or an option the named optimizer does not take.
+        UsageError (a ValueError): unknown ``name``, or an option the named optimizer does not take.
     """
     entry = OPTIMIZERS.get(name)
     if entry is None:
