@@ -91,6 +91,18 @@ def test_multirun_refuses_one_run_dir_for_all_jobs(cache: Path, capsys: pytest.C
     assert "hydra.sweep.dir" in _one_line_error(capsys)
 
 
+def test_run_dir_set_twice_is_refused(cache: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main([*TINY, f"run_dir={cache / 'a'}", f"hydra.run.dir={cache / 'b'}"]) == 2
+    assert "set the run directory once" in _one_line_error(capsys)
+
+
+def test_multirun_is_refused_under_torchrun(cache: Path, capsys: pytest.CaptureFixture,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")  # every rank would start the whole sweep
+    assert main(["-m", *TINY, "optimizer=sgd,lars"]) == 2
+    assert "torchrun" in _one_line_error(capsys)
+
+
 def test_multirun_with_a_wrong_type_is_one_line(cache: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["-m", *TINY, f"hydra.sweep.dir={cache / 'sweep'}", "epochs=1,many"]) == 2
     assert "epochs" in _one_line_error(capsys)
