@@ -169,7 +169,7 @@ def _resolve_data_root(cfg: Any, backend: Any) -> Path:
     root: Optional[Path] = None
     if backend.is_main:
         root = ensure_synthetic(workers=max(1, cfg.data.workers), **args)
-        if _value(cfg.data.loader) != "torchvision":
+        if _value(cfg.data.loader) not in ("torchvision", "nvjpeg"):
             _ensure_checked(root, workers=max(1, cfg.data.workers))
     backend.barrier()
     return ensure_synthetic(**args) if root is None else root
@@ -188,12 +188,14 @@ def _ensure_checked(root: Path, *, workers: int) -> None:
         log.info("checked %s for DALI: %d file(s) left out (%s)", root, len(report.fatal), report.report_path)
 
 
-def _dali_decision(requested: str, root: Path) -> tuple[bool, Optional[dict[str, str]], Optional[str], Optional[str]]:
+def _dali_decision(
+    requested: str, root: Path, fallback: str = "torchvision"
+) -> tuple[bool, Optional[dict[str, str]], Optional[str], Optional[str]]:
     """``(use_dali, clean file lists, error, note)`` for ``data.loader=requested`` (dali|auto).
 
     DALI needs the clean file lists of ``largebatch-check-data`` (it cannot skip a bad file):
     ``dali`` on an unchecked (or changed) set is an error naming the command; ``auto`` then
-    reads with torchvision and says why in the note.
+    reads with ``fallback`` (nvjpeg on CUDA, else torchvision) and says why in the note.
     """
     from largebatch.data.check import SPLITS, require_checked
     from largebatch.data.dali import dali_available, require_dali
@@ -205,7 +207,7 @@ def _dali_decision(requested: str, root: Path) -> tuple[bool, Optional[dict[str,
                 require_dali()
             except DataError as err:
                 return False, None, str(err), None
-        return False, None, None, "data.loader=auto: NVIDIA DALI is not installed, reading with torchvision"
+        return False, None, None, f"data.loader=auto: NVIDIA DALI is not installed, reading with {fallback}"
     if not root.is_dir():  # the loader builders name the missing folder
         return requested == "dali", None, None, None
     try:
@@ -213,7 +215,7 @@ def _dali_decision(requested: str, root: Path) -> tuple[bool, Optional[dict[str,
     except DataError as err:
         if requested == "dali":
             return False, None, f"{err} (or set data.loader=torchvision)", None
-        return False, None, None, f"data.loader=auto: reading with torchvision, not DALI: {err}"
+        return False, None, None, f"data.loader=auto: reading with {fallback}, not DALI: {err}"
     return True, lists, None, None
 
 
@@ -231,29 +233,60 @@ def _loader_arguments(cfg: Any, backend: Any, plan: BatchPlan) -> dict[str, Any]
     )
 
 
+def _channels_last(cfg: Any, backend: Any) -> bool:
+    """``model.channels_last``; unset: on CUDA devices (NHWC convolutions use the tensor cores)."""
+    if cfg.model.channels_last is None:
+        return backend.device.type == "cuda"
+    return bool(cfg.model.channels_last)
+
+
 def _dali_device_and_layout(cfg: Any, backend: Any) -> tuple[Optional[int], str]:
     """DALI's ``device_id`` (mixed GPU decode on a CUDA device, else None: CPU decode) and layout."""
     device = backend.device
     device_id = (device.index if device.index is not None else backend.local_rank) if device.type == "cuda" else None
-    return device_id, "NHWC" if cfg.model.channels_last else "NCHW"
+    return device_id, "NHWC" if _channels_last(cfg, backend) else "NCHW"
 
 
-def _build_data(cfg: Any, backend: Any, plan: BatchPlan, root: Path) -> tuple[Any, Any, int]:
-    """Train and val loaders of this rank: torchvision, or DALI (``data.loader``).
+def _build_nvjpeg_data(cfg: Any, backend: Any, plan: BatchPlan, root: Path, dtype: Optional[torch.dtype]) -> tuple[Any, Any, int]:
+    """Loaders that decode with torchvision's nvJPEG on this rank's CUDA device (else the CPU)."""
+    from largebatch.data.nvjpeg import build_nvjpeg_loaders
 
-    Rank 0 decides between the two (DALI only on a set checked by ``largebatch-check-data``)
-    and tells the others, so every rank reads with the same pipeline.
+    on_gpu = backend.device.type == "cuda"
+    device = backend.device if on_gpu else torch.device("cpu")
+    channels_last = _channels_last(cfg, backend)
+    train, val, num_classes = build_nvjpeg_loaders(
+        root, device=device, dtype=dtype or torch.float32, channels_last=channels_last, pin_memory=on_gpu,
+        **_loader_arguments(cfg, backend, plan),
+    )
+    if backend.is_main:
+        log.info("input pipeline: nvjpeg, %s decode and augmentation on %s, %d file-reading worker(s) "
+                 "per rank, %s", "nvJPEG (GPU)" if on_gpu else "CPU", device, cfg.data.workers,
+                 "NHWC" if channels_last else "NCHW")
+    return train, val, num_classes
+
+
+def _build_data(
+    cfg: Any, backend: Any, plan: BatchPlan, root: Path, dtype: Optional[torch.dtype] = None
+) -> tuple[Any, Any, int]:
+    """Train and val loaders of this rank: torchvision, DALI or nvjpeg (``data.loader``).
+
+    Rank 0 decides for ``auto`` (DALI only on a set checked by ``largebatch-check-data``;
+    otherwise nvjpeg on CUDA, torchvision elsewhere) and tells the others, so every rank
+    reads with the same pipeline. ``dtype``: the compute dtype (nvjpeg yields images in it).
     """
     from largebatch.data.folder import DataError, build_loaders
 
     requested = _value(cfg.data.loader)
     if cfg.data.shards:
         return _build_shard_data(cfg, backend, plan, requested)
+    if requested == "nvjpeg":
+        return _build_nvjpeg_data(cfg, backend, plan, root, dtype)
+    fallback = "nvjpeg" if requested == "auto" and backend.device.type == "cuda" else "torchvision"
     use_dali, lists = False, None
     if requested != "torchvision":
         decision: tuple[bool, Optional[dict[str, str]], Optional[str], Optional[str]] = (False, None, None, None)
         if backend.is_main:
-            decision = _dali_decision(requested, root)
+            decision = _dali_decision(requested, root, fallback)
         use_dali, lists, error, note = backend.broadcast_object(decision)
         if error:
             raise DataError(error)
@@ -265,6 +298,8 @@ def _build_data(cfg: Any, backend: Any, plan: BatchPlan, root: Path) -> tuple[An
 
             lists = {split: str(require_checked(root, split)) for split in lists}
     common = _loader_arguments(cfg, backend, plan)
+    if not use_dali and fallback == "nvjpeg":
+        return _build_nvjpeg_data(cfg, backend, plan, root, dtype)
     if not use_dali:
         if backend.is_main:
             log.info("input pipeline: torchvision DataLoader, %d worker(s) per rank", cfg.data.workers)
@@ -287,7 +322,7 @@ def _build_shard_data(cfg: Any, backend: Any, plan: BatchPlan, requested: str) -
     from largebatch.data.dali import build_dali_shard_loaders, require_dali
     from largebatch.data.folder import DataError
 
-    if requested == "torchvision":
+    if requested in ("torchvision", "nvjpeg"):
         raise DataError(
             f"data.shards={cfg.data.shards} is read by DALI only; set data.loader=dali (or auto), "
             f"or drop data.shards to read data.root's files with torchvision"
@@ -367,6 +402,7 @@ def _resume(
 ) -> None:
     """Load the checkpoint ``resume`` names (a path, or ``auto``: the newest in the run)."""
     from largebatch.engine.checkpoint import CheckpointError, load_checkpoint, restore_rng_state
+    from largebatch.engine.compile import strip_compile_prefixes
 
     path = _find_checkpoint(resume, ckpt_dir, backend)
     if path is None:
@@ -375,7 +411,8 @@ def _resume(
     ckpt = load_checkpoint(path)
     _check_fits(ckpt, path, model_name=model_name, plan=plan, steps_per_epoch=steps_per_epoch)
     try:
-        model.load_state_dict(ckpt["model"])
+        # strip: checkpoints of older versions were saved from the compiled module
+        model.load_state_dict(strip_compile_prefixes(ckpt["model"]))
     except RuntimeError as e:
         raise CheckpointError(
             f"checkpoint {path} does not fit model {model_name} "
@@ -401,6 +438,7 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
     """Run one training job described by a ``TrainConfig``; return its summary."""
     from largebatch.backends import build_backend
     from largebatch.engine import hooks as H
+    from largebatch.engine.compile import compile_model, uses_cuda_graphs
     from largebatch.engine.loop import Trainer, TrainState
     from largebatch.engine.preemption import Preempted, PreemptionHook
     from largebatch.engine.precision import resolve_precision
@@ -418,7 +456,7 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
         torch.manual_seed(cfg.seed)
         precision = resolve_precision(_value(cfg.precision.name), backend)
         data_root = _resolve_data_root(cfg, backend)
-        train_loader, val_loader, num_classes = _build_data(cfg, backend, plan, data_root)
+        train_loader, val_loader, num_classes = _build_data(cfg, backend, plan, data_root, precision.autocast_dtype)
 
         model = build_model(
             cfg.model.name,
@@ -427,7 +465,8 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
             drop_rate=cfg.model.drop_rate,
             drop_path_rate=cfg.model.drop_path_rate,
         )
-        model = backend.prepare_model(model, channels_last=cfg.model.channels_last)
+        channels_last = _channels_last(cfg, backend)
+        model = backend.prepare_model(model, channels_last=channels_last)
         if cfg.bn.group_size != 1 and backend.world_size > 1:
             model = convert_group_sync_batchnorm(model, cfg.bn.group_size, backend.bn_reducer(cfg.bn.group_size))
         lr = scale_lr(cfg.optimizer.lr, cfg.global_batch_size, cfg.base_batch_size, _value(cfg.lr_scaling))
@@ -446,8 +485,7 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
             compress=_value(cfg.comm.compress),
             ranks_per_node=cfg.comm.ranks_per_node,
         )
-        if cfg.model.compile:
-            train_model = torch.compile(train_model)
+        train_model = compile_model(train_model, cfg.model.compile)
         steps_per_epoch = len(train_loader) // plan.accumulation_steps
         sched = cfg.schedule
         scheduler = build_lr_scheduler(
@@ -489,6 +527,8 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
             "warmup_steps": int(round(sched.warmup_epochs * steps_per_epoch)),
             "precision": precision.name,
             "model": cfg.model.name,
+            "compile": cfg.model.compile,
+            "channels_last": channels_last,
             "num_classes": num_classes,
             "bn_group_size": cfg.bn.group_size,
             "data_root": str(data_root),
@@ -505,7 +545,6 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
                 resolved["warmup_steps"], precision.name, backend.describe(), run_dir,
             )
 
-        channels_last = cfg.model.channels_last
         main = backend.is_main
         hook_list: list[Any] = [H.DataOrderHook(), H.ProgressHook(enabled=main and cfg.progress)]
         # Agree on a stop every step on CPU/gloo (cheap), every log step on accelerators.
@@ -563,6 +602,7 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
             max_skipped_steps=cfg.max_skipped_steps,
             hooks=hook_list,
             state=state,
+            cuda_graph_steps=uses_cuda_graphs(cfg.model.compile) and backend.device.type == "cuda",
         )
         try:
             trainer.train()
