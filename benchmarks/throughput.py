@@ -349,6 +349,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--no-decode", action="store_true", help="skip the decode-only rows")
     args = p.parse_args(argv)
+    # the names of the script's first version: eager / compiled
+    args.compile = [{"eager": "none", "compiled": "default"}.get(c, c) for c in args.compile]
     device = torch.device(args.device)
     if args.make_data is not None:
         make_data(args.make_data, args.files, args.classes, args.workers)
