@@ -275,3 +275,38 @@ def test_missing_folders_and_bad_crop_ratio(tmp_path: Path, data_root: Path) -> 
         build_nvjpeg_loaders(tmp_path / "nope", **LOADER)
     with pytest.raises(ValueError, match="val_crop_ratio"):
         build_nvjpeg_loaders(data_root, val_crop_ratio=1.5, **LOADER)
+
+
+# -- background decode -----------------------------------------------------------------
+
+
+def test_background_decode_gives_the_same_batches(data_root: Path) -> None:
+    inline = _epoch(build_nvjpeg_loaders(data_root, prefetch_batches=0, **LOADER)[0], 2)
+    ahead = _epoch(build_nvjpeg_loaders(data_root, prefetch_batches=2, **LOADER)[0], 2)
+    assert len(inline) == len(ahead) == 6
+    for (a, la), (b, lb) in zip(inline, ahead):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_leaving_an_epoch_early_stops_the_decode_thread(data_root: Path) -> None:
+    import threading
+
+    train = build_nvjpeg_loaders(data_root, **LOADER)[0]
+    train.set_epoch(0)
+    batches = iter(train)
+    next(batches)
+    assert any(t.name == "nvjpeg-decode" for t in threading.enumerate())
+    batches.close()  # what dropping the iterator does (the loop stopping at max_steps)
+    assert not any(t.name == "nvjpeg-decode" for t in threading.enumerate())
+
+
+def test_an_error_in_the_decode_thread_reaches_the_consumer() -> None:
+    def failing():  # type: ignore[no-untyped-def]
+        yield 1
+        raise DataError("bad batch")
+
+    got = []
+    with pytest.raises(DataError, match="bad batch"):
+        for item in nv.in_background(failing, 1):
+            got.append(item)
+    assert got == [1]

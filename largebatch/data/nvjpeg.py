@@ -34,9 +34,11 @@ import io
 import logging
 import math
 import os
+import queue
 import random
+import threading
 import warnings
-from typing import Any, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +65,7 @@ __all__ = [
     "centre_crop_box",
     "cpu_decode_reason",
     "decode_images",
+    "in_background",
     "jpeg_frame",
     "random_resized_crop_box",
     "sample_rng",
@@ -73,6 +76,7 @@ logger = logging.getLogger(__name__)
 # SOFn markers (frame headers); C4 (DHT), C8 (JPG) and CC (DAC) share the range but are not.
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+T = TypeVar("T")
 
 
 # ---------------------------------------------------------------------------------------
@@ -204,6 +208,58 @@ def decode_images(data: Sequence[torch.Tensor], device: torch.device) -> list[Op
     return out
 
 
+def in_background(produce: Callable[[], Iterator[T]], depth: int, *, device: Optional[torch.device] = None,
+                  name: str = "nvjpeg-decode") -> Iterator[T]:
+    """Iterate ``produce()`` in a thread that runs up to ``depth`` items ahead of the consumer.
+
+    Why: torchvision's GPU decode blocks the calling thread until nvJPEG has finished (it
+    synchronises its own stream); in a thread of its own, the training thread keeps queueing
+    the step's kernels meanwhile. Work the thread queues goes to the device's current stream
+    (the training thread's too), so stream order keeps each batch ready before its step. An
+    exception in the thread is raised in the consumer; closing the iterator stops the thread.
+    """
+    items: queue.Queue = queue.Queue(maxsize=max(1, depth))
+    stop = threading.Event()
+    done = object()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                items.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        if device is not None and device.type != "cpu" and device.index is not None:
+            torch.accelerator.set_device_index(device.index)  # a new thread starts on device 0
+        source = produce()
+        try:
+            for item in source:
+                if not put((item, None)):
+                    return
+            put((done, None))
+        except BaseException as err:  # noqa: BLE001 - handed to the consumer
+            put((None, err))
+        finally:
+            getattr(source, "close", lambda: None)()
+
+    thread = threading.Thread(target=work, name=name, daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, err = items.get()
+            if err is not None:
+                raise err
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
 def sample_rng(seed: int, epoch: int, index: int) -> random.Random:
     """The generator of one sample's augmentation in one epoch (string seeds hash with SHA-512:
     the same on every machine and Python process)."""
@@ -274,8 +330,10 @@ class NvjpegLoader:
         std: Sequence[float],
         dtype: torch.dtype,
         channels_last: bool,
+        prefetch_batches: int = 1,
     ) -> None:
         self.loader = loader
+        self.prefetch_batches = prefetch_batches
         self.train = train
         self.device = torch.device(device)
         self.image_size = image_size
@@ -321,10 +379,16 @@ class NvjpegLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         epoch = self.epoch
-        for samples in self.loader:
-            batch = self.assemble(samples, epoch)
-            if batch is not None:
-                yield batch
+
+        def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+            for samples in self.loader:
+                batch = self.assemble(samples, epoch)
+                if batch is not None:
+                    yield batch
+
+        if self.prefetch_batches <= 0:
+            return batches()
+        return in_background(batches, self.prefetch_batches, device=self.device)
 
     # -- one batch -----------------------------------------------------------------------
     def _report(self, path: str, message: str, *args: Any) -> None:
@@ -384,7 +448,10 @@ class NvjpegLoader:
         images = torch.cat(crops).mul_(self._scale).add_(self._shift)
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        labels = torch.tensor([label for _, label, _ in good], dtype=torch.int64).to(self.device, non_blocking=True)
+        labels = torch.tensor([label for _, label, _ in good], dtype=torch.int64)
+        if self.device.type != "cpu":
+            labels = labels.pin_memory()  # so that the copy below is asynchronous
+        labels = labels.to(self.device, non_blocking=True)
         return images.to(self.dtype), labels
 
 
@@ -404,6 +471,7 @@ def build_nvjpeg_loaders(
     val_crop_ratio: float = 0.875,
     pin_memory: bool = False,
     val_batch_size: int | None = None,
+    prefetch_batches: int = 1,
 ) -> tuple[NvjpegLoader, NvjpegLoader, int]:
     """Train and val loaders of ``root/train`` and ``root/val`` decoding on ``device``.
 
@@ -414,6 +482,8 @@ def build_nvjpeg_loaders(
             tests, slower than the torchvision loader's worker decode).
         dtype: dtype of the images yielded (the compute dtype: bf16/fp16 halve the copy).
         channels_last: yield NHWC-strided images (the layout of a channels_last model).
+        prefetch_batches: batches decoded ahead in a background thread (0: decode in the
+            consumer's thread when it asks for the batch).
 
     ``workers`` DataLoader processes per rank read the files (and decode on the CPU the few
     nvJPEG cannot); ``pin_memory`` pins their byte tensors. Returns ``(train_loader,
@@ -441,6 +511,6 @@ def build_nvjpeg_loaders(
     options: dict[str, Any] = dict(
         device=torch.device(device), image_size=image_size, seed=seed, crop_scale=crop_scale,
         crop_ratio=(3 / 4, 4 / 3), hflip=0.5, val_crop_ratio=val_crop_ratio, mean=IMAGENET_DEFAULT_MEAN,
-        std=IMAGENET_DEFAULT_STD, dtype=dtype, channels_last=channels_last,
+        std=IMAGENET_DEFAULT_STD, dtype=dtype, channels_last=channels_last, prefetch_batches=prefetch_batches,
     )
     return NvjpegLoader(train, train=True, **options), NvjpegLoader(val, train=False, **options), len(train_set.classes)
