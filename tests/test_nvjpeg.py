@@ -16,14 +16,9 @@ from PIL import Image
 from largebatch.backends.torch_dist import TorchDistributedBackend
 from largebatch.data import DataError, build_loaders, make_synthetic_imagenet
 from largebatch.data import nvjpeg as nv
-from largebatch.data.nvjpeg import (
-    build_nvjpeg_loaders,
-    centre_crop_box,
-    cpu_decode_reason,
-    jpeg_frame,
-    random_resized_crop_box,
-    sample_rng,
-)
+from largebatch.data.background import in_background
+from largebatch.data.nvjpeg import build_nvjpeg_loaders, cpu_decode_reason, jpeg_frame
+from largebatch.data.tensor_augment import centre_crop_box, random_resized_crop_box, sample_rng
 
 SMALL = dict(num_classes=3, train_per_class=8, val_per_class=3, image_size=40)
 LOADER = dict(image_size=24, batch_size=4, workers=0, device="cpu")
@@ -307,6 +302,6 @@ def test_an_error_in_the_decode_thread_reaches_the_consumer() -> None:
 
     got = []
     with pytest.raises(DataError, match="bad batch"):
-        for item in nv.in_background(failing, 1):
+        for item in in_background(failing, 1):
             got.append(item)
     assert got == [1]

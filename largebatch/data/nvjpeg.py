@@ -6,13 +6,15 @@ batch on ``device`` with ``torchvision.io.decode_jpeg(list_of_byte_tensors, devi
 so the host CPUs no longer limit the input rate (Ying et al. 2018, sec. 4: the input pipeline
 is what limits accelerators at large batch).
 
-Augmentation is the same recipe as :mod:`largebatch.data.folder`: training takes a
-random-resized crop (area ``crop_scale``, aspect ratio 3/4..4/3, torchvision's sampling
-rule), a horizontal flip with probability 1/2 and the ImageNet mean/std; evaluation resizes
-the shorter side to ``image_size / val_crop_ratio`` and takes the centre crop. Each sample's
-crop and flip come from a generator keyed by ``(seed, epoch, sample index)``: the batches do
-not depend on the number of workers, and a run resumed mid-epoch gets the very crops the
-uninterrupted run would have got.
+Augmentation (:mod:`largebatch.data.tensor_augment`) is the recipe of
+:mod:`largebatch.data.folder`: training takes a random-resized crop (area ``crop_scale``,
+aspect ratio 3/4..4/3, torchvision's sampling rule), a horizontal flip with probability 1/2
+and the ImageNet mean/std; evaluation resizes the shorter side to ``image_size /
+val_crop_ratio`` and takes the centre crop. Each sample's crop and flip come from a generator
+keyed by ``(seed, epoch, sample index)``: the batches do not depend on the number of workers,
+and a run resumed mid-epoch gets the very crops the uninterrupted run would have got. The
+next batch is decoded and augmented in a background thread
+(:func:`largebatch.data.background.in_background`).
 
 Batch contract (that of :func:`largebatch.data.folder.build_loaders`, on the device):
 
@@ -32,16 +34,11 @@ from __future__ import annotations
 
 import io
 import logging
-import math
 import os
-import queue
-import random
-import threading
 import warnings
-from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, TypeVar
+from typing import Any, Iterator, NamedTuple, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision.io import ImageReadMode, decode_jpeg
@@ -55,20 +52,18 @@ from largebatch.data.folder import (
     _split_folder,
     load_rgb,
 )
+from largebatch.data.background import in_background
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
+from largebatch.data.tensor_augment import augment_batch, normalise
 
 __all__ = [
     "EncodedImageFolder",
     "EncodedSample",
     "NvjpegLoader",
     "build_nvjpeg_loaders",
-    "centre_crop_box",
     "cpu_decode_reason",
     "decode_images",
-    "in_background",
     "jpeg_frame",
-    "random_resized_crop_box",
-    "sample_rng",
 ]
 
 logger = logging.getLogger(__name__)
@@ -76,7 +71,6 @@ logger = logging.getLogger(__name__)
 # SOFn markers (frame headers); C4 (DHT), C8 (JPG) and CC (DAC) share the range but are not.
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
-T = TypeVar("T")
 
 
 # ---------------------------------------------------------------------------------------
@@ -208,104 +202,6 @@ def decode_images(data: Sequence[torch.Tensor], device: torch.device) -> list[Op
     return out
 
 
-def in_background(produce: Callable[[], Iterator[T]], depth: int, *, device: Optional[torch.device] = None,
-                  name: str = "nvjpeg-decode") -> Iterator[T]:
-    """Iterate ``produce()`` in a thread that runs up to ``depth`` items ahead of the consumer.
-
-    Why: torchvision's GPU decode blocks the calling thread until nvJPEG has finished (it
-    synchronises its own stream); in a thread of its own, the training thread keeps queueing
-    the step's kernels meanwhile. Work the thread queues goes to the device's current stream
-    (the training thread's too), so stream order keeps each batch ready before its step. An
-    exception in the thread is raised in the consumer; closing the iterator stops the thread.
-    """
-    items: queue.Queue = queue.Queue(maxsize=max(1, depth))
-    stop = threading.Event()
-    done = object()
-
-    def put(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                items.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def work() -> None:
-        if device is not None and device.type != "cpu" and device.index is not None:
-            torch.accelerator.set_device_index(device.index)  # a new thread starts on device 0
-        source = produce()
-        try:
-            for item in source:
-                if not put((item, None)):
-                    return
-            put((done, None))
-        except BaseException as err:  # noqa: BLE001 - handed to the consumer
-            put((None, err))
-        finally:
-            getattr(source, "close", lambda: None)()
-
-    thread = threading.Thread(target=work, name=name, daemon=True)
-    thread.start()
-    try:
-        while True:
-            item, err = items.get()
-            if err is not None:
-                raise err
-            if item is done:
-                return
-            yield item
-    finally:
-        stop.set()
-        thread.join()
-
-
-def sample_rng(seed: int, epoch: int, index: int) -> random.Random:
-    """The generator of one sample's augmentation in one epoch (string seeds hash with SHA-512:
-    the same on every machine and Python process)."""
-    return random.Random(f"largebatch-augment/{seed}/{epoch}/{index}")
-
-
-def random_resized_crop_box(
-    height: int, width: int, scale: Sequence[float], ratio: Sequence[float], rng: random.Random
-) -> tuple[int, int, int, int]:
-    """``(top, left, h, w)`` of a random crop: torchvision's ``RandomResizedCrop.get_params`` rule
-    (10 tries of area in ``scale`` and log-uniform aspect ratio in ``ratio``, then a centre crop)."""
-    area = height * width
-    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-    for _ in range(10):
-        target_area = area * rng.uniform(scale[0], scale[1])
-        aspect = math.exp(rng.uniform(*log_ratio))
-        w = int(round(math.sqrt(target_area * aspect)))
-        h = int(round(math.sqrt(target_area / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            return rng.randint(0, height - h), rng.randint(0, width - w), h, w
-    in_ratio = width / height
-    if in_ratio < min(ratio):
-        w, h = width, int(round(width / min(ratio)))
-    elif in_ratio > max(ratio):
-        h, w = height, int(round(height * max(ratio)))
-    else:
-        h, w = height, width
-    return (height - h) // 2, (width - w) // 2, h, w
-
-
-def centre_crop_box(height: int, width: int, size: int, crop_ratio: float) -> tuple[tuple[int, int], int, int]:
-    """Evaluation geometry, as torchvision's ``Resize(round(size / crop_ratio))`` + ``CenterCrop(size)``:
-    ``((resized_h, resized_w), top, left)``."""
-    short = round(size / crop_ratio)
-    if height <= width:
-        resized = (short, int(short * width / height))
-    else:
-        resized = (int(short * height / width), short)
-    return resized, int(round((resized[0] - size) / 2.0)), int(round((resized[1] - size) / 2.0))
-
-
-def _resize(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """uint8/float ``(3, h, w)`` -> float32 ``(1, 3, *size)``, bilinear with antialiasing (as PIL)."""
-    return F.interpolate(image.unsqueeze(0).float(), size=size, mode="bilinear", antialias=True, align_corners=False)
-
-
 class NvjpegLoader:
     """Batches decoded and augmented on ``device``; see the module docstring for the contract.
 
@@ -342,11 +238,10 @@ class NvjpegLoader:
         self.crop_ratio = tuple(crop_ratio)
         self.hflip = hflip
         self.val_crop_ratio = val_crop_ratio
+        self.mean = tuple(mean)
+        self.std = tuple(std)
         self.dtype = dtype
         self.channels_last = channels_last
-        # normalise (x / 255 - mean) / std as one multiply-add on 0..255 values
-        self._scale = torch.tensor([1 / (255 * s) for s in std], device=self.device).view(1, 3, 1, 1)
-        self._shift = torch.tensor([-m / s for m, s in zip(mean, std)], device=self.device).view(1, 3, 1, 1)
         self.epoch = 0
         self.skipped = 0  # unreadable files skipped by this process since the loader was built
         self.cpu_decoded = 0  # files decoded on the CPU because nvJPEG could not take them
@@ -388,7 +283,7 @@ class NvjpegLoader:
 
         if self.prefetch_batches <= 0:
             return batches()
-        return in_background(batches, self.prefetch_batches, device=self.device)
+        return in_background(batches, self.prefetch_batches, device=self.device, name="nvjpeg-decode")
 
     # -- one batch -----------------------------------------------------------------------
     def _report(self, path: str, message: str, *args: Any) -> None:
@@ -431,21 +326,12 @@ class NvjpegLoader:
             return None
         if self.train and len(good) < len(samples):  # keep the batch size: refill cyclically
             good += [good[i % len(good)] for i in range(len(samples) - len(good))]
-        size = (self.image_size, self.image_size)
-        crops = []
-        for index, _, image in good:
-            h, w = image.shape[-2:]
-            if self.train:
-                rng = sample_rng(self.seed, epoch, index)
-                top, left, ch, cw = random_resized_crop_box(h, w, self.crop_scale, self.crop_ratio, rng)
-                crop = _resize(image[:, top : top + ch, left : left + cw], size)
-                if rng.random() < self.hflip:
-                    crop = crop.flip(-1)
-            else:
-                resized, top, left = centre_crop_box(h, w, self.image_size, self.val_crop_ratio)
-                crop = _resize(image, resized)[..., top : top + size[0], left : left + size[1]]
-            crops.append(crop)
-        images = torch.cat(crops).mul_(self._scale).add_(self._shift)
+        images = augment_batch(
+            [image for _, _, image in good], [index for index, _, _ in good], train=self.train,
+            size=self.image_size, epoch=epoch, seed=self.seed, crop_scale=self.crop_scale,
+            crop_ratio=self.crop_ratio, hflip=self.hflip, val_crop_ratio=self.val_crop_ratio,
+        )
+        images = normalise(images, self.mean, self.std)
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         labels = torch.tensor([label for _, label, _ in good], dtype=torch.int64)
