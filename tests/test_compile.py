@@ -77,3 +77,21 @@ def test_compiled_run_saves_plain_checkpoints_and_resumes(tmp_path: Path, monkey
     assert main([*args, "resume=auto"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["compile"] == "default" and summary["final_top1"] is not None
+
+
+def test_a_checkpoint_with_compile_prefixes_still_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoints of compiled runs from before the fix carry ``_orig_mod.`` keys."""
+    from largebatch.engine.checkpoint import save_checkpoint
+
+    monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    args = ["debug=smoke", "global_batch_size=8", "data.synthetic.train_per_class=8", "data.synthetic.val_per_class=2",
+            "data.image_size=16", "progress=false", "tensorboard=false", "model=resnet10t", "data.workers=0",
+            "precision=fp32", "epochs=1", f"run_dir={run}", "checkpoint.every_steps=1", "checkpoint.keep=1"]
+    assert main([*args, "max_steps=2"]) == 0
+    path = list_checkpoints(run / "checkpoints")[-1]
+    state = load_checkpoint(path)
+    state["model"] = {f"_orig_mod.{k}": v for k, v in state["model"].items()}
+    save_checkpoint(state, path.parent, path.name)
+    assert main([*args, "resume=auto", "max_steps=3"]) == 0
+    assert load_checkpoint(list_checkpoints(run / "checkpoints")[-1])["train_state"]["step"] == 3
