@@ -305,3 +305,23 @@ def test_an_error_in_the_decode_thread_reaches_the_consumer() -> None:
         for item in in_background(failing, 1):
             got.append(item)
     assert got == [1]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_new_epoch_ends_the_unfinished_one(data_root: Path, workers: int) -> None:
+    """The loop starts epoch e+1 while epoch e's iterator is still alive (persistent workers
+    share one DataLoader iterator): the new pass must not race with the old one's thread."""
+    import threading
+
+    reference = _epoch(build_nvjpeg_loaders(data_root, **(LOADER | {"workers": workers}))[0], 1)
+    train = build_nvjpeg_loaders(data_root, **(LOADER | {"workers": workers}))[0]
+    train.set_epoch(0)
+    old = iter(train)
+    next(old)
+    train.set_epoch(1)
+    new = list(train)
+    assert sum(t.name == "nvjpeg-decode" for t in threading.enumerate()) == 0
+    assert len(new) == len(reference)
+    for (a, la), (b, lb) in zip(new, reference):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    assert next(old, None) is None  # the old pass was ended

@@ -36,7 +36,8 @@ import io
 import logging
 import os
 import warnings
-from typing import Any, Iterator, NamedTuple, Optional, Sequence
+import weakref
+from typing import Any, Generator, Iterator, NamedTuple, Optional, Sequence
 
 import torch
 from PIL import Image
@@ -246,6 +247,7 @@ class NvjpegLoader:
         self.skipped = 0  # unreadable files skipped by this process since the loader was built
         self.cpu_decoded = 0  # files decoded on the CPU because nvJPEG could not take them
         self._reported: set[str] = set()
+        self._active: Optional[weakref.ref[Generator[tuple[torch.Tensor, torch.Tensor], None, None]]] = None
 
     @property
     def sampler(self) -> Any:
@@ -273,6 +275,12 @@ class NvjpegLoader:
             raise ValueError(f"skip_batches needs a ShardedSampler, not {type(sampler).__name__}")
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This epoch's batches. A new pass ends the previous one first: with persistent
+        workers both would share one DataLoader iterator (and the old pass's thread could
+        still be reading from it)."""
+        previous = self._active() if self._active is not None else None
+        if previous is not None:
+            previous.close()
         epoch = self.epoch
 
         def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -282,8 +290,12 @@ class NvjpegLoader:
                     yield batch
 
         if self.prefetch_batches <= 0:
-            return batches()
-        return in_background(batches, self.prefetch_batches, device=self.device, name="nvjpeg-decode")
+            active = batches()
+        else:
+            active = in_background(batches, self.prefetch_batches, device=self.device, name="nvjpeg-decode")
+        # weak: a pass its consumer dropped must close (and stop its thread) at once
+        self._active = weakref.ref(active)
+        return active
 
     # -- one batch -----------------------------------------------------------------------
     def _report(self, path: str, message: str, *args: Any) -> None:
