@@ -69,3 +69,21 @@ def test_auto_on_cpu_still_reads_with_torchvision(tmp_path: Path) -> None:
 def test_shards_are_not_read_by_nvjpeg(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main([*EXACT, f"data.shards={tmp_path}", f"run_dir={tmp_path / 'run'}"]) == 2
     assert "is read by DALI only" in capsys.readouterr().err
+
+
+def test_torchrun_two_ranks_evaluate_every_image_once(tmp_path: Path) -> None:
+    """2 gloo ranks with nvjpeg: disjoint train shards, the 32 val images counted once in all."""
+    import os
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1", LARGEBATCH_CACHE=str(tmp_path / "cache"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+           "largebatch.train", "debug=smoke", "progress=false", "tensorboard=false", "model=resnet10t",
+           "backend=cpu", "data.loader=nvjpeg", "epochs=1", f"run_dir={run}"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    log = (run / "train.log").read_text()
+    assert "input pipeline: nvjpeg" in log and "x 2 devices" in log and "(32 images)" in log
