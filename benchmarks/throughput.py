@@ -35,10 +35,10 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.metadata
-import io
 import itertools
 import os
 import platform
+import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -309,13 +309,21 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def _driver_version() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        return out.stdout.split("\n")[0].strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
 def environment(device: torch.device) -> str:
     import torchvision
 
     dali = next((v for v in map(_version, ("nvidia-dali-cuda130", "nvidia-dali-cuda120", "nvidia-dali-cuda110"))
                  if v != "not installed"), "not installed")
-    gpu = (f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}, driver "
-           f"{torch.cuda.driver_version() if hasattr(torch.cuda, 'driver_version') else '?'}"
+    gpu = (f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}, driver {_driver_version()}"
            if device.type == "cuda" else f"CPU ({platform.processor() or platform.machine()})")
     return (f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {gpu}; {os.cpu_count()} CPUs; "
             f"torch {torch.__version__}, torchvision {torchvision.__version__}, timm {timm.__version__}, "
