@@ -312,7 +312,7 @@ class NvjpegLoader:
             image = decoded.get(i) if s.cpu_reason is None else s.payload
             reason, error = s.cpu_reason, s.error
             if error is None and image is None:  # nvJPEG refused a file that looked like a JPEG
-                reason = "the GPU JPEG decoder failed on it"
+                reason = f"decode_jpeg on {self.device} failed on it"
                 try:
                     image = _pil_decode(s.payload.numpy().tobytes())
                 except _UNREADABLE as err:
