@@ -200,6 +200,7 @@ def _resume(
 ) -> None:
     """Load the checkpoint ``resume`` names (a path, or ``auto``: the newest in the run)."""
     from largebatch.engine.checkpoint import CheckpointError, load_checkpoint, restore_rng_state
+    from largebatch.engine.compile import strip_compile_prefixes
 
     path = _find_checkpoint(resume, ckpt_dir, backend)
     if path is None:
@@ -208,7 +209,8 @@ def _resume(
     ckpt = load_checkpoint(path)
     _check_fits(ckpt, path, model_name=model_name, plan=plan, steps_per_epoch=steps_per_epoch)
     try:
-        model.load_state_dict(ckpt["model"])
+        # strip: checkpoints of older versions were saved from the compiled module
+        model.load_state_dict(strip_compile_prefixes(ckpt["model"]))
     except RuntimeError as e:
         raise CheckpointError(
             f"checkpoint {path} does not fit model {model_name} "
@@ -230,7 +232,14 @@ def _resume(
     log.info("resumed from %s (epoch %d, step %d)", path, state.epoch, state.step)
 
 
-def _data(cfg: Any, backend: Any, plan: BatchPlan) -> tuple[Path, Any, Any, int]:
+def _channels_last(cfg: Any, backend: Any) -> bool:
+    """``model.channels_last``; unset: on CUDA devices (NHWC convolutions use the tensor cores)."""
+    if cfg.model.channels_last is None:
+        return backend.device.type == "cuda"
+    return bool(cfg.model.channels_last)
+
+
+def _data(cfg: Any, backend: Any, plan: BatchPlan, dtype: Optional[torch.dtype]) -> tuple[Path, Any, Any, int]:
     """The data folder and this rank's loaders (``largebatch.data.build``)."""
     from largebatch.data.build import build_run_loaders, resolve_data_root
 
@@ -242,13 +251,14 @@ def _data(cfg: Any, backend: Any, plan: BatchPlan) -> tuple[Path, Any, Any, int]
                        val_per_class=syn.val_per_class, image_size=syn.image_size, seed=syn.seed),
     )
     device = backend.device
-    on_gpu = device.type == "cuda"  # pinned host memory and DALI's mixed decode need a GPU
+    on_gpu = device.type == "cuda"  # pinned host memory, DALI's mixed decode and nvJPEG need a GPU
     train, val, num_classes = build_run_loaders(
         root, loader=data.loader, shards=data.shards, backend=backend, image_size=data.image_size,
         batch_size=plan.per_device, workers=data.workers, seed=cfg.seed, crop_scale=data.crop_scale,
         val_crop_ratio=data.val_crop_ratio, pin_memory=on_gpu,
         dali_device_id=(device.index if device.index is not None else backend.local_rank) if on_gpu else None,
-        layout="NHWC" if cfg.model.channels_last else "NCHW",
+        layout="NHWC" if _channels_last(cfg, backend) else "NCHW",
+        device=device if on_gpu else torch.device("cpu"), dtype=dtype, gpu_decode=on_gpu,
     )
     return root, train, val, num_classes
 
@@ -261,18 +271,26 @@ def _model(cfg: Any, backend: Any, num_classes: int) -> Any:
     m = cfg.model
     model = build_model(m.name, num_classes, zero_init_last_bn_gamma=m.zero_init_last_bn,
                         drop_rate=m.drop_rate, drop_path_rate=m.drop_path_rate)
-    model = backend.prepare_model(model, channels_last=m.channels_last)
+    model = backend.prepare_model(model, channels_last=_channels_last(cfg, backend))
     if cfg.bn.group_size != 1 and backend.world_size > 1:
         model = convert_group_sync_batchnorm(model, cfg.bn.group_size, backend.bn_reducer(cfg.bn.group_size))
     return model
 
 
 def _train_model(cfg: Any, backend: Any, model: Any) -> Any:
-    """The model as the loop calls it: DDP with the comm hook, then ``torch.compile``."""
+    """The model as the loop calls it: DDP with the comm hook, then ``torch.compile`` (``model.compile``)."""
+    from largebatch.engine.compile import compile_model
+
     comm = cfg.comm
     train_model = backend.wrap_model(model, bucket_mb=comm.bucket_mb, algorithm=comm.algorithm,
                                      compress=comm.compress, ranks_per_node=comm.ranks_per_node)
-    return torch.compile(train_model) if cfg.model.compile else train_model
+    return compile_model(train_model, cfg.model.compile)
+
+
+def _uses_cuda_graphs(cfg: Any, backend: Any) -> bool:
+    from largebatch.engine.compile import uses_cuda_graphs
+
+    return uses_cuda_graphs(cfg.model.compile) and backend.device.type == "cuda"
 
 
 def _optimizer_options(opt: Any) -> dict[str, Any]:
@@ -322,6 +340,8 @@ def _resolved(cfg: Any, backend: Any, plan: BatchPlan, **facts: Any) -> dict[str
         "warmup_steps": int(round(cfg.schedule.warmup_epochs * steps_per_epoch)),
         "precision": facts["precision"],
         "model": cfg.model.name,
+        "compile": cfg.model.compile,
+        "channels_last": facts["channels_last"],
         "num_classes": facts["num_classes"],
         "bn_group_size": cfg.bn.group_size,
         "data_root": str(facts["data_root"]),
@@ -351,11 +371,11 @@ def _hooks(cfg: Any, backend: Any, run_dir: Path, val_loader: Any, resolved: dic
     ckpt = cfg.checkpoint
     return build_run_hooks(
         run_dir=run_dir, is_main=backend.is_main,
-        val_loader=backend.wrap_loader(val_loader, channels_last=cfg.model.channels_last),
+        val_loader=backend.wrap_loader(val_loader, channels_last=_channels_last(cfg, backend)),
         # Agree on a stop every step on CPU/gloo (cheap), every log step on accelerators.
         agree_every=1 if backend.device.type == "cpu" else cfg.log_every,
         progress=cfg.progress, eval_every=cfg.eval_every, target_top1=cfg.target_top1,
-        stop_at_target=cfg.stop_at_target, channels_last=cfg.model.channels_last,
+        stop_at_target=cfg.stop_at_target, channels_last=_channels_last(cfg, backend),
         checkpoint_every_epochs=ckpt.every_epochs, checkpoint_every_steps=ckpt.every_steps, checkpoint_keep=ckpt.keep,
         checkpoint_extra=lambda: {"config": config_dict, "resolved": resolved, "model_name": cfg.model.name},
         tensorboard=cfg.tensorboard,
@@ -402,7 +422,7 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
         _setup_logging(backend.is_main, run_dir)
         torch.manual_seed(cfg.seed)
         precision = resolve_precision(cfg.precision.name, backend)
-        data_root, train_loader, val_loader, num_classes = _data(cfg, backend, plan)
+        data_root, train_loader, val_loader, num_classes = _data(cfg, backend, plan, precision.autocast_dtype)
         model = _model(cfg, backend, num_classes)
         lr = scale_lr(cfg.optimizer.lr, cfg.global_batch_size, cfg.base_batch_size, cfg.lr_scaling)
         optimizer = _optimizer(cfg, model, lr)
@@ -419,18 +439,19 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
                 scheduler=scheduler, scaler=scaler, state=state,
             )
         resolved = _resolved(cfg, backend, plan, lr=lr, steps_per_epoch=steps_per_epoch, precision=precision.name,
-                             num_classes=num_classes, data_root=data_root, run_dir=run_dir)
+                             num_classes=num_classes, data_root=data_root, run_dir=run_dir,
+                             channels_last=_channels_last(cfg, backend))
         if backend.is_main:
             _announce(resolved, run_dir, raw_cfg)
         hooks = _hooks(cfg, backend, run_dir, val_loader, resolved, raw_cfg)
         trainer = Trainer(
             model=train_model, optimizer=optimizer, scheduler=scheduler,
-            train_loader=backend.wrap_loader(train_loader, channels_last=cfg.model.channels_last),
+            train_loader=backend.wrap_loader(train_loader, channels_last=_channels_last(cfg, backend)),
             backend=backend, epochs=cfg.epochs, global_batch_size=plan.global_batch_size,
             accumulation_steps=plan.accumulation_steps, label_smoothing=cfg.label_smoothing,
             autocast_dtype=precision.autocast_dtype, scaler=scaler, log_every=cfg.log_every,
             max_steps=cfg.max_steps, non_finite=cfg.non_finite, max_skipped_steps=cfg.max_skipped_steps,
-            hooks=hooks.hooks, state=state,
+            hooks=hooks.hooks, state=state, cuda_graph_steps=_uses_cuda_graphs(cfg, backend),
         )
         return _train(trainer, hooks, run_dir, (train_loader, val_loader), backend.is_main)
     finally:

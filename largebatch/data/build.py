@@ -7,8 +7,10 @@ val loaders:
 * ``loader="torchvision"``: the torchvision ``DataLoader`` (:mod:`largebatch.data.folder`);
 * ``loader="dali"``: NVIDIA DALI over the clean file lists of ``largebatch-check-data``
   (DALI cannot skip a bad file, so an unchecked set is an error naming the command);
-* ``loader="auto"``: DALI where it is installed and the set is checked, else torchvision,
-  with a log line saying why;
+* ``loader="nvjpeg"``: workers read file bytes; torchvision's nvJPEG decodes and the batch is
+  augmented on ``device`` (:mod:`largebatch.data.nvjpeg`; on a CPU device it decodes there);
+* ``loader="auto"``: DALI where it is installed and the set is checked, else nvjpeg on a CUDA
+  device and torchvision elsewhere, with a log line saying why;
 * ``shards=DIR``: DALI's webdataset reader over ``largebatch-make-shards`` output.
 
 Rank 0 decides between DALI and torchvision and tells the others, so every rank reads with the
@@ -46,8 +48,8 @@ def resolve_data_root(
         root: an ImageFolder tree with ``train/`` and ``val/``; None: the embedded set.
         synthetic: the embedded set's ``ensure_synthetic`` arguments (``num_classes``,
             ``train_per_class``, ``val_per_class``, ``image_size``, ``seed``).
-        loader: ``torchvision``, ``dali`` or ``auto``. Unless ``torchvision``, rank 0 also
-            runs the data check on the embedded set, so DALI reads it out of the box.
+        loader: ``torchvision``, ``nvjpeg``, ``dali`` or ``auto``. For ``dali`` and ``auto``
+            rank 0 also runs the data check on the embedded set, so DALI reads it out of the box.
         workers: processes that generate (and check) the images.
         backend: the run's backend (``is_main``, ``barrier``).
     """
@@ -58,7 +60,7 @@ def resolve_data_root(
     made: Optional[Path] = None
     if backend.is_main:
         made = ensure_synthetic(workers=max(1, workers), **synthetic)
-        if loader != "torchvision":
+        if loader in ("dali", "auto"):
             ensure_checked(made, workers=max(1, workers))
     backend.barrier()
     return ensure_synthetic(**synthetic) if made is None else made
@@ -76,11 +78,11 @@ def ensure_checked(root: Path, *, workers: int) -> None:
         log.info("checked %s for DALI: %d file(s) left out (%s)", root, len(report.fatal), report.report_path)
 
 
-def dali_decision(requested: str, root: Path) -> DaliDecision:
+def dali_decision(requested: str, root: Path, fallback: str = "torchvision") -> DaliDecision:
     """Whether ``loader=requested`` (``dali`` or ``auto``) reads ``root`` with DALI.
 
     ``dali`` on an unchecked (or changed) set is an error naming ``largebatch-check-data``;
-    ``auto`` then reads with torchvision and says why in the note.
+    ``auto`` then reads with ``fallback`` (nvjpeg on CUDA, else torchvision) and says why.
     """
     from largebatch.data.check import SPLITS, require_checked
     from largebatch.data.dali import dali_available, require_dali
@@ -91,7 +93,7 @@ def dali_decision(requested: str, root: Path) -> DaliDecision:
                 require_dali()
             except DataError as err:
                 return DaliDecision(False, error=str(err))
-        return DaliDecision(False, note="data.loader=auto: NVIDIA DALI is not installed, reading with torchvision")
+        return DaliDecision(False, note=f"data.loader=auto: NVIDIA DALI is not installed, reading with {fallback}")
     if not root.is_dir():  # the loader builders name the missing folder
         return DaliDecision(requested == "dali")
     try:
@@ -99,13 +101,13 @@ def dali_decision(requested: str, root: Path) -> DaliDecision:
     except DataError as err:
         if requested == "dali":
             return DaliDecision(False, error=f"{err} (or set data.loader=torchvision)")
-        return DaliDecision(False, note=f"data.loader=auto: reading with torchvision, not DALI: {err}")
+        return DaliDecision(False, note=f"data.loader=auto: reading with {fallback}, not DALI: {err}")
     return DaliDecision(True, file_lists=lists)
 
 
-def _agree_on_dali(requested: str, root: Path, backend: Any) -> DaliDecision:
+def _agree_on_dali(requested: str, root: Path, backend: Any, fallback: str) -> DaliDecision:
     """Rank 0 decides; every rank gets the decision (file lists found on its own disk)."""
-    decision = dali_decision(requested, root) if backend.is_main else DaliDecision(False)
+    decision = dali_decision(requested, root, fallback) if backend.is_main else DaliDecision(False)
     decision = DaliDecision(*backend.broadcast_object(tuple(decision)))
     if decision.error:
         raise DataError(decision.error)
@@ -135,6 +137,9 @@ def build_run_loaders(
     pin_memory: bool = False,
     dali_device_id: Optional[int] = None,
     layout: str = "NCHW",
+    device: Any = None,
+    dtype: Any = None,
+    gpu_decode: bool = False,
 ) -> tuple[Any, Any, int]:
     """This rank's ``(train_loader, val_loader, num_classes)``.
 
@@ -147,7 +152,10 @@ def build_run_loaders(
             :func:`largebatch.data.folder.build_loaders` (``batch_size`` is per device).
         pin_memory: pin host batches (torchvision loader; worth it for a CUDA device).
         dali_device_id: DALI's GPU for mixed (GPU) decode; None: CPU decode.
-        layout: DALI's output layout, ``NCHW`` or ``NHWC`` (channels-last models).
+        layout: the output layout, ``NCHW`` or ``NHWC`` (channels-last models), for DALI and nvjpeg.
+        device: the ``torch.device`` nvjpeg decodes and augments on (None: the CPU).
+        dtype: the compute dtype nvjpeg yields images in (None: float32).
+        gpu_decode: ``device`` is a GPU with nvJPEG: ``auto`` falls back to nvjpeg, not torchvision.
     """
     common = dict(
         image_size=image_size, batch_size=batch_size, workers=workers, rank=backend.rank,
@@ -157,7 +165,7 @@ def build_run_loaders(
     if shards:
         from largebatch.data.dali import build_dali_shard_loaders, require_dali
 
-        if loader == "torchvision":
+        if loader in ("torchvision", "nvjpeg"):
             raise DataError(
                 f"data.shards={shards} is read by DALI only; set data.loader=dali (or auto), "
                 f"or drop data.shards to read data.root's files with torchvision"
@@ -168,7 +176,12 @@ def build_run_loaders(
             log.info("input pipeline: DALI webdataset reader over the shards in %s, %s decode, %s",
                      shards, decode, layout)
         return train, val, num_classes
-    decision = DaliDecision(False) if loader == "torchvision" else _agree_on_dali(loader, root, backend)
+    fallback = "nvjpeg" if loader == "nvjpeg" or (loader == "auto" and gpu_decode) else "torchvision"
+    decision = DaliDecision(False) if loader in ("torchvision", "nvjpeg") else _agree_on_dali(
+        loader, root, backend, fallback)
+    if not decision.use_dali and fallback == "nvjpeg":
+        return _nvjpeg_loaders(root, device=device, dtype=dtype, layout=layout, pin_memory=pin_memory,
+                               is_main=backend.is_main, **common)
     if not decision.use_dali:
         from largebatch.data.folder import build_loaders
 
@@ -185,4 +198,22 @@ def build_run_loaders(
             "input pipeline: DALI, %s decode, %d thread(s), %s; %d train / %d val files from the "
             "data check's lists", decode, max(1, workers), layout, train.sampler.dataset_len, val.sampler.dataset_len,
         )
+    return train, val, num_classes
+
+
+def _nvjpeg_loaders(root: Path, *, device: Any, dtype: Any, layout: str, pin_memory: bool, is_main: bool,
+                    **common: Any) -> tuple[Any, Any, int]:
+    """Loaders that decode with torchvision's nvJPEG on ``device`` (on the CPU where it is a CPU)."""
+    import torch
+
+    from largebatch.data.nvjpeg import build_nvjpeg_loaders
+
+    device = torch.device("cpu") if device is None else device
+    train, val, num_classes = build_nvjpeg_loaders(
+        root, device=device, dtype=dtype or torch.float32, channels_last=layout == "NHWC",
+        pin_memory=pin_memory, **common,
+    )
+    if is_main:
+        log.info("input pipeline: nvjpeg, %s decode and augmentation on %s, %d file-reading worker(s) per rank, %s",
+                 "CPU" if device.type == "cpu" else "nvJPEG (GPU)", device, common["workers"], layout)
     return train, val, num_classes

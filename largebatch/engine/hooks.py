@@ -14,6 +14,7 @@ import torch
 
 from largebatch import __version__
 from largebatch.engine.checkpoint import capture_rng_state, checkpoint_name, save_checkpoint
+from largebatch.engine.compile import unwrap_model
 from largebatch.engine.evaluate import evaluate
 from largebatch.engine.loop import Hook
 
@@ -270,7 +271,7 @@ class CheckpointHook(Hook):
 
     def state(self) -> dict[str, Any]:
         t = self.trainer
-        model = getattr(t.model, "module", t.model)
+        model = unwrap_model(t.model)  # DDP / torch.compile wrappers add key prefixes
         return {
             "version": __version__,
             "model": model.state_dict(),

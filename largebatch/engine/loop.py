@@ -98,6 +98,7 @@ class Trainer:
         max_skipped_steps: int = 10,
         hooks: Sequence[Hook] = (),
         state: Optional[TrainState] = None,
+        cuda_graph_steps: bool = False,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -112,6 +113,9 @@ class Trainer:
         self.scaler = scaler
         self.log_every = max(1, log_every)
         self.max_steps = max_steps
+        # A model compiled with CUDA graphs (reduce-overhead) overwrites its outputs at each
+        # replay; marking each micro-step tells it the previous one's outputs are dead.
+        self.cuda_graph_steps = cuda_graph_steps
         self.state = state or TrainState()
         self.hooks = list(hooks)
         for h in self.hooks:
@@ -208,6 +212,8 @@ class Trainer:
         for i, (images, labels, *_) in enumerate(micro_batches):
             sync = contextlib.nullcontext() if i == n - 1 else self.backend.no_sync(self.model)
             with sync:
+                if self.cuda_graph_steps:
+                    torch.compiler.cudagraph_mark_step_begin()
                 with self.backend.autocast(self.autocast_dtype):
                     logits = self.model(images)
                 loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.label_smoothing) / n

@@ -1,0 +1,414 @@
+"""GPU JPEG decode with torchvision's nvJPEG (``data.loader=nvjpeg``): no DALI needed.
+
+Loader workers only read each file's bytes (and its label); the main process decodes the
+batch on ``device`` with ``torchvision.io.decode_jpeg(list_of_byte_tensors, device=...)``
+(nvJPEG on a CUDA device, libjpeg on the CPU) and augments it there with batched tensor ops,
+so the host CPUs no longer limit the input rate (Ying et al. 2018, sec. 4: the input pipeline
+is what limits accelerators at large batch).
+
+Augmentation (:mod:`largebatch.data.tensor_augment`) is the recipe of
+:mod:`largebatch.data.folder`: training takes a random-resized crop (area ``crop_scale``,
+aspect ratio 3/4..4/3, torchvision's sampling rule), a horizontal flip with probability 1/2
+and the ImageNet mean/std; evaluation resizes the shorter side to ``image_size /
+val_crop_ratio`` and takes the centre crop. Each sample's crop and flip come from a generator
+keyed by ``(seed, epoch, sample index)``: the batches do not depend on the number of workers,
+and a run resumed mid-epoch gets the very crops the uninterrupted run would have got. The
+next batch is decoded and augmented in a background thread
+(:func:`largebatch.data.background.in_background`).
+
+Batch contract (that of :func:`largebatch.data.folder.build_loaders`, on the device):
+
+* Iterating yields ``(images, labels)``: ``(N, 3, S, S)`` normalised images in ``dtype``
+  (channels_last if asked) and int64 ``(N,)`` labels, both on ``device``.
+* Sharding and order are the torchvision loader's: :class:`ShardedSampler` for training,
+  :class:`ExactShardSampler` (every val image once over all ranks) for evaluation.
+* A file nvJPEG cannot take (not a JPEG, e.g. a PNG named ``.JPEG``; a CMYK/YCCK JPEG; no
+  end-of-image marker; or one nvJPEG rejects) is decoded on the CPU instead (Pillow), named
+  once in the log and counted in ``loader.cpu_decoded``.
+* A file nothing can decode (empty, truncated, not an image) is skipped, named once in the
+  log and counted in ``loader.skipped``; a train batch refills its slot with a readable
+  image of the same batch, a val batch drops it.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import warnings
+import weakref
+from typing import Any, Generator, Iterator, NamedTuple, Optional, Sequence
+
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+from torchvision.io import ImageReadMode, decode_jpeg
+
+from largebatch.data.folder import (
+    IMAGENET_DEFAULT_MEAN,
+    IMAGENET_DEFAULT_STD,
+    DataError,
+    RobustImageFolder,
+    _check_same_classes,
+    _split_folder,
+    load_rgb,
+)
+from largebatch.data.background import in_background
+from largebatch.data.samplers import ExactShardSampler, ShardedSampler
+from largebatch.data.tensor_augment import augment_batch, normalise
+
+__all__ = [
+    "EncodedImageFolder",
+    "EncodedSample",
+    "NvjpegLoader",
+    "build_nvjpeg_loaders",
+    "cpu_decode_reason",
+    "decode_images",
+    "jpeg_frame",
+]
+
+logger = logging.getLogger(__name__)
+
+# SOFn markers (frame headers); C4 (DHT), C8 (JPG) and CC (DAC) share the range but are not.
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
+# ---------------------------------------------------------------------------------------
+# what the workers do: read bytes, route the files nvJPEG cannot take to Pillow
+
+
+def jpeg_frame(data: bytes) -> Optional[tuple[int, int, int]]:
+    """``(height, width, components)`` from a JPEG's frame header, or None if there is none."""
+    i, n = 2, len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
+            i += 2
+            continue
+        if marker == 0xDA:  # scan data before any frame header: not a valid JPEG
+            return None
+        if marker in _SOF_MARKERS:
+            if i + 10 > n:
+                return None
+            height = int.from_bytes(data[i + 5 : i + 7], "big")
+            width = int.from_bytes(data[i + 7 : i + 9], "big")
+            return height, width, data[i + 9]
+        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+    return None
+
+
+def cpu_decode_reason(data: bytes) -> Optional[str]:
+    """Why a file goes to the CPU decoder instead of nvJPEG; None when nvJPEG takes it.
+
+    Decided from the bytes alone (cheap, in the worker): nvJPEG decodes baseline and
+    progressive YCbCr/grayscale JPEGs; ImageNet also holds a PNG and CMYK JPEGs named
+    ``.JPEG``, and a truncated file has no end-of-image marker.
+    """
+    if not data.startswith(b"\xff\xd8\xff"):
+        return "PNG data, not a JPEG" if data.startswith(b"\x89PNG") else "not a JPEG"
+    if not data.rstrip(b"\x00\r\n ").endswith(b"\xff\xd9"):
+        return "no JPEG end-of-image marker (truncated, or data after the image)"
+    frame = jpeg_frame(data)
+    if frame is None:
+        return "no JPEG frame header"
+    if frame[2] == 4:
+        return "CMYK/YCCK JPEG"
+    return None
+
+
+def _pil_decode(data: bytes) -> torch.Tensor:
+    """Decode any image Pillow reads to an RGB uint8 ``(3, H, W)`` tensor (raises if unreadable)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # EXIF / decompression warnings
+        image = load_rgb(io.BytesIO(data))  # type: ignore[arg-type]  # Image.open takes files
+    return torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8).view(
+        image.height, image.width, 3).permute(2, 0, 1).contiguous()
+
+
+class EncodedSample(NamedTuple):
+    """One file as a worker hands it over.
+
+    ``payload`` is the file's bytes (uint8, 1-D) for nvJPEG, or the decoded RGB image
+    (uint8, ``(3, H, W)``) when ``cpu_reason`` says why the CPU decoded it; ``error`` names
+    why the file is unreadable (then ``payload`` is None).
+    """
+
+    index: int
+    label: int
+    path: str
+    payload: Optional[torch.Tensor]
+    cpu_reason: Optional[str] = None
+    error: Optional[str] = None
+
+
+class EncodedImageFolder(Dataset):
+    """``(path, label)`` samples read as :class:`EncodedSample`: bytes, no decode on the host."""
+
+    def __init__(self, samples: Sequence[tuple[str, int]]) -> None:
+        self.samples = list(samples)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> EncodedSample:
+        path, label = self.samples[index]
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as err:
+            return EncodedSample(index, label, path, None, error=str(err))
+        if not data:
+            return EncodedSample(index, label, path, None, error="empty file")
+        reason = cpu_decode_reason(data)
+        if reason is None:
+            return EncodedSample(index, label, path, torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        try:
+            return EncodedSample(index, label, path, _pil_decode(data), cpu_reason=reason)
+        except _UNREADABLE as err:
+            return EncodedSample(index, label, path, None, error=f"{reason}; Pillow: {err}")
+
+
+def _as_list(batch: list[EncodedSample]) -> list[EncodedSample]:
+    return batch
+
+
+# ---------------------------------------------------------------------------------------
+# what the main process does: decode on the device, crop, resize, flip, normalise
+
+
+def decode_images(data: Sequence[torch.Tensor], device: torch.device) -> list[Optional[torch.Tensor]]:
+    """Decode JPEG byte tensors to RGB uint8 ``(3, H, W)`` on ``device``; None where it fails.
+
+    One batched call (nvJPEG's batched decode on CUDA); if it fails, each file is retried
+    alone so that one bad file does not lose the batch.
+    """
+    if not data:
+        return []
+    try:
+        return list(decode_jpeg(list(data), mode=ImageReadMode.RGB, device=device))
+    except RuntimeError:
+        pass
+    out: list[Optional[torch.Tensor]] = []
+    for d in data:
+        try:
+            out.append(decode_jpeg(d, mode=ImageReadMode.RGB, device=device))
+        except RuntimeError:
+            out.append(None)
+    return out
+
+
+class NvjpegLoader:
+    """Batches decoded and augmented on ``device``; see the module docstring for the contract.
+
+    ``len()``, ``sampler``, ``dataset`` and ``batch_size`` are those of the underlying
+    DataLoader (which yields lists of :class:`EncodedSample`); ``set_epoch(epoch,
+    skip_batches)`` selects the epoch's shuffle and augmentation and skips batches (resume).
+    """
+
+    def __init__(
+        self,
+        loader: DataLoader,
+        *,
+        train: bool,
+        device: torch.device,
+        image_size: int,
+        seed: int,
+        crop_scale: Sequence[float],
+        crop_ratio: Sequence[float],
+        hflip: float,
+        val_crop_ratio: float,
+        mean: Sequence[float],
+        std: Sequence[float],
+        dtype: torch.dtype,
+        channels_last: bool,
+        prefetch_batches: int = 1,
+    ) -> None:
+        self.loader = loader
+        self.prefetch_batches = prefetch_batches
+        self.train = train
+        self.device = torch.device(device)
+        self.image_size = image_size
+        self.seed = seed
+        self.crop_scale = tuple(crop_scale)
+        self.crop_ratio = tuple(crop_ratio)
+        self.hflip = hflip
+        self.val_crop_ratio = val_crop_ratio
+        self.mean = tuple(mean)
+        self.std = tuple(std)
+        self.dtype = dtype
+        self.channels_last = channels_last
+        self.epoch = 0
+        self.skipped = 0  # unreadable files skipped by this process since the loader was built
+        self.cpu_decoded = 0  # files decoded on the CPU because nvJPEG could not take them
+        self._reported: set[str] = set()
+        self._active: Optional[weakref.ref[Generator[tuple[torch.Tensor, torch.Tensor], None, None]]] = None
+
+    @property
+    def sampler(self) -> Any:
+        return self.loader.sampler
+
+    @property
+    def dataset(self) -> Any:
+        return self.loader.dataset
+
+    @property
+    def batch_size(self) -> Optional[int]:
+        return self.loader.batch_size
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+        """Use epoch ``epoch``'s shuffle and crops and skip its first ``skip_batches`` batches."""
+        self.epoch = epoch
+        sampler = self.loader.sampler
+        sampler.set_epoch(epoch)
+        if isinstance(sampler, ShardedSampler):
+            sampler.set_start(skip_batches * (self.batch_size or 1))
+        elif skip_batches:
+            raise ValueError(f"skip_batches needs a ShardedSampler, not {type(sampler).__name__}")
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This epoch's batches. A new pass ends the previous one first: with persistent
+        workers both would share one DataLoader iterator (and the old pass's thread could
+        still be reading from it)."""
+        previous = self._active() if self._active is not None else None
+        if previous is not None:
+            previous.close()
+        epoch = self.epoch
+
+        def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+            for samples in self.loader:
+                batch = self.assemble(samples, epoch)
+                if batch is not None:
+                    yield batch
+
+        if self.prefetch_batches <= 0:
+            active = batches()
+        else:
+            active = in_background(batches, self.prefetch_batches, device=self.device, name="nvjpeg-decode")
+        # weak: a pass its consumer dropped must close (and stop its thread) at once
+        self._active = weakref.ref(active)
+        return active
+
+    # -- one batch -----------------------------------------------------------------------
+    def _report(self, path: str, message: str, *args: Any) -> None:
+        if path not in self._reported:
+            self._reported.add(path)
+            logger.warning(message, path, *args)
+
+    def _decode(self, samples: list[EncodedSample]) -> list[tuple[int, int, torch.Tensor]]:
+        """``(index, label, image on the device)`` of each readable sample, in batch order."""
+        on_device = [i for i, s in enumerate(samples) if s.payload is not None and s.cpu_reason is None]
+        decoded = dict(zip(on_device, decode_images([samples[i].payload for i in on_device], self.device)))
+        out = []
+        for i, s in enumerate(samples):
+            image = decoded.get(i) if s.cpu_reason is None else s.payload
+            reason, error = s.cpu_reason, s.error
+            if error is None and image is None:  # nvJPEG refused a file that looked like a JPEG
+                reason = f"decode_jpeg on {self.device} failed on it"
+                try:
+                    image = _pil_decode(s.payload.numpy().tobytes())
+                except _UNREADABLE as err:
+                    error = f"{reason}; Pillow: {err}"
+            if error is not None:
+                self._report(s.path, "skipping unreadable image %s: %s", error)
+                self.skipped += 1
+                continue
+            if reason is not None:
+                self._report(s.path, "decoding %s on the CPU: %s", reason)
+                self.cpu_decoded += 1
+                image = image.to(self.device, non_blocking=True)
+            out.append((s.index, s.label, image))
+        return out
+
+    def assemble(self, samples: list[EncodedSample], epoch: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """Decode and augment one batch of the loader; None for a val batch left empty."""
+        good = self._decode(samples)
+        if not good:
+            if self.train:
+                raise DataError(f"all {len(samples)} images of a training batch are unreadable: "
+                                f"check the data set (the log names each file)")
+            return None
+        if self.train and len(good) < len(samples):  # keep the batch size: refill cyclically
+            good += [good[i % len(good)] for i in range(len(samples) - len(good))]
+        images = augment_batch(
+            [image for _, _, image in good], [index for index, _, _ in good], train=self.train,
+            size=self.image_size, epoch=epoch, seed=self.seed, crop_scale=self.crop_scale,
+            crop_ratio=self.crop_ratio, hflip=self.hflip, val_crop_ratio=self.val_crop_ratio,
+        )
+        images = normalise(images, self.mean, self.std)
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        labels = torch.tensor([label for _, label, _ in good], dtype=torch.int64)
+        if self.device.type != "cpu":
+            labels = labels.pin_memory()  # so that the copy below is asynchronous
+        labels = labels.to(self.device, non_blocking=True)
+        return images.to(self.dtype), labels
+
+
+def build_nvjpeg_loaders(
+    root: str | os.PathLike,
+    *,
+    image_size: int,
+    batch_size: int,
+    workers: int,
+    device: torch.device | str,
+    dtype: torch.dtype = torch.float32,
+    channels_last: bool = False,
+    rank: int = 0,
+    world_size: int = 1,
+    seed: int = 0,
+    crop_scale: Sequence[float] = (0.08, 1.0),
+    val_crop_ratio: float = 0.875,
+    pin_memory: bool = False,
+    val_batch_size: int | None = None,
+    prefetch_batches: int = 1,
+) -> tuple[NvjpegLoader, NvjpegLoader, int]:
+    """Train and val loaders of ``root/train`` and ``root/val`` decoding on ``device``.
+
+    The arguments of :func:`largebatch.data.folder.build_loaders`, plus:
+
+    Args:
+        device: where to decode and augment (a CUDA device: nvJPEG; the CPU: libjpeg, for
+            tests, slower than the torchvision loader's worker decode).
+        dtype: dtype of the images yielded (the compute dtype: bf16/fp16 halve the copy).
+        channels_last: yield NHWC-strided images (the layout of a channels_last model).
+        prefetch_batches: batches decoded ahead in a background thread (0: decode in the
+            consumer's thread when it asks for the batch).
+
+    ``workers`` DataLoader processes per rank read the files (and decode on the CPU the few
+    nvJPEG cannot); ``pin_memory`` pins their byte tensors. Returns ``(train_loader,
+    val_loader, num_classes)``.
+    """
+    if not 0 < val_crop_ratio <= 1:
+        raise ValueError(f"val_crop_ratio must be in (0, 1], got {val_crop_ratio}")
+    root = os.fspath(root)
+    train_set = RobustImageFolder(_split_folder(root, "train"))
+    val_set = RobustImageFolder(_split_folder(root, "val"))
+    _check_same_classes(train_set, val_set)
+    common: dict[str, Any] = dict(num_workers=workers, pin_memory=pin_memory,
+                                  persistent_workers=workers > 0, collate_fn=_as_list)
+    if workers > 0:
+        common["prefetch_factor"] = 2
+    train = DataLoader(
+        EncodedImageFolder(train_set.samples), batch_size=batch_size, drop_last=True,
+        sampler=ShardedSampler(len(train_set), rank=rank, world_size=world_size, batch_size=batch_size, seed=seed),
+        **common,
+    )
+    val = DataLoader(
+        EncodedImageFolder(val_set.samples), batch_size=val_batch_size or batch_size, drop_last=False,
+        sampler=ExactShardSampler(len(val_set), rank=rank, world_size=world_size), **common,
+    )
+    options: dict[str, Any] = dict(
+        device=torch.device(device), image_size=image_size, seed=seed, crop_scale=crop_scale,
+        crop_ratio=(3 / 4, 4 / 3), hflip=0.5, val_crop_ratio=val_crop_ratio, mean=IMAGENET_DEFAULT_MEAN,
+        std=IMAGENET_DEFAULT_STD, dtype=dtype, channels_last=channels_last, prefetch_batches=prefetch_batches,
+    )
+    return NvjpegLoader(train, train=True, **options), NvjpegLoader(val, train=False, **options), len(train_set.classes)

@@ -1,0 +1,120 @@
+"""The nvjpeg input path with the real nvJPEG on a CUDA GPU, compile modes, and a step
+without host syncs. Skipped where no GPU is visible (CPU coverage: tests/test_nvjpeg*.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from largebatch.cli import main
+from largebatch.data import make_synthetic_imagenet
+from largebatch.data.nvjpeg import build_nvjpeg_loaders
+
+pytestmark = pytest.mark.gpu
+
+SMALL = dict(num_classes=4, train_per_class=16, val_per_class=4, image_size=96)
+TINY = ["debug=smoke", "progress=false", "data.workers=2", "backend=cuda", "epochs=1"]
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_synthetic_imagenet(tmp_path_factory.mktemp("nvjpeg_gpu") / "ds", **SMALL)
+
+
+@pytest.fixture()
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def _loaders(root: Path, device: str, **kw: object):  # type: ignore[no-untyped-def]
+    return build_nvjpeg_loaders(root, image_size=64, batch_size=8, workers=2, device=device, **kw)
+
+
+def test_gpu_batches_match_cpu_decode(data_root: Path) -> None:
+    """nvJPEG and libjpeg differ only in IDCT rounding; geometry, order and labels are equal."""
+    gpu_train, gpu_val, _ = _loaders(data_root, "cuda", dtype=torch.bfloat16, channels_last=True)
+    cpu_train, cpu_val, _ = _loaders(data_root, "cpu")
+    for gpu, cpu in ((gpu_train, cpu_train), (gpu_val, cpu_val)):
+        gpu.set_epoch(2)
+        cpu.set_epoch(2)
+        for (a, la), (b, lb) in zip(gpu, cpu):
+            assert a.is_cuda and la.is_cuda and a.dtype == torch.bfloat16
+            assert a.is_contiguous(memory_format=torch.channels_last)
+            assert torch.equal(la.cpu(), lb)
+            assert (a.float().cpu() - b).abs().mean() < 0.05
+    assert gpu_train.cpu_decoded > 0  # the embedded CMYK / PNG files (when in the epoch's batches)
+
+
+def test_bad_files_on_the_gpu(data_root: Path, tmp_path: Path) -> None:
+    root = Path(shutil.copytree(data_root, tmp_path / "ds"))
+    files = sorted((root / "val").rglob("*.JPEG"))
+    Image.open(files[0]).convert("RGB").save(files[0], format="PNG")
+    Image.open(files[1]).convert("CMYK").save(files[1], format="JPEG")
+    files[2].write_bytes(files[2].read_bytes()[:300])
+    files[3].write_bytes(b"")
+    _, val, _ = _loaders(root, "cuda")
+    val.set_epoch(0)
+    assert sum(len(y) for _, y in val) == len(files) - 2
+    assert val.skipped == 2 and val.cpu_decoded == 2
+
+
+def test_cli_nvjpeg_run_defaults_to_channels_last(cache: Path) -> None:
+    run = cache / "run"
+    assert main([*TINY, "data.loader=nvjpeg", "precision=bf16", f"run_dir={run}"]) == 0
+    assert "input pipeline: nvjpeg, nvJPEG (GPU) decode" in (run / "train.log").read_text()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["channels_last"] is True and summary["final_top1"] is not None
+
+
+def test_auto_picks_dali_or_nvjpeg_on_cuda(cache: Path) -> None:
+    run = cache / "run"
+    assert main([*TINY, "data.loader=auto", "max_steps=2", f"run_dir={run}"]) == 0
+    log = (run / "train.log").read_text()
+    assert "input pipeline: DALI" in log or "input pipeline: nvjpeg" in log
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune-no-cudagraphs"])
+def test_compiled_training_saves_plain_checkpoints(cache: Path, mode: str) -> None:
+    from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
+
+    run = cache / "run"
+    assert main([*TINY, "data.loader=nvjpeg", "precision=bf16", f"model.compile={mode}", f"run_dir={run}"]) == 0
+    state = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])
+    assert not [k for k in state["model"] if "_orig_mod" in k]
+    assert main([*TINY, "data.loader=nvjpeg", "precision=bf16", f"model.compile={mode}", f"run_dir={run}",
+                 "epochs=2", "resume=auto"]) == 0
+
+
+def test_training_step_has_no_host_sync() -> None:
+    """bf16 + LARS: the step queues work and returns (fp16's GradScaler reads found_inf, a sync)."""
+    from largebatch.backends.torch_dist import TorchDistributedBackend
+    from largebatch.engine.loop import Trainer
+    from largebatch.models import build_model
+    from largebatch.optim import build_optimizer
+
+    backend = TorchDistributedBackend("cuda")
+    backend.start()
+    model = backend.prepare_model(build_model("resnet10t", 10), channels_last=True)
+    optimizer = build_optimizer("lars", model, lr=0.1, weight_decay=5e-5, exclude_bn_bias=True)
+    batch = (torch.randn(16, 3, 64, 64, device=backend.device).contiguous(memory_format=torch.channels_last),
+             torch.randint(0, 10, (16,), device=backend.device))
+    trainer = Trainer(model=model, optimizer=optimizer,
+                      scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
+                      train_loader=[batch] * 4, backend=backend, epochs=1, global_batch_size=16,
+                      autocast_dtype=torch.bfloat16)
+    trainer.run_step([batch])  # first step: cuDNN/cuBLAS set-up may sync
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            trainer.run_step([batch])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert F.cross_entropy(model(batch[0]).float(), batch[1]).isfinite()

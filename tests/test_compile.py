@@ -1,0 +1,97 @@
+"""``model.compile``: mode parsing, checkpoints without ``_orig_mod.`` prefixes, and (slow) a
+compiled CPU training run that saves and resumes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from largebatch.backends.torch_dist import TorchDistributedBackend
+from largebatch.cli import main
+from largebatch.config import compose_config, to_train_config
+from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
+from largebatch.engine.compile import compile_model, parse_compile_mode, strip_compile_prefixes, unwrap_model
+from largebatch.engine.hooks import CheckpointHook
+from largebatch.engine.loop import Trainer
+
+
+@pytest.mark.parametrize("value,mode", [
+    ("none", "none"), (False, "none"), ("false", "none"), (True, "default"), ("default", "default"),
+    ("reduce-overhead", "reduce-overhead"), ("max-autotune-no-cudagraphs", "max-autotune-no-cudagraphs"),
+])
+def test_parse_compile_mode(value: object, mode: str) -> None:
+    assert parse_compile_mode(value) == mode
+
+
+def test_config_takes_modes_and_booleans() -> None:
+    assert to_train_config(compose_config([])).model.compile == "none"
+    assert to_train_config(compose_config(["model.compile=true"])).model.compile == "default"
+    assert to_train_config(compose_config(["model.compile=reduce-overhead"])).model.compile == "reduce-overhead"
+    assert to_train_config(compose_config([])).model.channels_last is None  # auto: CUDA only
+
+
+def test_bad_mode_is_one_line_and_exit_2(capsys: pytest.CaptureFixture) -> None:
+    assert main(["model.compile=fastest"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("largebatch: error: model.compile='fastest' is not a compile mode") and "\n" not in err
+
+
+def test_unwrap_and_strip() -> None:
+    model = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+    compiled = compile_model(model, "default")  # torch.compile is lazy: nothing compiles here
+    assert compile_model(model, "none") is model
+    assert unwrap_model(compiled) is model
+    prefixed = compiled.state_dict()
+    assert all(k.startswith("_orig_mod.") for k in prefixed)
+    assert strip_compile_prefixes(prefixed).keys() == model.state_dict().keys()
+
+
+def test_checkpoint_of_a_compiled_model_has_plain_keys(tmp_path: Path) -> None:
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = CheckpointHook(tmp_path)
+    Trainer(
+        model=compile_model(model, "default"), optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
+        train_loader=[(torch.zeros(2, 4), torch.zeros(2, dtype=torch.int64))], backend=TorchDistributedBackend("cpu"),
+        epochs=1, global_batch_size=2, hooks=[hook],
+    )
+    assert hook.state()["model"].keys() == model.state_dict().keys()
+
+
+@pytest.mark.slow  # torch.compile on the CPU: ~1 min cold for resnet10t at 16 px on 2 cores
+def test_compiled_run_saves_plain_checkpoints_and_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    args = ["debug=smoke", "global_batch_size=8", "data.synthetic.train_per_class=8", "data.synthetic.val_per_class=2",
+            "data.image_size=16", "progress=false", "tensorboard=false", "model=resnet10t", "data.workers=0",
+            "precision=fp32", "model.compile=default", "epochs=1", f"run_dir={run}"]
+    assert main([*args, "max_steps=2", "checkpoint.every_steps=1"]) == 0
+    state = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])
+    assert state["train_state"]["step"] == 2
+    assert not [k for k in state["model"] if "_orig_mod" in k]
+    assert main([*args, "resume=auto"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["compile"] == "default" and summary["final_top1"] is not None
+
+
+def test_a_checkpoint_with_compile_prefixes_still_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoints of compiled runs from before the fix carry ``_orig_mod.`` keys."""
+    from largebatch.engine.checkpoint import save_checkpoint
+
+    monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    args = ["debug=smoke", "global_batch_size=8", "data.synthetic.train_per_class=8", "data.synthetic.val_per_class=2",
+            "data.image_size=16", "progress=false", "tensorboard=false", "model=resnet10t", "data.workers=0",
+            "precision=fp32", "epochs=1", f"run_dir={run}", "checkpoint.every_steps=1", "checkpoint.keep=1"]
+    assert main([*args, "max_steps=2"]) == 0
+    path = list_checkpoints(run / "checkpoints")[-1]
+    state = load_checkpoint(path)
+    state["model"] = {f"_orig_mod.{k}": v for k, v in state["model"].items()}
+    save_checkpoint(state, path.parent, path.name)
+    assert main([*args, "resume=auto", "max_steps=3"]) == 0
+    assert load_checkpoint(list_checkpoints(run / "checkpoints")[-1])["train_state"]["step"] == 3
