@@ -273,16 +273,18 @@ def load_latest(directory: str | os.PathLike) -> Optional[tuple[Path, dict[str, 
     can be read (resuming "from scratch" would silently throw the run away).
     """
     paths = list_checkpoints(directory)
+    newest_error = ""
     for path in reversed(paths):
         try:
             return path, load_checkpoint(path)
         except CheckpointError as e:
+            newest_error = newest_error or str(e)
             log.warning("%s; falling back to the previous checkpoint", e)
     if paths:
         raise CheckpointError(
-            f"none of the {len(paths)} checkpoint(s) in {directory} can be read (damaged, "
-            f"truncated or not plain checkpoints; see the warnings above); resume from a good "
-            f"file with resume=<path>, or start a new run with another run_dir"
+            f"none of the {len(paths)} checkpoint(s) in {directory} can be read (newest: "
+            f"{newest_error}); resume from a good file with resume=<path>, or start a new run "
+            f"with another run_dir"
         )
     return None
 
