@@ -8,6 +8,7 @@ from typing import Any, Iterable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from largebatch.config.checks import check_ranges
 from largebatch.config.schema import TrainConfig, register_schema
 
 __all__ = ["ConfigError", "compose_config", "config_keys", "to_train_config"]
@@ -94,6 +95,7 @@ def compose_config(overrides: Sequence[str] = (), config_name: str = "train") ->
         raise ConfigError(_first_line(e)) from None
     if missing:
         raise ConfigError(f"config value(s) {', '.join(missing)} must be set, e.g. {missing[0]}=...")
+    check_ranges(cfg)
     return cfg
 
 
