@@ -179,3 +179,16 @@ def test_a_full_disk_while_checkpointing_exits_74_keeping_earlier_checkpoints(tm
     assert f"Errno {errno.EFBIG}" in err and str(run / "checkpoints") in err
     assert list_checkpoints(run / "checkpoints") == before and not list((run / "checkpoints").glob(".*.tmp"))
     assert load_checkpoint(before[-1])["train_state"]["step"] == 2
+
+
+def test_mid_epoch_resume_with_2_loader_workers_is_exact(tmp_path: Path, straight: dict[str, torch.Tensor]) -> None:
+    """Stopped mid-epoch and resumed with 2 workers: the weights of the straight run (which
+    read with 0 workers), bit for bit: the crops depend on (seed, epoch, index) only."""
+    run = tmp_path / "run"
+    workers = [a for a in EXACT if not a.startswith("data.workers=")] + ["data.workers=2"]
+    assert main([*workers, f"run_dir={run}", "max_steps=5"]) == 0
+    assert main([*workers, f"run_dir={run}", "resume=auto", "max_steps=null"]) == 0
+    _assert_identical(straight, _final_weights(run, expected_step=8))
+    straight_2 = tmp_path / "straight2"
+    assert main([*workers, f"run_dir={straight_2}"]) == 0
+    _assert_identical(straight, _final_weights(straight_2, expected_step=8))
