@@ -231,7 +231,10 @@ def _aug_seed(seed: int, rank: int, epoch: int = 0) -> int:
 def _decode_error(err: BaseException, data_root: str | None) -> DataError:
     """One line for a DALI pipeline failure (a file that changed after the data check)."""
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    detail = next((ln for ln in lines if "rror" in ln and "Traceback" not in ln), lines[0] if lines else "")
+    op = next((ln.rstrip(",") for ln in lines if ln.startswith("Error in")), "")
+    after = lines.index("encountered:") + 1 if "encountered:" in lines else len(lines)
+    reason = lines[after] if after < len(lines) else (lines[-1] if lines else type(err).__name__)
+    detail = f"{op}: {reason}" if op else reason
     where = data_root or "the data set"
     return DataError(
         f"DALI could not read or decode an image of {where} ({detail[:200]}); a file changed "
