@@ -134,8 +134,10 @@ def test_orphaned_temp_files_are_removed(tmp_path: Path) -> None:
 
 
 _INTERRUPTED_WRITER = """
-import sys, torch
+import signal, sys, torch
 from largebatch.engine.checkpoint import save_checkpoint, checkpoint_name
+# Ctrl-C raises KeyboardInterrupt (a background shell starts Python with SIGINT ignored)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 big = {"model": {"w": torch.randn(32, 1024, 1024)}}  # 128 MB: the signal lands mid-write
 print("writing", flush=True)
 try:

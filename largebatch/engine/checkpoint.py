@@ -90,9 +90,10 @@ def to_plain(value: Any) -> Any:
         return os.fspath(value)
     if isinstance(value, dict):
         return {to_plain(k): to_plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(to_plain(v) for v in value) if not hasattr(value, "_fields") else tuple(
-            to_plain(v) for v in value)
+    if isinstance(value, list):
+        return [to_plain(v) for v in value]
+    if isinstance(value, tuple):  # a namedtuple becomes a plain tuple
+        return tuple(to_plain(v) for v in value)
     if isinstance(value, np.ndarray):
         return torch.from_numpy(value.copy())
     if isinstance(value, np.generic):
