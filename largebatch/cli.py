@@ -22,11 +22,15 @@ Exit codes:
 * 3 (``EXIT_NON_FINITE``): the loss became NaN/inf (``non_finite=stop``, or more than
   ``max_skipped_steps`` skipped steps with ``non_finite=skip``); the message names the step
   and the rank.
+* 74 (``EXIT_IO_ERROR``, sysexits' EX_IOERR): a checkpoint could not be written (disk
+  full, quota, I/O error); the line names the file and the errno. The partial file is
+  removed and the earlier checkpoints are intact: free space, then ``resume=auto``.
 * 75 (``EXIT_PREEMPTED``, sysexits' EX_TEMPFAIL: "try again later"): SIGTERM or SIGINT
   arrived; every rank finished the same step and a checkpoint was saved, so rerunning with
   ``resume=auto run_dir=<same>`` continues. Distinct from 143 (128 + SIGTERM), which means
   the process was killed before it could save.
-* 130: a second Ctrl-C interrupted without saving.
+* 130: a second Ctrl-C interrupted without saving (one arriving during a checkpoint write
+  waits for the write to finish).
 """
 
 from __future__ import annotations
@@ -34,7 +38,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -52,6 +55,7 @@ log = logging.getLogger("largebatch")
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_NON_FINITE = 3
+EXIT_IO_ERROR = 74
 EXIT_PREEMPTED = 75
 EXIT_INTERRUPTED = 130
 
@@ -100,12 +104,6 @@ def _setup_logging(is_main: bool, run_dir: Optional[Path]) -> None:
     root.setLevel(level)
 
 
-def _elastic_run_id() -> Optional[str]:
-    """torchrun's job id (``--rdzv-id``; a fresh id per ``--standalone`` launch), if any."""
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
-    return run_id if run_id and run_id != "none" else None
-
-
 def _resume_setting(resume: Optional[str]) -> Optional[str]:
     """``resume``; a restarted torchrun worker group always resumes (``auto``)."""
     if resume is None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
@@ -113,123 +111,6 @@ def _resume_setting(resume: Optional[str]) -> Optional[str]:
                  os.environ["TORCHELASTIC_RESTART_COUNT"])
         return "auto"
     return resume
-
-
-def _make_run_dir(cfg: Any, backend: Any) -> Path:
-    """Rank 0 creates the run directory; every rank gets the same path."""
-    path: Optional[str] = None
-    error: Optional[str] = None
-    if backend.is_main:
-        try:
-            if cfg.run_dir:
-                run_dir = Path(cfg.run_dir)
-            elif _elastic_run_id():
-                # Every restart of a torchrun job must find the same directory (to resume).
-                run_dir = Path(cfg.output_root) / f"{cfg.model.name}-{_elastic_run_id()}"
-            else:
-                stamp = time.strftime("%Y%m%d-%H%M%S")
-                run_dir = Path(cfg.output_root) / f"{stamp}-{cfg.model.name}"
-                n = 1
-                while run_dir.exists():
-                    n += 1
-                    run_dir = Path(cfg.output_root) / f"{stamp}-{cfg.model.name}-{n}"
-            run_dir.mkdir(parents=True, exist_ok=True)
-            probe = run_dir / ".write-test"
-            probe.write_text("ok")
-            probe.unlink()
-            path = str(run_dir.resolve())
-        except OSError as e:
-            error = (
-                f"cannot write the run directory ({e.strerror}: {e.filename}); set run_dir= or "
-                f"output_root= to a writable folder"
-            )
-    path, error = backend.broadcast_object((path, error))
-    if error:
-        raise UsageError(error)
-    return Path(path)
-
-
-def _find_checkpoint(resume: str, ckpt_dir: Path, backend: Any) -> Optional[Path]:
-    """Rank 0 picks the checkpoint (newest readable one for ``auto``); all ranks get it."""
-    from largebatch.engine.checkpoint import CheckpointError, load_latest
-
-    choice: tuple[Optional[str], Optional[str]] = (None, None)
-    if backend.is_main:
-        if resume != "auto":
-            choice = (resume, None) if Path(resume).is_file() else (
-                None, f"checkpoint {resume} does not exist; set resume= to a checkpoint file or to auto")
-        else:
-            found = load_latest(ckpt_dir)
-            choice = (str(found[0]) if found else None, None)
-    path, error = backend.broadcast_object(choice)
-    if error:
-        raise CheckpointError(error)
-    return Path(path) if path else None
-
-
-def _check_fits(ckpt: dict[str, Any], path: Path, *, model_name: str, plan: BatchPlan, steps_per_epoch: int) -> None:
-    """A checkpoint must come from the same model, global batch and epoch length."""
-    from largebatch.engine.checkpoint import CheckpointError
-
-    saved_model = ckpt.get("model_name")
-    if saved_model is not None and saved_model != model_name:
-        raise CheckpointError(
-            f"checkpoint {path} was made with model {saved_model}, not {model_name}; "
-            f"resume with model.name={saved_model} or start a new run_dir"
-        )
-    saved_batch = ckpt.get("global_batch_size", plan.global_batch_size)
-    if saved_batch != plan.global_batch_size:
-        raise UsageError(
-            f"checkpoint {path} was made with global_batch_size={saved_batch}, not "
-            f"{plan.global_batch_size}; resume with global_batch_size={saved_batch} (the LR, "
-            f"schedule and data position depend on it)"
-        )
-    saved_steps = ckpt.get("steps_per_epoch", steps_per_epoch)
-    if saved_steps != steps_per_epoch:
-        raise UsageError(
-            f"checkpoint {path} has {saved_steps} steps per epoch but this run has "
-            f"{steps_per_epoch} (world size {plan.world_size}, {plan.per_device} per device "
-            f"drops a different tail of the data); resume at world size "
-            f"{ckpt.get('world_size')} or with a global_batch_size that divides the data evenly"
-        )
-
-
-def _resume(
-    resume: str, ckpt_dir: Path, *, backend: Any, model_name: str, plan: BatchPlan,
-    steps_per_epoch: int, model: Any, optimizer: Any, scheduler: Any, scaler: Any, state: Any,
-) -> None:
-    """Load the checkpoint ``resume`` names (a path, or ``auto``: the newest in the run)."""
-    from largebatch.engine.checkpoint import CheckpointError, load_checkpoint, restore_rng_state
-    from largebatch.engine.compile import strip_compile_prefixes
-
-    path = _find_checkpoint(resume, ckpt_dir, backend)
-    if path is None:
-        log.info("resume=auto: no checkpoint in %s, starting from scratch", ckpt_dir)
-        return
-    ckpt = load_checkpoint(path)
-    _check_fits(ckpt, path, model_name=model_name, plan=plan, steps_per_epoch=steps_per_epoch)
-    try:
-        # strip: checkpoints of older versions were saved from the compiled module
-        model.load_state_dict(strip_compile_prefixes(ckpt["model"]))
-    except RuntimeError as e:
-        raise CheckpointError(
-            f"checkpoint {path} does not fit model {model_name} "
-            f"({str(e).splitlines()[0]}); resume with the model it was made with"
-        ) from None
-    optimizer.load_state_dict(ckpt["optimizer"])
-    scheduler.load_state_dict(ckpt["scheduler"])
-    if scaler is not None and ckpt.get("scaler"):
-        scaler.load_state_dict(ckpt["scaler"])
-    state.load_state_dict(ckpt["train_state"])
-    restore_rng_state(ckpt["rng"])
-    saved_world = ckpt.get("world_size", plan.world_size)
-    if saved_world != plan.world_size:
-        log.warning(
-            "checkpoint written at world size %d, resuming at %d: per-device batch is now %d "
-            "(global batch %d kept); the result is not bit-identical to an uninterrupted run",
-            saved_world, plan.world_size, plan.per_device, plan.global_batch_size,
-        )
-    log.info("resumed from %s (epoch %d, step %d)", path, state.epoch, state.step)
 
 
 def _channels_last(cfg: Any, backend: Any) -> bool:
@@ -412,14 +293,21 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
     from largebatch.backends import build_backend
     from largebatch.engine.loop import Trainer, TrainState
     from largebatch.engine.precision import resolve_precision
+    from largebatch.engine.resume import resume_run
+    from largebatch.engine.run_dir import make_run_dir
     from largebatch.lr import scale_lr
 
     backend = build_backend(cfg.backend.name, timeout_s=cfg.backend.timeout_s)
     backend.start()
+    run_dir_state = None
     try:
         plan = plan_batches(cfg.global_batch_size, backend.world_size, cfg.accumulation_steps)
-        run_dir = _make_run_dir(cfg, backend)
+        run_dir_state = make_run_dir(run_dir=cfg.run_dir, output_root=cfg.output_root,
+                                     model_name=cfg.model.name, resume=cfg.resume, backend=backend)
+        run_dir = run_dir_state.path
         _setup_logging(backend.is_main, run_dir)
+        for note in run_dir_state.notes:
+            log.warning("%s", note)
         torch.manual_seed(cfg.seed)
         precision = resolve_precision(cfg.precision.name, backend)
         data_root, train_loader, val_loader, num_classes = _data(cfg, backend, plan, precision.autocast_dtype)
@@ -433,10 +321,11 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
         state = TrainState()
         resume = _resume_setting(cfg.resume)
         if resume:
-            _resume(
+            resume_run(
                 resume, run_dir / "checkpoints", backend=backend, model_name=cfg.model.name,
-                plan=plan, steps_per_epoch=steps_per_epoch, model=model, optimizer=optimizer,
-                scheduler=scheduler, scaler=scaler, state=state,
+                optimizer_name=cfg.optimizer.name, global_batch_size=plan.global_batch_size,
+                per_device=plan.per_device, steps_per_epoch=steps_per_epoch, model=model,
+                optimizer=optimizer, scheduler=scheduler, scaler=scaler, state=state,
             )
         resolved = _resolved(cfg, backend, plan, lr=lr, steps_per_epoch=steps_per_epoch, precision=precision.name,
                              num_classes=num_classes, data_root=data_root, run_dir=run_dir,
@@ -455,6 +344,8 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
         )
         return _train(trainer, hooks, run_dir, (train_loader, val_loader), backend.is_main)
     finally:
+        if run_dir_state is not None:
+            run_dir_state.release()
         backend.shutdown()
 
 
@@ -478,6 +369,7 @@ def _train_once(overrides: Sequence[str]) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``largebatch-train [--cfg job] [-m] [key=value ...]``: compose the config and run it (or sweep it)."""
+    from largebatch.engine.checkpoint import CheckpointSaveError
     from largebatch.engine.loop import NonFiniteLossError
     from largebatch.engine.preemption import Preempted
 
@@ -497,6 +389,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             return run_multirun(multirun_overrides(opts.overrides))
         return _train_once(opts.overrides)
+    except CheckpointSaveError as e:
+        print(f"largebatch: error: {e}", file=sys.stderr)
+        return EXIT_IO_ERROR
     except _user_errors() as e:
         print(f"largebatch: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -54,6 +54,7 @@ def train_job(cfg: DictConfig) -> dict[str, Any]:
 
     from largebatch import cli
     from largebatch.config import check_composed, to_train_config
+    from largebatch.engine.checkpoint import CheckpointSaveError
     from largebatch.engine.loop import NonFiniteLossError
     from largebatch.engine.preemption import Preempted
 
@@ -69,6 +70,8 @@ def train_job(cfg: DictConfig) -> dict[str, Any]:
         summary = cli.run(to_train_config(check_composed(raw)), raw)
         row.update(exit_code=cli.EXIT_OK, best_top1=summary.get("best_top1"),
                    time_to_target_s=summary.get("time_to_target_s"), wall_time_s=summary.get("wall_time_s"))
+    except CheckpointSaveError as e:
+        row.update(exit_code=cli.EXIT_IO_ERROR, error=str(e))
     except cli._user_errors() as e:
         row.update(exit_code=cli.EXIT_USAGE, error=str(e))
     except NonFiniteLossError as e:

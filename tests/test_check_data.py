@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -117,12 +118,17 @@ def test_require_checked_refuses_an_unchecked_or_changed_set(planted: Path) -> N
     assert listed == planted / ".largebatch-filelist-train.txt"
     assert require_checked(planted, "val").name == ".largebatch-filelist-val.txt"
     victim = next((planted / "train" / "n0000").glob("n0000_train_*.JPEG"))
-    for change in ("add", "replace", "remove"):
+    for change in ("add", "replace", "rewrite", "remove"):
         if change == "add":
             shutil.copy(victim, victim.with_name("copy.JPEG"))
         elif change == "replace":
             victim.with_name("copy.JPEG").unlink()
             victim.write_bytes(victim.read_bytes() + b"\0")  # same name, another size
+        elif change == "rewrite":  # same name, same size, broken bytes: only the mtime tells
+            size = victim.stat().st_size
+            os.utime(victim, ns=(victim.stat().st_atime_ns, victim.stat().st_mtime_ns - 10**9))
+            check_dataset(planted, workers=1)
+            victim.write_bytes(b"\0" * size)
         else:
             victim.unlink()
         with pytest.raises(DataError, match="since it changed.*run: largebatch-check-data"):

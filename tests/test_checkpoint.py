@@ -75,3 +75,115 @@ def test_rng_state_round_trips_through_a_checkpoint(tmp_path: Path) -> None:
     restore_rng_state(load_latest(tmp_path)[1]["rng"])
     assert draw() == expected
     assert path.exists()
+
+
+class _Payload:
+    """Unpickling this runs ``touch <marker>``: what a crafted checkpoint would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _crafted_checkpoint(path: Path, marker: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": {"w": torch.ones(2)}, "extra": _Payload(marker)}, path)
+    return path
+
+
+def test_a_crafted_checkpoint_is_refused_and_its_payload_never_runs(tmp_path: Path) -> None:
+    import pytest
+
+    from largebatch.engine.checkpoint import CheckpointError, is_readable, load_checkpoint
+
+    marker = tmp_path / "payload-ran"
+    path = _crafted_checkpoint(tmp_path / "ckpts" / checkpoint_name(1, 10), marker)
+    with pytest.raises(CheckpointError, match="not a plain largebatch checkpoint"):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match="none of the 1 checkpoint"):
+        load_latest(tmp_path / "ckpts")
+    assert not is_readable(path)
+    assert not marker.exists()
+    torch.load(path, weights_only=False)  # the payload is real: an unsafe load runs it
+    assert marker.exists()
+
+
+def test_pruning_counts_only_readable_checkpoints(tmp_path: Path) -> None:
+    """Damaged newer files must not push out the checkpoint just written (keep=1)."""
+    save_checkpoint({"model": {"w": torch.ones(3)}}, tmp_path, checkpoint_name(0, 1))
+    for step in (10, 11, 12):  # damaged "newest" checkpoints of an abandoned attempt
+        p = save_checkpoint({"model": {"w": torch.zeros(3)}}, tmp_path, checkpoint_name(1, step))
+        p.write_bytes(p.read_bytes()[:40])
+    written = save_checkpoint({"model": {"w": torch.full((3,), 2.0)}}, tmp_path, checkpoint_name(0, 2), keep=1)
+    names = [p.name for p in list_checkpoints(tmp_path)]
+    assert written.name in names and checkpoint_name(0, 1) not in names  # the older valid one went
+    path, state = load_latest(tmp_path)
+    assert path == written and torch.equal(state["model"]["w"], torch.full((3,), 2.0))
+
+
+def test_orphaned_temp_files_are_removed(tmp_path: Path) -> None:
+    from largebatch.engine.checkpoint import remove_orphaned_temp_files
+
+    keep = save_checkpoint({"model": {}}, tmp_path, checkpoint_name(0, 1))
+    for i in range(5):
+        (tmp_path / f".{checkpoint_name(0, 2 + i)}.x{i}.tmp").write_bytes(b"\0" * 1000)
+    assert remove_orphaned_temp_files(tmp_path) == (5, 5000)
+    assert not list(tmp_path.glob(".*.tmp")) and keep.exists()
+
+
+_INTERRUPTED_WRITER = """
+import signal, sys, torch
+from largebatch.engine.checkpoint import save_checkpoint, checkpoint_name
+# Ctrl-C raises KeyboardInterrupt (a background shell starts Python with SIGINT ignored)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+big = {"model": {"w": torch.randn(32, 1024, 1024)}}  # 128 MB: the signal lands mid-write
+print("writing", flush=True)
+try:
+    save_checkpoint(big, sys.argv[1], checkpoint_name(2, 20))
+    print("no interrupt", flush=True)
+except KeyboardInterrupt:
+    print("interrupted after the write", flush=True)
+"""
+
+
+def test_ctrl_c_during_a_write_waits_for_it(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", _INTERRUPTED_WRITER, str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    deadline = time.time() + 60
+    while not list(tmp_path.glob(".*.tmp")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.005)
+    assert list(tmp_path.glob(".*.tmp")), "the write did not start"
+    os.kill(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert "interrupted after the write" in out, (out, err)
+    path, state = load_latest(tmp_path)
+    assert path.name == checkpoint_name(2, 20) and state["model"]["w"].shape == (32, 1024, 1024)
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+_FULL_DISK_WRITER = """
+import resource, signal, sys, torch
+from largebatch.engine.checkpoint import CheckpointSaveError, save_checkpoint, checkpoint_name
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # files of at most 1 MiB
+try:
+    save_checkpoint({"model": {"w": torch.randn(1 << 20)}}, sys.argv[1], checkpoint_name(2, 20), keep=1)
+except CheckpointSaveError as e:
+    print(e.errno, e.path.name, str(e), sep="|", flush=True)
+"""
+
+
+def test_a_failed_write_names_path_and_errno_and_keeps_earlier_checkpoints(tmp_path: Path) -> None:
+    import errno
+
+    save_checkpoint({"model": {"w": torch.ones(3)}}, tmp_path, checkpoint_name(1, 10))
+    proc = subprocess.run([sys.executable, "-c", _FULL_DISK_WRITER, str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    code, name, message = proc.stdout.strip().split("|", 2)
+    assert int(code) == errno.EFBIG and name == checkpoint_name(2, 20), proc.stderr
+    assert f"[Errno {errno.EFBIG} EFBIG]" in message and str(tmp_path) in message
+    assert not list(tmp_path.glob(".*.tmp"))
+    assert [p.name for p in list_checkpoints(tmp_path)] == [checkpoint_name(1, 10)]

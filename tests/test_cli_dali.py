@@ -174,3 +174,27 @@ def test_training_reads_packed_shards(cache: Path, folder: Path) -> None:
     assert [e["total"] for e in evals if e["kind"] == "eval"] == [4]
     assert "webdataset reader" in (run / "train.log").read_text()
     assert main([*args, "data.loader=torchvision", f"run_dir={cache / 'refused'}"]) == 2
+
+
+def test_a_file_broken_after_the_check_stops_dali_with_one_line(
+    cache: Path, folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The check's list names a file that was rewritten since (and the fingerprint is bypassed
+    by reading the stale list directly): DALI's decoder error becomes one line naming the fix."""
+    import shutil
+
+    from largebatch.data.check import check_dataset
+    from largebatch.data.folder import DataError
+
+    root = Path(shutil.copytree(folder, tmp_path / "set"))
+    report = check_dataset(root, workers=1)
+    victim = next((root / "train" / "n0001").glob("*.JPEG"))
+    victim.write_bytes(b"\0" * victim.stat().st_size)
+    train, _, _ = build_dali_loaders(root, image_size=16, batch_size=8, workers=1,
+                                     file_list={"train": report.splits["train"].file_list})
+    train.set_epoch(0)
+    with pytest.raises(DataError) as exc:
+        for _ in train:
+            pass
+    message = str(exc.value)
+    assert "\n" not in message and f"run largebatch-check-data {root} again" in message

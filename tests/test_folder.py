@@ -17,7 +17,7 @@ from largebatch.data import (
     build_val_transform,
     make_synthetic_imagenet,
 )
-from largebatch.data.folder import collate_skipping, load_rgb
+from largebatch.data.folder import Unreadable, collate_skipping, load_rgb
 from largebatch.data.synthetic import oddity_positions
 
 SMALL = dict(num_classes=3, train_per_class=6, val_per_class=3, image_size=32)
@@ -76,14 +76,15 @@ def test_unreadable_files_are_skipped_and_counted(copy_root: Path) -> None:
     ds = RobustImageFolder(copy_root / "train", build_val_transform(16))
     paths = [p for p, _ in ds.samples]
     for path in bad:
-        assert ds[paths.index(str(path))] is None
+        i = paths.index(str(path))
+        assert ds[i] == Unreadable(i, 1)
     images, labels, skipped = collate_skipping([ds[i] for i in range(len(ds))], refill=False)
-    assert skipped == 3 and images.shape == (18, 3, 16, 16) and labels.shape == (18,)
+    assert len(skipped) == 3 and images.shape == (18, 3, 16, 16) and labels.shape == (18,)
     images, labels, skipped = collate_skipping([ds[i] for i in range(len(ds))], refill=True)
-    assert skipped == 3 and images.shape == (21, 3, 16, 16)
+    assert len(skipped) == 3 and images.shape == (21, 3, 16, 16)
     with pytest.raises(DataError, match="unreadable"):
-        collate_skipping([None, None], refill=True)
-    assert collate_skipping([None], refill=False) == (None, None, 1)
+        collate_skipping([Unreadable(0, 0), Unreadable(1, 0)], refill=True)
+    assert collate_skipping([Unreadable(4, 2)], refill=False) == (None, None, (Unreadable(4, 2),))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -98,7 +99,7 @@ def test_loaders_count_skips_and_keep_train_batch_size(copy_root: Path, workers:
         train.set_epoch(epoch)
         shapes = [(x.shape, y.shape) for x, y in train]
         assert shapes == [((7, 3, 16, 16), (7,))] * 3
-    assert train.skipped == 6  # 3 bad files, read in each of 2 epochs
+    assert train.skipped == 3  # 3 bad files, read in each of 2 epochs: counted once each
     seen = sum(len(y) for _, y in val)
     assert seen == 9 and val.skipped == 1  # 10 files, the empty one skipped
 
@@ -144,3 +145,36 @@ def test_train_and_val_classes_differ(copy_root: Path) -> None:
 
 def test_data_error_is_a_value_error() -> None:
     assert issubclass(DataError, ValueError)
+
+
+def _epoch_batches(loader, epoch: int, skip_batches: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:  # type: ignore[no-untyped-def]
+    loader.set_epoch(epoch, skip_batches=skip_batches)
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+def test_augmentation_is_the_same_with_0_and_2_workers_and_after_a_mid_epoch_start(data_root: Path) -> None:
+    """Crops are a function of (seed, epoch, index): not of the worker process or stop point."""
+    args = dict(image_size=16, batch_size=3, crop_scale=(0.08, 1.0), seed=7)
+    zero, _, _ = build_loaders(data_root, workers=0, **args)
+    two, _, _ = build_loaders(data_root, workers=2, **args)
+    for epoch in (0, 1):
+        a, b = _epoch_batches(zero, epoch), _epoch_batches(two, epoch)
+        assert len(a) == len(b) == 6
+        assert all(torch.equal(xa, xb) and torch.equal(ya, yb) for (xa, ya), (xb, yb) in zip(a, b))
+        resumed = _epoch_batches(two, epoch, skip_batches=4)  # a run resumed after 4 batches
+        assert all(torch.equal(xa, xr) for (xa, _), (xr, _) in zip(a[4:], resumed))
+    assert not torch.equal(_epoch_batches(zero, 0)[0][0], _epoch_batches(zero, 1)[0][0])
+    torch.manual_seed(123)  # the global stream plays no part
+    assert torch.equal(_epoch_batches(zero, 0)[2][0], _epoch_batches(two, 0)[2][0])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_class_without_one_readable_image_stops_the_run(copy_root: Path, workers: int) -> None:
+    cls = copy_root / "train" / "n0002"
+    for f in cls.iterdir():
+        f.write_bytes(b"not an image")
+    train, _, _ = build_loaders(copy_root, image_size=16, batch_size=6, workers=workers)
+    train.set_epoch(0)
+    with pytest.raises(DataError, match="class 'n0002' has no readable training image: all 6 file"):
+        for _ in train:
+            pass

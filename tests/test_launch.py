@@ -335,3 +335,34 @@ def test_dockerfiles_pass_hadolint() -> None:
         capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- exit codes: the workers' documented code, not torchrun's 1 ----------------------------
+def test_torchrun_script_passes_on_the_workers_exit_code(tmp_path: Path) -> None:
+    """Two real gloo workers reject ``epochs=0`` with exit 2; torchrun itself exits 1."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "TORCHRUN": str(torchrun), "NPROC_PER_NODE": "2", "OMP_NUM_THREADS": "1"}
+    env.pop("LB_DRY_RUN", None)
+    proc = subprocess.run(["bash", str(LAUNCH / "torchrun.sh"), "backend=cpu", "debug=smoke", "epochs=0",
+                           f"output_root={tmp_path}"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "epochs=0 is out of range" in proc.stderr
+
+
+_FAKE_TORCHRUN = """
+# a worker group whose rank 1 failed (bad input) and whose rank 0 was then stopped (75);
+# an earlier restart's files must not count
+printf '3\\n' > "$LARGEBATCH_EXIT_DIR/exit-0-0"
+printf '75\\n' > "$LARGEBATCH_EXIT_DIR/exit-1-0"
+printf '2\\n' > "$LARGEBATCH_EXIT_DIR/exit-1-1"
+exit 1
+"""
+
+
+@pytest.mark.parametrize("script", ["torchrun.sh", "torchrun_multinode.sh"])
+def test_launch_scripts_prefer_a_ranks_own_failure_over_75(tmp_path: Path, script: str) -> None:
+    fake = tmp_path / "fake_torchrun.sh"
+    fake.write_text(_FAKE_TORCHRUN)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TORCHRUN": f"bash {fake}", "NPROC_PER_NODE": "2"}
+    proc = subprocess.run(["bash", str(LAUNCH / script)], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr

@@ -131,3 +131,42 @@ def test_cli_exits_3_naming_step_and_rank(
     # stop: nothing non-finite is saved; skip: the weights stayed finite, nothing saved either
     # because the run gave up before a checkpoint step.
     assert not list((tmp_path / "run" / "checkpoints").glob("*.pt"))
+
+
+def test_a_finite_loss_with_infinite_state_is_never_saved(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """lr=1e6 drives BN running_var to inf while the logged loss may still be finite."""
+    from largebatch.cli import EXIT_NON_FINITE, main
+    from largebatch.engine.checkpoint import load_checkpoint
+
+    run = tmp_path / "run"
+    code = main([
+        "debug=smoke", "progress=false", "tensorboard=false", "data.workers=0", "optimizer.lr=1e6",
+        "max_steps=3", "non_finite=stop", "checkpoint.every_steps=1", f"run_dir={run}",
+    ])
+    err = capsys.readouterr().err.strip()
+    assert code == EXIT_NON_FINITE, err
+    assert err.startswith("largebatch: error:") and "\n" not in err and "not finite" in err
+    for path in (run / "checkpoints").glob("*.pt"):  # what was saved before is all finite
+        state = load_checkpoint(path)["model"]
+        assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point()), path
+
+
+def test_skipped_steps_are_logged_and_in_the_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import json
+
+    from largebatch.cli import main
+
+    _nan_images(monkeypatch)
+    run = tmp_path / "run"
+    assert main([
+        "debug=smoke", "progress=false", "tensorboard=false", "data.workers=0", "global_batch_size=8",
+        "data.synthetic.train_per_class=8", "data.synthetic.val_per_class=2", "log_every=2",
+        "non_finite=skip", "max_skipped_steps=100", "epochs=1", f"run_dir={run}",
+    ]) == 0
+    assert json.loads((run / "summary.json").read_text())["skipped_steps"] == 4
+    log = (run / "train.log").read_text()
+    assert "step 2: 2 step(s) skipped so far for a non-finite loss" in log
+    assert "step 4: 4 step(s) skipped so far" in log
+    assert "4 step(s) skipped for a non-finite loss" in capsys.readouterr().out

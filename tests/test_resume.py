@@ -86,3 +86,109 @@ def test_resume_at_max_steps_runs_no_extra_step(tmp_path: Path) -> None:
     assert main([*EXACT, f"run_dir={run}", "max_steps=3"]) == 0
     assert main([*EXACT, f"run_dir={run}", "resume=auto", "max_steps=3"]) == 0
     assert json.loads((run / "summary.json").read_text())["steps"] == 3
+
+
+def _one_error_line(capsys: pytest.CaptureFixture) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("largebatch: error:") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_resume_auto_refuses_a_crafted_checkpoint_without_running_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from largebatch.engine.checkpoint import checkpoint_name
+
+    run, marker = tmp_path / "run", tmp_path / "payload-ran"
+    (run / "checkpoints").mkdir(parents=True)
+    torch.save({"model": {}, "x": _Payload(marker)}, run / "checkpoints" / checkpoint_name(1, 4))
+    assert main([*EXACT, f"run_dir={run}", "resume=auto"]) == 2
+    assert "not a plain largebatch checkpoint" in _one_error_line(capsys)
+    assert not marker.exists()
+
+
+def test_resume_auto_with_only_damaged_checkpoints_stops(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = tmp_path / "run"
+    assert main([*EXACT, f"run_dir={run}", "max_steps=3", "checkpoint.every_steps=1", "checkpoint.keep=3"]) == 0
+    files = list_checkpoints(run / "checkpoints")
+    assert len(files) == 3
+    for f in files:
+        f.write_bytes(f.read_bytes()[:100])
+    capsys.readouterr()
+    assert main([*EXACT, f"run_dir={run}", "resume=auto", "checkpoint.keep=3"]) == 2
+    assert "none of the 3 checkpoint(s)" in _one_error_line(capsys)
+    assert list_checkpoints(run / "checkpoints") == files  # nothing deleted, nothing new
+
+
+@pytest.mark.parametrize("other", ["lamb", "lars"])
+def test_resume_with_another_optimizer_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture, other: str) -> None:
+    run = tmp_path / "run"
+    assert main([*EXACT, f"run_dir={run}", "max_steps=1", "optimizer=sgd"]) == 0
+    capsys.readouterr()
+    assert main([*EXACT, f"run_dir={run}", "resume=auto", f"optimizer={other}"]) == 2
+    assert f"made with optimizer=sgd, not {other}" in _one_error_line(capsys)
+
+
+def test_resume_from_a_weights_only_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = tmp_path / "run"
+    assert main([*EXACT, f"run_dir={run}", "max_steps=1"]) == 0
+    full = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])
+    weights = tmp_path / "weights.pt"
+    torch.save({"model": full["model"]}, weights)
+    capsys.readouterr()
+    assert main([*EXACT, f"run_dir={tmp_path / 'new'}", f"resume={weights}"]) == 2
+    assert "holds no optimizer, scheduler, train_state, rng state" in _one_error_line(capsys)
+
+
+_FULL_DISK_RUN = """
+import resource, signal, sys
+from largebatch.cli import main
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_full_disk_while_checkpointing_exits_74_keeping_earlier_checkpoints(tmp_path: Path) -> None:
+    import errno
+    import subprocess
+    import sys
+
+    from largebatch.cli import EXIT_IO_ERROR
+
+    run = tmp_path / "run"
+    assert main([*EXACT, f"run_dir={run}", "max_steps=2"]) == 0
+    before = list_checkpoints(run / "checkpoints")
+    proc = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK_RUN, *EXACT, f"run_dir={run}", "resume=auto", "max_steps=3"],
+        capture_output=True, text=True, timeout=300,
+    )
+    err = proc.stderr.strip()
+    assert proc.returncode == EXIT_IO_ERROR == 74, err
+    assert err.startswith("largebatch: error: cannot write checkpoint") and "\n" not in err
+    assert f"Errno {errno.EFBIG}" in err and str(run / "checkpoints") in err
+    assert list_checkpoints(run / "checkpoints") == before and not list((run / "checkpoints").glob(".*.tmp"))
+    assert load_checkpoint(before[-1])["train_state"]["step"] == 2
+
+
+def test_mid_epoch_resume_with_2_loader_workers_is_exact(tmp_path: Path, straight: dict[str, torch.Tensor]) -> None:
+    """Stopped mid-epoch and resumed with 2 workers: the weights of the straight run (which
+    read with 0 workers), bit for bit: the crops depend on (seed, epoch, index) only."""
+    run = tmp_path / "run"
+    workers = [a for a in EXACT if not a.startswith("data.workers=")] + ["data.workers=2"]
+    assert main([*workers, f"run_dir={run}", "max_steps=5"]) == 0
+    assert main([*workers, f"run_dir={run}", "resume=auto", "max_steps=null"]) == 0
+    _assert_identical(straight, _final_weights(run, expected_step=8))
+    straight_2 = tmp_path / "straight2"
+    assert main([*workers, f"run_dir={straight_2}"]) == 0
+    _assert_identical(straight, _final_weights(straight_2, expected_step=8))

@@ -88,3 +88,12 @@ def test_exact_shard_sizes() -> None:
     assert [len(ExactShardSampler(1001, rank=r, world_size=4)) for r in range(4)] == [251, 250, 250, 250]
     assert [len(ExactShardSampler(2, rank=r, world_size=4)) for r in range(4)] == [1, 1, 0, 0]
     assert exact_shard_bounds(1001, 1, 4) == (251, 501)
+
+
+def test_with_epoch_yields_index_epoch_pairs_for_per_sample_seeds() -> None:
+    plain = ShardedSampler(20, rank=1, world_size=2, batch_size=3, seed=5)
+    keyed = ShardedSampler(20, rank=1, world_size=2, batch_size=3, seed=5, with_epoch=True)
+    for s in (plain, keyed):
+        s.set_epoch(3)
+        s.set_start(3)
+    assert list(keyed) == [(i, 3) for i in plain] and len(keyed) == len(plain) == 6

@@ -11,6 +11,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from largebatch.config.checks import check_ranges
 from largebatch.config.schema import TrainConfig, register_schema
 
 __all__ = [
@@ -120,6 +121,7 @@ def check_composed(cfg: DictConfig) -> DictConfig:
         raise ConfigError(_first_line(e)) from None
     if missing:
         raise ConfigError(f"config value(s) {', '.join(missing)} must be set, e.g. {missing[0]}=...")
+    check_ranges(cfg)
     return cfg
 
 

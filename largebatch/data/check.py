@@ -7,12 +7,15 @@ decodes every image of ``ROOT/train`` and ``ROOT/val`` once, in parallel, and wr
 * ``.largebatch-filelist-<split>.txt``: the files DALI can decode, as DALI ``file_list``
   lines ``<split>/<class>/<file> <label>`` (paths relative to ROOT, labels in torchvision's
   ImageFolder order), read by ``build_dali_loaders(file_list=...)``;
-* ``.largebatch-check.json``: what was found, and a fingerprint (names and sizes) of each
-  split, so :func:`require_checked` notices files added, removed or replaced since.
+* ``.largebatch-check.json``: what was found, and a fingerprint (names, sizes and
+  modification times) of each split, so :func:`require_checked` notices files added,
+  removed, replaced or rewritten since.
 
 Both go into ROOT when it is writable, else into ``$LARGEBATCH_CACHE`` (or
-``~/.cache/largebatch``) under ``check-<hash of ROOT>/``. Names and sizes, not mtimes, make the
-fingerprint: a data set copied to a node's local disk keeps its names and sizes, not its mtimes.
+``~/.cache/largebatch``) under ``check-<hash of ROOT>/``. The fingerprint includes each
+file's mtime: a file rewritten in place after the check (same name, same size) would
+otherwise pass as checked and stop a DALI run with a decoder error. A copy of the data set
+that keeps mtimes (``rsync -a``, ``cp -p``) keeps its check; another copy needs a new one.
 
 What each odd file is, and what DALI 2.4's decoders do with it (measured, see
 ``tests/test_check_data.py``), is in :data:`KINDS`. Fatal kinds are left out of the file list.
@@ -51,7 +54,7 @@ __all__ = [
 ]
 
 REPORT_NAME = ".largebatch-check.json"
-REPORT_VERSION = 1
+REPORT_VERSION = 2  # 2: the fingerprint includes mtimes
 SPLITS = ("train", "val")
 
 
@@ -154,15 +157,21 @@ def inspect_image(path: str | os.PathLike) -> tuple[str | None, str]:
     return None, ""
 
 
-def _inspect_many(paths: list[str]) -> list[tuple[str | None, str, int]]:
+def _stat_key(path: str) -> str:
+    """``size:mtime_ns`` of a file (``-1`` when it cannot be stat'ed): its fingerprint entry."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "-1"
+    return f"{st.st_size}:{st.st_mtime_ns}"
+
+
+def _inspect_many(paths: list[str]) -> list[tuple[str | None, str, str]]:
     out = []
     for p in paths:
+        key = _stat_key(p)  # before decoding: a file rewritten during the check looks changed
         kind, detail = inspect_image(p)
-        try:
-            size = os.path.getsize(p)
-        except OSError:
-            size = -1
-        out.append((kind, detail, size))
+        out.append((kind, detail, key))
     return out
 
 
@@ -231,10 +240,10 @@ class CheckReport:
         }
 
 
-def _fingerprint(entries: Sequence[tuple[str, int]]) -> str:
+def _fingerprint(entries: Sequence[tuple[str, str]]) -> str:
     h = hashlib.sha256()
-    for rel, size in entries:
-        h.update(f"{rel}\t{size}\n".encode("utf-8", "surrogateescape"))
+    for rel, key in entries:
+        h.update(f"{rel}\t{key}\n".encode("utf-8", "surrogateescape"))
     return f"{len(entries)}:{h.hexdigest()[:24]}"
 
 
@@ -307,9 +316,9 @@ def check_dataset(
             chunks = [paths[i : i + chunk] for i in range(0, len(paths), chunk)]
             results = [r for part in pool.map(_inspect_many, chunks) for r in part]
             lines, entries = [], []
-            for path, label, (kind, detail, size) in zip(paths, labels, results):
+            for path, label, (kind, detail, key) in zip(paths, labels, results):
                 rel = _rel(path, str(root))
-                entries.append((rel, size))
+                entries.append((rel, key))
                 if kind is None and (rel != rel.strip() or "\n" in rel or "\r" in rel):
                     kind, detail = "unlistable_name", repr(rel)
                 if kind is not None:
@@ -342,7 +351,7 @@ def require_checked(root: str | os.PathLike, split: str) -> Path:
     """The clean file list of ``root/split``, or :class:`DataError` if the set is unchecked.
 
     The list is stale (and refused) when the split's image files changed since the check:
-    a file added, removed, renamed or resized.
+    a file added, removed, renamed, resized or rewritten (its mtime).
     """
     root = Path(root).expanduser().absolute()
     fix = f"run: largebatch-check-data {root}"
@@ -355,16 +364,13 @@ def require_checked(root: str | os.PathLike, split: str) -> Path:
     _, paths, _ = _split_entries(root, split)
     entries = []
     for p in paths:
-        try:
-            entries.append((_rel(p, str(root)), os.path.getsize(p)))
-        except OSError:
-            entries.append((_rel(p, str(root)), -1))
+        entries.append((_rel(p, str(root)), _stat_key(p)))
     now = _fingerprint(entries)
     if now != summary["fingerprint"]:
         raise DataError(
             f"data set {root} has not been checked for files DALI cannot decode since it "
             f"changed ({split}: {summary['files']} image files at the check, {len(entries)} "
-            f"now, or files replaced); {fix}"
+            f"now, or files replaced or rewritten since); {fix}"
         )
     file_list = folder / file_list_name(split)
     if not file_list.is_file():

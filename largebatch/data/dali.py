@@ -229,6 +229,21 @@ def _aug_seed(seed: int, rank: int, epoch: int = 0) -> int:
     return int(np.random.SeedSequence([seed, rank, epoch]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
+def _decode_error(err: BaseException, data_root: str | None) -> DataError:
+    """One line for a DALI pipeline failure (a file that changed after the data check)."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    op = next((ln.rstrip(",") for ln in lines if ln.startswith("Error in")), "")
+    after = lines.index("encountered:") + 1 if "encountered:" in lines else len(lines)
+    reason = lines[after] if after < len(lines) else (lines[-1] if lines else type(err).__name__)
+    detail = f"{op}: {reason}" if op else reason
+    where = data_root or "the data set"
+    return DataError(
+        f"DALI could not read or decode an image of {where} ({detail[:200]}); a file changed "
+        f"or broke after the data check: run largebatch-check-data {where} again (or read with "
+        f"data.loader=torchvision, which skips unreadable files)"
+    )
+
+
 def _to_batch(out: dict[str, torch.Tensor], layout: str) -> tuple[torch.Tensor, torch.Tensor]:
     images = out["images"]
     if layout == "NHWC":
@@ -280,8 +295,10 @@ class DaliLoader:
         seed: int,
         layout: str,
         prefetch_queue_depth: int = 2,
+        data_root: str | None = None,
     ) -> None:
         self.sampler = sampler
+        self.data_root = data_root
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.layout = layout
@@ -369,7 +386,11 @@ class DaliLoader:
             return
         iterator = self._start_epoch(batches)
         for _ in range(len(batches)):
-            out = next(iterator)[0]
+            try:
+                out = next(iterator)[0]
+            except RuntimeError as err:
+                self._iterator = None  # a failed pipeline cannot go on
+                raise _decode_error(err, self.data_root) from None
             self._pending -= 1
             yield _to_batch(out, self.layout)
 
@@ -466,7 +487,7 @@ def build_dali_loaders(
                            layout=layout, dtype=dtype, hw_decoder_load=hw_decoder_load)
 
     common = dict(workers=workers, device_id=device_id, layout=layout,
-                  prefetch_queue_depth=prefetch_queue_depth)
+                  prefetch_queue_depth=prefetch_queue_depth, data_root=root)
     train = DaliLoader(
         train_paths, train_labels, batch_size=batch_size, drop_last=True, graph=train_graph,
         sampler=ShardedSampler(len(train_paths), rank=rank, world_size=world_size,

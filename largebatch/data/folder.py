@@ -9,9 +9,17 @@ Batch contract of :func:`build_loaders`:
 * Iterating a loader yields ``(images, labels)``: float32 ``(N, 3, H, W)`` normalised
   images and int64 ``(N,)`` labels.
 * An unreadable file (empty, truncated, not an image) never stops a run: it is skipped and
-  counted in ``loader.skipped`` (images skipped in this process since the loader was built;
-  sum it over ranks for a global count). The count travels inside each batch from the
-  worker, so it is right with any number of DataLoader workers.
+  counted in ``loader.skipped`` (distinct files found unreadable in this process since the
+  loader was built, however often they were read; sum it over ranks for a global count).
+  The skipped files travel inside each batch from the worker, so the count is right with
+  any number of DataLoader workers. Once every training file of a class has been found
+  unreadable, the train loader raises ``DataError`` naming the class (a class the model
+  could never see must not pass silently).
+* Augmentation is a function of (seed, epoch, sample index): each training sample's crop and
+  flip are drawn from a torch generator seeded by those three, whichever worker process
+  decodes it. The batches are therefore the same with 0 or N workers, and a run stopped
+  mid-epoch and resumed gets the crops the uninterrupted run would have had (bit-exact
+  resume with any ``data.workers``).
 * Train batches keep their full size ``batch_size`` (fixed shapes: no XLA recompile, no
   uneven DDP step): a skipped image's slot is refilled with a readable image of the same
   batch. If every image of a batch is unreadable, ``DataError`` is raised.
@@ -25,8 +33,9 @@ import functools
 import logging
 import os
 import warnings
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
+import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader
@@ -48,6 +57,7 @@ __all__ = [
     "build_val_transform",
     "collate_skipping",
     "load_rgb",
+    "sample_seed",
 ]
 
 logger = logging.getLogger(__name__)
@@ -107,6 +117,19 @@ def build_val_transform(
 # data set
 
 
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """Seed of one training sample's augmentation: a hash of (seed, epoch, index)."""
+    state = np.random.SeedSequence([seed, epoch, index]).generate_state(2, dtype=np.uint32)
+    return int(state[0]) << 31 ^ int(state[1])
+
+
+class Unreadable(NamedTuple):
+    """What the data set returns for a file it cannot decode (the collate function counts it)."""
+
+    index: int
+    target: int
+
+
 def load_rgb(path: str) -> Image.Image:
     """Decode any image Pillow reads (JPEG L/CMYK, PNG, palette, RGBA) into an RGB image.
 
@@ -123,13 +146,16 @@ def load_rgb(path: str) -> Image.Image:
 class RobustImageFolder(ImageFolder):
     """ImageFolder that decodes every image to RGB and skips unreadable files.
 
-    ``dataset[i]`` is ``(image, label)``, or ``None`` when file ``i`` cannot be decoded (the
-    path and the reason are logged once per process); :func:`collate_skipping` removes the
-    ``None`` and counts it. Raises :class:`DataError` for a missing root or a class folder
-    without images, instead of torchvision's generic errors.
+    ``dataset[i]`` is ``(image, label)``, or :class:`Unreadable` when file ``i`` cannot be
+    decoded (the path and the reason are logged once per process); :func:`collate_skipping`
+    removes it and reports it. ``dataset[(i, epoch)]`` (what ``ShardedSampler(with_epoch=
+    True)`` yields) runs the transform under a torch generator seeded by
+    :func:`sample_seed` ``(seed, epoch, i)``, so the augmentation does not depend on the
+    process or the order in which samples are decoded. Raises :class:`DataError` for a
+    missing root or a class folder without images, instead of torchvision's generic errors.
     """
 
-    def __init__(self, root: str | os.PathLike, transform: Callable | None = None) -> None:
+    def __init__(self, root: str | os.PathLike, transform: Callable | None = None, *, seed: int = 0) -> None:
         root = os.fspath(root)
         if not os.path.isdir(root):
             raise DataError(f"data folder {root} does not exist: point data.root at an "
@@ -149,8 +175,10 @@ class RobustImageFolder(ImageFolder):
                 f"add images or remove the folder"
             )
         self._reported: set[str] = set()
+        self.seed = seed
 
-    def __getitem__(self, index: int) -> tuple[Any, int] | None:
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[Any, int] | Unreadable:
+        index, epoch = key if isinstance(key, tuple) else (key, None)
         path, target = self.samples[index]
         try:
             with warnings.catch_warnings():
@@ -160,31 +188,39 @@ class RobustImageFolder(ImageFolder):
             if path not in self._reported:
                 self._reported.add(path)
                 logger.warning("skipping unreadable image %s: %s", path, err)
-            return None
+            return Unreadable(index, target)
         if self.transform is not None:
-            image = self.transform(image)
+            if epoch is None:
+                image = self.transform(image)
+            else:
+                # The transforms draw from torch's global generator: seed a private copy of
+                # it for this sample (fork_rng restores the caller's stream afterwards).
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(sample_seed(self.seed, epoch, index))
+                    image = self.transform(image)
         return image, target
 
 
 def collate_skipping(
-    batch: list[tuple[torch.Tensor, int] | None], *, refill: bool
-) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
-    """Stack a batch, leaving out the ``None`` of unreadable files: ``(images, labels, n_skipped)``.
+    batch: list[tuple[torch.Tensor, int] | Unreadable | None], *, refill: bool
+) -> tuple[torch.Tensor | None, torch.Tensor | None, tuple[Unreadable | None, ...]]:
+    """Stack a batch, leaving out unreadable files: ``(images, labels, skipped)``.
 
+    ``skipped`` holds the :class:`Unreadable` record (or ``None``) of each file left out.
     ``refill=True`` (training) fills the left-out slots with the batch's readable samples,
     cyclically, so the batch keeps its size; it raises :class:`DataError` if none is
-    readable. ``refill=False`` (evaluation) returns the smaller batch, or ``(None, None, n)``
-    if nothing is left.
+    readable. ``refill=False`` (evaluation) returns the smaller batch, or
+    ``(None, None, skipped)`` if nothing is left.
     """
-    good = [s for s in batch if s is not None]
-    skipped = len(batch) - len(good)
+    good = [s for s in batch if s is not None and not isinstance(s, Unreadable)]
+    skipped = tuple(s for s in batch if s is None or isinstance(s, Unreadable))
     if not good:
         if refill:
             raise DataError(f"all {len(batch)} images of a training batch are unreadable: "
                             f"check the data set (the log names each file)")
         return None, None, skipped
     if refill and skipped:
-        good += [good[i % len(good)] for i in range(skipped)]
+        good += [good[i % len(good)] for i in range(len(skipped))]
     images = torch.stack([s[0] for s in good])
     labels = torch.tensor([s[1] for s in good], dtype=torch.int64)
     return images, labels, skipped
@@ -195,11 +231,48 @@ class SkipCountingLoader:
 
     Wraps a DataLoader built with :func:`collate_skipping`. ``len()``, ``sampler``,
     ``dataset`` and ``batch_size`` are the DataLoader's; ``set_epoch`` forwards to the sampler.
+    ``skipped`` is the number of distinct unreadable files seen. With ``require_every_class``
+    (training), a class whose every file has been found unreadable raises ``DataError``.
     """
 
-    def __init__(self, loader: DataLoader) -> None:
+    def __init__(self, loader: DataLoader, *, require_every_class: bool = False) -> None:
         self.loader = loader
-        self.skipped = 0
+        self.require_every_class = require_every_class
+        self._unreadable: set[int] = set()
+        self._unknown = 0  # skipped samples without a record (a dataset returning None)
+        self._bad_per_class: dict[int, int] = {}
+        self._class_sizes: list[int] | None = None
+
+    @property
+    def skipped(self) -> int:
+        """Distinct unreadable files seen by this process (each counted once)."""
+        return len(self._unreadable) + self._unknown
+
+    def _record(self, skipped: Sequence[Unreadable | None]) -> None:
+        for rec in skipped:
+            if rec is None:
+                self._unknown += 1
+                continue
+            if rec.index in self._unreadable:
+                continue
+            self._unreadable.add(rec.index)
+            self._bad_per_class[rec.target] = self._bad_per_class.get(rec.target, 0) + 1
+            if self.require_every_class:
+                self._check_class(rec.target)
+
+    def _check_class(self, target: int) -> None:
+        dataset = self.loader.dataset
+        if self._class_sizes is None:
+            self._class_sizes = [0] * len(dataset.classes)
+            for t in dataset.targets:
+                self._class_sizes[t] += 1
+        if self._bad_per_class[target] == self._class_sizes[target]:
+            name = dataset.classes[target]
+            raise DataError(
+                f"class {name!r} has no readable training image: all {self._class_sizes[target]} "
+                f"file(s) in {os.path.join(dataset.root, name)} are unreadable (named above in the "
+                f"log); replace them or remove the class folder from train/ and val/"
+            )
 
     @property
     def sampler(self) -> Any:
@@ -231,7 +304,8 @@ class SkipCountingLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for images, labels, skipped in self.loader:
-            self.skipped += skipped
+            if skipped:
+                self._record(skipped)
             if images is not None:
                 yield images, labels
 
@@ -282,8 +356,9 @@ def build_loaders(
         rank, world_size: this rank's place; train uses :class:`ShardedSampler` (drop_last,
             whole batches, reshuffled per epoch via ``set_epoch``), val
             :class:`ExactShardSampler` (every image once over all ranks).
-        seed: seed of the shard permutation and of this rank's augmentation stream
-            (``seed`` + rank, so ranks augment differently).
+        seed: seed of the shard permutation and of the augmentation: each training sample's
+            crop and flip come from a generator seeded by (``seed``, epoch, sample index),
+            independent of rank, worker count and stop point.
         crop_scale: RandomResizedCrop area range.
         val_crop_ratio: val centre crop / resized shorter side.
         pin_memory: pin batches for faster host-to-device copies.
@@ -294,14 +369,14 @@ def build_loaders(
     """
     root = os.fspath(root)
     train_set = RobustImageFolder(
-        _split_folder(root, "train"), build_train_transform(image_size, scale=crop_scale)
+        _split_folder(root, "train"), build_train_transform(image_size, scale=crop_scale), seed=seed
     )
     val_set = RobustImageFolder(
         _split_folder(root, "val"), build_val_transform(image_size, crop_ratio=val_crop_ratio)
     )
     _check_same_classes(train_set, val_set)
     train_sampler = ShardedSampler(
-        len(train_set), rank=rank, world_size=world_size, batch_size=batch_size, seed=seed
+        len(train_set), rank=rank, world_size=world_size, batch_size=batch_size, seed=seed, with_epoch=True
     )
     val_sampler = ExactShardSampler(len(val_set), rank=rank, world_size=world_size)
     common: dict[str, Any] = dict(num_workers=workers, pin_memory=pin_memory,
@@ -317,4 +392,4 @@ def build_loaders(
         val_set, batch_size=val_batch_size or batch_size, sampler=val_sampler, drop_last=False,
         collate_fn=functools.partial(collate_skipping, refill=False), **common,
     )
-    return SkipCountingLoader(train), SkipCountingLoader(val), len(train_set.classes)
+    return SkipCountingLoader(train, require_every_class=True), SkipCountingLoader(val), len(train_set.classes)

@@ -10,7 +10,7 @@ images than another, or none.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from torch.utils.data import Sampler
@@ -39,6 +39,9 @@ class ShardedSampler(Sampler[int]):
         seed: base seed of the permutation.
         drop_last: True: drop the permutation's tail so it divides evenly (each sample at most
             once per epoch). False: pad by repeating its head (every sample at least once).
+        with_epoch: yield ``(index, epoch)`` pairs instead of indices, so the data set can draw
+            the sample's augmentation from a generator seeded by (seed, epoch, index): then the
+            crops depend neither on the number of loader workers nor on where a run stopped.
 
     Resume mid-epoch: ``set_epoch(e)`` then ``set_start(k)`` skips the first ``k`` samples of
     this rank's shard of epoch ``e`` (``k`` = batches already done x ``batch_size``);
@@ -56,6 +59,7 @@ class ShardedSampler(Sampler[int]):
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = True,
+        with_epoch: bool = False,
     ) -> None:
         _check_rank(rank, world_size)
         if dataset_len < 0:
@@ -69,6 +73,7 @@ class ShardedSampler(Sampler[int]):
         self.shuffle = shuffle
         self.seed = seed
         self.drop_last = drop_last
+        self.with_epoch = with_epoch
         self.epoch = 0
         self.start_index = 0
         if drop_last:
@@ -110,8 +115,11 @@ class ShardedSampler(Sampler[int]):
         order = order[:total]
         return order[self.rank :: self.world_size]
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.shard()[self.start_index :])
+    def __iter__(self) -> Iterator[Any]:
+        rest = self.shard()[self.start_index :]
+        if self.with_epoch:
+            return iter([(i, self.epoch) for i in rest])
+        return iter(rest)
 
     def __len__(self) -> int:
         return self.shard_len - self.start_index

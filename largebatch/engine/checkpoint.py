@@ -1,72 +1,218 @@
-"""Checkpoints that are complete or absent.
+"""Checkpoints that are complete or absent, and that hold data only.
 
 A checkpoint is written to a temporary file in the same directory, flushed and fsynced, then
 renamed over its final name (an atomic rename on POSIX) and the directory fsynced, so a run
-killed at any moment leaves either the new checkpoint or none. ``load_latest`` walks the
-checkpoints newest first and skips (and reports) one that cannot be read.
+killed at any moment leaves either the new checkpoint or none. SIGINT/SIGTERM arriving during
+the write wait until it is done. A write that fails (disk full, quota, I/O error) removes its
+temporary file, leaves the earlier checkpoints as they were and raises
+:class:`CheckpointSaveError` naming the path and the errno.
+
+A checkpoint holds tensors and plain Python values only (dicts, lists, tuples, numbers,
+strings, None; the RNG states are stored as tensors and int tuples), so it is read with
+``torch.load(weights_only=True)``: a file that holds anything else (a crafted pickle with a
+``__reduce__`` payload, say) is refused without running any of it.
+
+``load_latest`` walks the checkpoints newest first and skips (and reports) one that cannot be
+read. Pruning (``keep``) counts readable checkpoints only, so damaged files never push a good
+one out, and the only good one is never deleted.
 """
 
 from __future__ import annotations
 
+import contextlib
+import enum
+import errno as errno_codes
 import logging
 import os
+import pickle
 import random
 import re
+import signal
 import tempfile
+import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
 
 __all__ = [
     "CheckpointError",
+    "CheckpointSaveError",
     "capture_rng_state",
     "checkpoint_name",
+    "is_readable",
     "list_checkpoints",
     "load_checkpoint",
     "load_latest",
+    "remove_orphaned_temp_files",
     "restore_rng_state",
     "save_checkpoint",
+    "to_plain",
 ]
 
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)\.pt$")
+_TEMP_GLOB = ".ckpt-*.tmp"
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read or does not fit the run."""
 
 
+class CheckpointSaveError(RuntimeError):
+    """Writing a checkpoint failed with an OSError (disk full, quota, I/O error).
+
+    ``path`` is the checkpoint that was being written and ``errno`` the error number. The
+    temporary file is gone and the earlier checkpoints are untouched.
+    """
+
+    def __init__(self, message: str, *, path: Path, errno: Optional[int]) -> None:
+        super().__init__(message)
+        self.path = path
+        self.errno = errno
+
+
 def checkpoint_name(epoch: int, step: int) -> str:
     return f"ckpt-e{epoch:04d}-s{step:09d}.pt"
 
 
-def save_checkpoint(state: dict[str, Any], directory: str | os.PathLike, name: str, *, keep: int = 0) -> Path:
-    """Atomically write ``state`` to ``directory/name``; keep the newest ``keep`` (0: all)."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    final = directory / name
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+def to_plain(value: Any) -> Any:
+    """``value`` with Enums turned into their values and paths into strings (recursively).
+
+    What ``torch.load(weights_only=True)`` can read back: tensors, dicts, lists, tuples,
+    numbers, strings, None.
+    """
+    if isinstance(value, enum.Enum):
+        return to_plain(value.value)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, dict):
+        return {to_plain(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_plain(v) for v in value]
+    if isinstance(value, tuple):  # a namedtuple becomes a plain tuple
+        return tuple(to_plain(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value.copy())
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM until the block ends, then deliver them to the usual handlers.
+
+    A checkpoint write interrupted by a second Ctrl-C would leave no checkpoint; deferred,
+    the write completes and the signal then does what it would have done.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def hold(signum: int, frame: Any) -> None:
+        pending.append(signum)
+
+    for sig in previous:
+        signal.signal(sig, hold)
     try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
+        yield
     finally:
-        os.close(dir_fd)
-    if keep > 0:
-        for old in list_checkpoints(directory)[:-keep]:
-            old.unlink(missing_ok=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        for signum in pending:
+            log.warning("%s arrived during a checkpoint write; delivered now that it is complete",
+                        signal.Signals(signum).name)
+            signal.raise_signal(signum)
+
+
+def _os_error(e: BaseException) -> Optional[OSError]:
+    """The OSError behind ``e`` (torch.save wraps a failed write in a RuntimeError)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+    return None
+
+
+def save_checkpoint(state: dict[str, Any], directory: str | os.PathLike, name: str, *, keep: int = 0) -> Path:
+    """Atomically write ``state`` to ``directory/name``; keep the newest ``keep`` readable (0: all).
+
+    Raises :class:`CheckpointSaveError` when the write fails with an OSError.
+    """
+    directory = Path(directory)
+    final = directory / name
+    with _signals_deferred():
+        tmp: Optional[str] = None
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+            with os.fdopen(fd, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+            tmp = None
+            dir_fd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except (OSError, RuntimeError) as e:
+            os_error = _os_error(e)
+            if os_error is None:
+                raise
+            code = os_error.errno
+            name_of = errno_codes.errorcode.get(code, "?") if code is not None else "?"
+            raise CheckpointSaveError(
+                f"cannot write checkpoint {final}: [Errno {code} {name_of}] "
+                f"{os_error.strerror or os_error}; free space (or raise the quota) on that disk "
+                f"and resume with resume=auto: the earlier checkpoints are intact",
+                path=final, errno=code,
+            ) from None
+        finally:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
+        if keep > 0:
+            _prune(directory, keep, written=final)
     return final
+
+
+def _prune(directory: Path, keep: int, *, written: Path) -> None:
+    """Keep the newest ``keep`` readable checkpoints; damaged ones never count as kept."""
+    kept = 0
+    for path in reversed(list_checkpoints(directory)):
+        readable = path == written or is_readable(path)
+        if readable and kept < keep:
+            kept += 1
+            continue
+        if readable or kept >= keep:  # older than every kept one (or beyond keep)
+            path.unlink(missing_ok=True)
+            if not readable:
+                log.warning("removed damaged checkpoint %s (older than the %d kept)", path, keep)
+
+
+def remove_orphaned_temp_files(directory: str | os.PathLike) -> tuple[int, int]:
+    """Delete the temporary files of checkpoint writes that were killed: ``(files, bytes)``.
+
+    Call only while no other process writes to ``directory`` (the run-directory lock).
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return 0, 0
+    files = size = 0
+    for path in directory.glob(_TEMP_GLOB):
+        with contextlib.suppress(OSError):
+            size += path.stat().st_size
+            path.unlink()
+            files += 1
+    return files, size
 
 
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
@@ -82,34 +228,79 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
     return [p for _, _, p in sorted(found)]
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a checkpoint onto the CPU; a damaged file raises ``CheckpointError``."""
+def _torch_load(path: str | os.PathLike, **kwargs: Any) -> Any:
+    return torch.load(path, map_location="cpu", weights_only=True, **kwargs)
+
+
+def is_readable(path: str | os.PathLike) -> bool:
+    """True when ``path`` opens as a data-only checkpoint (memory-mapped: tensors not read)."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = _torch_load(path, mmap=True)
+    except Exception:  # noqa: BLE001 - any failure means "not usable"
+        return False
+    return isinstance(state, dict) and "model" in state
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Load a checkpoint onto the CPU (data only: nothing in the file is executed).
+
+    A damaged file, or one holding Python objects a checkpoint never holds, raises
+    ``CheckpointError``.
+    """
+    try:
+        state = _torch_load(path)
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path} does not exist") from None
-    except Exception as e:  # noqa: BLE001 - any unpickling failure means a damaged file
-        raise CheckpointError(f"checkpoint {path} is damaged or truncated ({type(e).__name__}: {e})") from None
+    except pickle.UnpicklingError as e:
+        what = str(e).strip().splitlines()
+        detail = next((ln for ln in what if "GLOBAL" in ln or "Unsupported" in ln), what[0] if what else "")
+        raise CheckpointError(
+            f"{path} is not a plain largebatch checkpoint: it holds Python objects a checkpoint "
+            f"never holds ({detail.strip()[:160]}); it was not loaded (nothing in it ran): "
+            f"remove it, or resume from a checkpoint this library wrote"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - any other reading failure means a damaged file
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CheckpointError(f"checkpoint {path} is damaged or truncated ({type(e).__name__}: {first})") from None
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path} is not a largebatch checkpoint (no model state)")
     return state
 
 
 def load_latest(directory: str | os.PathLike) -> Optional[tuple[Path, dict[str, Any]]]:
-    """The newest readable checkpoint of ``directory`` (damaged newer ones are reported)."""
-    for path in reversed(list_checkpoints(directory)):
+    """The newest readable checkpoint of ``directory`` (damaged newer ones are reported).
+
+    None when there is no checkpoint file; ``CheckpointError`` when there are some but none
+    can be read (resuming "from scratch" would silently throw the run away).
+    """
+    paths = list_checkpoints(directory)
+    newest_error = ""
+    for path in reversed(paths):
         try:
             return path, load_checkpoint(path)
         except CheckpointError as e:
+            newest_error = newest_error or str(e)
             log.warning("%s; falling back to the previous checkpoint", e)
+    if paths:
+        raise CheckpointError(
+            f"none of the {len(paths)} checkpoint(s) in {directory} can be read (newest: "
+            f"{newest_error}); resume from a good file with resume=<path>, or start a new run "
+            f"with another run_dir"
+        )
     return None
 
 
 def capture_rng_state() -> dict[str, Any]:
-    """Python, NumPy, torch CPU and (where present) CUDA generator states."""
+    """Python, NumPy, torch CPU and (where present) CUDA generator states, as plain data.
+
+    NumPy's key array is stored as a tensor, Python's state as a tuple of ints: what
+    ``torch.load(weights_only=True)`` reads back.
+    """
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -119,7 +310,9 @@ def capture_rng_state() -> dict[str, Any]:
 
 def restore_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    npst = state["numpy"]
+    np.random.set_state((npst["kind"], npst["keys"].numpy().astype(np.uint32), npst["pos"],
+                         npst["has_gauss"], npst["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

@@ -13,7 +13,13 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 
 from largebatch import __version__
-from largebatch.engine.checkpoint import capture_rng_state, checkpoint_name, save_checkpoint
+from largebatch.engine.checkpoint import (
+    CheckpointSaveError,
+    capture_rng_state,
+    checkpoint_name,
+    save_checkpoint,
+    to_plain,
+)
 from largebatch.engine.compile import unwrap_model
 from largebatch.engine.evaluate import evaluate
 from largebatch.engine.loop import Hook
@@ -247,10 +253,14 @@ class CheckpointHook(Hook):
     state (epoch, step, step within the epoch = the data position, skipped steps, evals),
     the RNG states (python, numpy, torch, CUDA), the world size, global batch and steps per
     epoch it was written with, and the library version; ``extra_state`` returns what the
-    run adds (resolved config, model name). Only rank 0 writes: every rank seeds the same
-    global RNG and draws from it in step, so rank 0's RNG state is every rank's.
-    Before writing, the non-finite counters are checked (so a ``stop`` run never saves
-    non-finite weights).
+    run adds (resolved config, model name). Everything is stored as tensors and plain values
+    (Enums as their values), so the file loads with ``weights_only=True``. Only rank 0
+    writes: every rank seeds the same global RNG and draws from it in step, so rank 0's RNG
+    state is every rank's.
+    Before writing, the non-finite loss counters are checked and then every parameter and
+    buffer (a finite loss can come with an infinite BN ``running_var``): non-finite state is
+    never saved, under either policy. A failed write (disk full) is raised on every rank as
+    :class:`CheckpointSaveError`.
     """
 
     def __init__(
@@ -272,7 +282,7 @@ class CheckpointHook(Hook):
     def state(self) -> dict[str, Any]:
         t = self.trainer
         model = unwrap_model(t.model)  # DDP / torch.compile wrappers add key prefixes
-        return {
+        return to_plain({
             "version": __version__,
             "model": model.state_dict(),
             "optimizer": t.optimizer.state_dict(),
@@ -285,20 +295,28 @@ class CheckpointHook(Hook):
             "accumulation_steps": t.accumulation_steps,
             "steps_per_epoch": t.steps_per_epoch,
             **self.extra_state(),
-        }
+        })
 
     def save(self) -> None:
         t = self.trainer
         if t.state.step == self.last_saved_step:
             return
         t.check_non_finite()
+        t.guard.check_state(t.state.step)
         self.last_saved_step = t.state.step
+        failure: Optional[tuple[str, str, Optional[int]]] = None
         if t.backend.is_main:
-            path = save_checkpoint(
-                self.state(), self.directory, checkpoint_name(t.state.epoch, t.state.step), keep=self.keep
-            )
-            log.debug("saved %s", path)
-        t.backend.barrier()
+            try:
+                path = save_checkpoint(
+                    self.state(), self.directory, checkpoint_name(t.state.epoch, t.state.step), keep=self.keep
+                )
+                log.debug("saved %s", path)
+            except CheckpointSaveError as e:
+                failure = (str(e), str(e.path), e.errno)
+        # Doubles as the barrier: no rank goes on before rank 0 has written (or failed).
+        failure = t.backend.broadcast_object(failure)
+        if failure is not None:
+            raise CheckpointSaveError(failure[0], path=Path(failure[1]), errno=failure[2])
 
     def before_train(self) -> None:
         if self.trainer.state.step:  # resumed: the checkpoint of this step is on disk
@@ -345,6 +363,7 @@ class SummaryHook(Hook):
             "target_top1": self.target_top1,
             "time_to_target_s": s.time_to_target_s,
             "stop_reason": t.stop_reason,
+            "skipped_steps": s.skipped_steps,
             **self.extra,
         }
         if not t.backend.is_main:
@@ -358,8 +377,9 @@ class SummaryHook(Hook):
             target = f"time to {self.target_top1:g}%: {s.time_to_target_s:.1f}s"
         else:
             target = f"target {self.target_top1:g}% not reached"
+        skipped = f", {s.skipped_steps} step(s) skipped for a non-finite loss" if s.skipped_steps else ""
         print(
-            f"largebatch: best val top-1 {best}, {s.epoch} epochs, {s.step} steps, "
+            f"largebatch: best val top-1 {best}, {s.epoch} epochs, {s.step} steps{skipped}, "
             f"training wall time {s.elapsed_s:.1f}s, {target}",
             flush=True,
         )

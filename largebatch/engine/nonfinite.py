@@ -20,10 +20,17 @@ Policies (``non_finite`` in the config):
   copied: the forward pass of a NaN batch would otherwise leave NaN BN statistics. After more than
   ``max_skipped_steps`` skipped steps the check raises. Host-side counters (a Python
   ``step`` int of a custom optimizer) and the LR schedule still count a skipped step.
+  Each check that finds new skipped steps logs the running count (and the run's summary
+  holds it as ``skipped_steps``).
+
+Before a checkpoint, :meth:`NonFiniteGuard.check_state` also checks every parameter and
+buffer: a finite loss can come with non-finite state (an exploding LR that drives a BN
+``running_var`` to inf), and such state is never saved.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional
 
 import torch
@@ -32,6 +39,8 @@ from torch import nn
 from largebatch.errors import UsageError
 
 __all__ = ["NonFiniteGuard", "NonFiniteLossError"]
+
+log = logging.getLogger("largebatch")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -83,11 +92,13 @@ class NonFiniteGuard:
         self._live: list[torch.Tensor] = []
         self._state_keys: Optional[list[tuple[int, str]]] = None
         self.skipped_before = 0  # skipped steps of earlier processes (resumed run)
+        self._logged_skipped = 0
 
     def start(self, *, step: int, skipped_steps: int) -> None:
         """Continue the counts of a resumed run: ``step`` steps done, ``skipped_steps`` skipped."""
         self._step.fill_(step)
         self.skipped_before = skipped_steps
+        self._logged_skipped = skipped_steps
 
     # -- per step, no host read ----------------------------------------------------------
     def before_step(self) -> None:
@@ -136,6 +147,10 @@ class NonFiniteGuard:
         counts, firsts = vec[:world].tolist(), vec[world:].tolist()
         skipped = self.skipped_before + int(self._skipped.item()) if self.policy == "skip" else 0
         bad_ranks = [r for r in range(world) if counts[r] > 0]
+        if skipped > self._logged_skipped and skipped <= self.max_skipped_steps:
+            self._logged_skipped = skipped
+            log.warning("step %d: %d step(s) skipped so far for a non-finite loss (non_finite=skip, "
+                        "max_skipped_steps=%d)", step, skipped, self.max_skipped_steps)
         if not bad_ranks:
             return skipped
         first_step = int(min(firsts[r] for r in bad_ranks))
@@ -152,6 +167,29 @@ class NonFiniteGuard:
                 f"{first_step} on rank {where}); {_FIX}"
             )
         return skipped
+
+    def check_state(self, step: int) -> None:
+        """Raise unless every floating-point parameter and buffer is finite on every rank.
+
+        One host read (and one all-reduce) per call: the loop calls it before a checkpoint.
+        """
+        named = [(n, t) for n, t in (*self.model.named_parameters(), *self.model.named_buffers())
+                 if t.is_floating_point()]
+        if not named:
+            return
+        finite = torch.stack([torch.isfinite(t.detach()).all() for _, t in named])
+        count = (~finite).sum().to(torch.float32)
+        if self.backend.world_size > 1:
+            count = self.backend.all_reduce_sum(count)
+        if count.item() == 0:
+            return
+        names = [n.removeprefix("module.") for (n, _), ok in zip(named, finite.tolist()) if not ok]
+        where = f"e.g. {', '.join(names[:3])}" if names else "on another rank"
+        raise NonFiniteLossError(
+            f"{int(count.item())} parameter/buffer tensor(s) are not finite at step {step} "
+            f"({where}, rank {self.backend.rank}'s view) although the loss was checked; the "
+            f"checkpoint was not saved (non_finite={self.policy}); {_FIX}"
+        )
 
     # -- internals -----------------------------------------------------------------------
     def _tensors(self) -> list[torch.Tensor]:

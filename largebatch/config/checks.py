@@ -1,0 +1,106 @@
+"""Value ranges of the composed config, checked before anything is created.
+
+The schema (``largebatch.config.schema``) fixes keys and types; this module fixes what the
+values may be: ``epochs=0``, ``optimizer.lr=nan`` or ``optimizer.momentum=2`` fail at
+compose time, naming the key, before a run directory exists or a step runs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional
+
+__all__ = ["check_ranges"]
+
+
+def _num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _int_at_least(low: int) -> tuple[Callable[[Any], bool], str]:
+    return (lambda x: _num(x) and x >= low), f"an integer >= {low}"
+
+
+def _finite(cond: Callable[[float], bool], text: str) -> tuple[Callable[[Any], bool], str]:
+    return (lambda x: _num(x) and cond(x)), text
+
+
+_POSITIVE = _finite(lambda x: x > 0, "a finite number > 0")
+_NON_NEGATIVE = _finite(lambda x: x >= 0, "a finite number >= 0")
+_FRACTION = _finite(lambda x: 0 <= x < 1, "a number in [0, 1)")
+
+# key -> (test, what the value must be); None values pass for the Optional keys listed below.
+_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "epochs": _int_at_least(1),
+    "max_steps": _int_at_least(1),
+    "global_batch_size": _int_at_least(1),
+    "base_batch_size": _int_at_least(1),
+    "accumulation_steps": _int_at_least(1),
+    "label_smoothing": _FRACTION,
+    "eval_every": _int_at_least(1),
+    "log_every": _int_at_least(1),
+    "max_skipped_steps": _int_at_least(0),
+    "target_top1": _finite(lambda x: 0 <= x <= 100, "a percentage in [0, 100]"),
+    "optimizer.lr": _POSITIVE,
+    "optimizer.weight_decay": _NON_NEGATIVE,
+    "optimizer.momentum": _FRACTION,
+    "optimizer.trust_coefficient": _POSITIVE,
+    "optimizer.eps": _POSITIVE,
+    "schedule.warmup_epochs": _NON_NEGATIVE,
+    "schedule.warmup_start_factor": _finite(lambda x: 0 <= x <= 1, "a number in [0, 1]"),
+    "schedule.gamma": _POSITIVE,
+    "schedule.power": _POSITIVE,
+    "schedule.end_factor": _NON_NEGATIVE,
+    "data.image_size": _int_at_least(1),
+    "data.workers": _int_at_least(0),
+    "data.val_crop_ratio": _finite(lambda x: 0 < x <= 1, "a number in (0, 1]"),
+    "data.synthetic.classes": _int_at_least(2),
+    "data.synthetic.train_per_class": _int_at_least(1),
+    "data.synthetic.val_per_class": _int_at_least(1),
+    "data.synthetic.image_size": _int_at_least(8),
+    "model.drop_rate": _FRACTION,
+    "model.drop_path_rate": _FRACTION,
+    "precision.init_scale": _POSITIVE,
+    "precision.growth_interval": _int_at_least(1),
+    "backend.timeout_s": _int_at_least(1),
+    "comm.bucket_mb": _POSITIVE,
+    "checkpoint.keep": _int_at_least(0),
+    "checkpoint.every_epochs": _int_at_least(0),
+    "checkpoint.every_steps": _int_at_least(0),
+}
+_OPTIONAL = {"max_steps", "target_top1", "optimizer.momentum", "optimizer.trust_coefficient", "optimizer.eps"}
+
+
+def _get(cfg: Any, key: str) -> Any:
+    node = cfg
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def _fail(key: str, value: Any, must: str, fix: Optional[str] = None) -> None:
+    from largebatch.config.compose import ConfigError
+
+    raise ConfigError(f"{key}={value} is out of range: it must be {must}" + (f"; {fix}" if fix else ""))
+
+
+def check_ranges(cfg: Any) -> None:
+    """Raise ``ConfigError`` naming the first key whose value is out of its range.
+
+    ``cfg`` is the composed config (a DictConfig or anything indexable by key parts).
+    """
+    for key, (ok, must) in _RULES.items():
+        value = _get(cfg, key)
+        if value is None and key in _OPTIONAL:
+            continue
+        if not ok(value):
+            _fail(key, value, must)
+    scale = list(_get(cfg, "data.crop_scale"))
+    if len(scale) != 2 or not all(_num(s) for s in scale) or not 0 < scale[0] <= scale[1] <= 1:
+        _fail("data.crop_scale", scale, "[min, max] with 0 < min <= max <= 1 (area fractions)")
+    betas = _get(cfg, "optimizer.betas")
+    if betas is not None and (len(betas) != 2 or not all(_num(b) and 0 <= b < 1 for b in betas)):
+        _fail("optimizer.betas", list(betas), "two numbers in [0, 1)")
+    group = _get(cfg, "bn.group_size")
+    if group != -1 and not (isinstance(group, int) and group >= 1):
+        _fail("bn.group_size", group, "-1 (the whole world) or an integer >= 1")

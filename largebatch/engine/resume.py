@@ -1,0 +1,145 @@
+"""Resuming a run: find the checkpoint, check that it fits the run, load it.
+
+Rank 0 chooses the checkpoint and every rank loads the same file. A checkpoint fits when it
+was made with the same model, optimizer, global batch and epoch length; anything else stops
+with one line naming what differs (a silent resume with another optimizer would apply state
+meant for another update rule). ``resume=auto`` with checkpoint files present but none
+readable is an error, not a fresh start.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Optional
+
+from largebatch.engine.checkpoint import CheckpointError, load_checkpoint, load_latest, restore_rng_state
+from largebatch.engine.compile import strip_compile_prefixes
+
+__all__ = ["check_fits", "find_checkpoint", "resume_run"]
+
+log = logging.getLogger("largebatch")
+
+_RUN_PARTS = ("optimizer", "scheduler", "train_state", "rng")
+
+
+def find_checkpoint(resume: str, ckpt_dir: Path, backend: Any) -> Optional[Path]:
+    """Rank 0 picks the checkpoint (newest readable one for ``auto``); all ranks get it."""
+    choice: tuple[Optional[str], Optional[str]] = (None, None)
+    if backend.is_main:
+        try:
+            if resume != "auto":
+                if not Path(resume).is_file():
+                    raise CheckpointError(
+                        f"checkpoint {resume} does not exist; set resume= to a checkpoint file or to auto")
+                choice = (resume, None)
+            else:
+                found = load_latest(ckpt_dir)
+                choice = (str(found[0]) if found else None, None)
+        except CheckpointError as e:
+            choice = (None, str(e))
+    path, error = backend.broadcast_object(choice)
+    if error:
+        raise CheckpointError(error)
+    return Path(path) if path else None
+
+
+def _saved_optimizer(ckpt: dict[str, Any]) -> Optional[str]:
+    resolved = ckpt.get("resolved") or {}
+    if resolved.get("optimizer"):
+        return str(resolved["optimizer"])
+    config = ckpt.get("config") or {}
+    return (config.get("optimizer") or {}).get("name")
+
+
+def check_fits(
+    ckpt: dict[str, Any], path: Path, *, model_name: str, optimizer_name: str, global_batch_size: int,
+    world_size: int, per_device: int, steps_per_epoch: int,
+) -> None:
+    """A checkpoint must come from the same model, optimizer, global batch and epoch length
+    (and hold a whole run state); raise ``CheckpointError`` naming what differs and the fix."""
+    saved_model = ckpt.get("model_name")
+    if saved_model is not None and saved_model != model_name:
+        raise CheckpointError(
+            f"checkpoint {path} was made with model {saved_model}, not {model_name}; "
+            f"resume with model.name={saved_model} or start a new run_dir"
+        )
+    saved_opt = _saved_optimizer(ckpt)
+    if saved_opt is not None and saved_opt != optimizer_name:
+        raise CheckpointError(
+            f"checkpoint {path} was made with optimizer={saved_opt}, not {optimizer_name}; its "
+            f"optimizer state does not fit another update rule: resume with optimizer={saved_opt} "
+            f"or start a new run_dir"
+        )
+    saved_batch = ckpt.get("global_batch_size", global_batch_size)
+    if saved_batch != global_batch_size:
+        raise CheckpointError(
+            f"checkpoint {path} was made with global_batch_size={saved_batch}, not "
+            f"{global_batch_size}; resume with global_batch_size={saved_batch} (the LR, "
+            f"schedule and data position depend on it)"
+        )
+    saved_steps = ckpt.get("steps_per_epoch", steps_per_epoch)
+    if saved_steps != steps_per_epoch:
+        raise CheckpointError(
+            f"checkpoint {path} has {saved_steps} steps per epoch but this run has "
+            f"{steps_per_epoch} (world size {world_size}, {per_device} per device "
+            f"drops a different tail of the data); resume at world size "
+            f"{ckpt.get('world_size')} or with a global_batch_size that divides the data evenly"
+        )
+
+
+def resume_run(
+    resume: str, ckpt_dir: Path, *, backend: Any, model_name: str, optimizer_name: str,
+    global_batch_size: int, per_device: int, steps_per_epoch: int,
+    model: Any, optimizer: Any, scheduler: Any, scaler: Any, state: Any,
+) -> Optional[Path]:
+    """Load the checkpoint ``resume`` names (a path, or ``auto``: the newest in the run).
+
+    Returns the checkpoint loaded, or None (``auto`` and no checkpoint file yet).
+    """
+    path = find_checkpoint(resume, ckpt_dir, backend)
+    if path is None:
+        log.info("resume=auto: no checkpoint in %s, starting from scratch", ckpt_dir)
+        return None
+    ckpt = load_checkpoint(path)
+    world_size = backend.world_size
+    check_fits(ckpt, path, model_name=model_name, optimizer_name=optimizer_name,
+               global_batch_size=global_batch_size, world_size=world_size, per_device=per_device,
+               steps_per_epoch=steps_per_epoch)
+    try:
+        # strip: checkpoints of older versions were saved from the compiled module
+        model.load_state_dict(strip_compile_prefixes(ckpt["model"]))
+    except RuntimeError as e:
+        raise CheckpointError(
+            f"checkpoint {path} does not fit model {model_name} "
+            f"({str(e).splitlines()[0]}); resume with the model it was made with"
+        ) from None
+    missing = [k for k in _RUN_PARTS if k not in ckpt]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {path} holds no {', '.join(missing)} state (model weights only?), so a "
+            f"run cannot continue from it; resume from a checkpoint largebatch-train wrote, or "
+            f"start a new run without resume="
+        )
+    try:
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        if scaler is not None and ckpt.get("scaler"):
+            scaler.load_state_dict(ckpt["scaler"])
+        state.load_state_dict(ckpt["train_state"])
+        restore_rng_state(ckpt["rng"])
+    except (KeyError, ValueError, TypeError, RuntimeError) as e:
+        raise CheckpointError(
+            f"checkpoint {path} does not fit this run's optimizer/schedule state "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); resume with the "
+            f"settings it was made with, or start a new run_dir"
+        ) from None
+    saved_world = ckpt.get("world_size", world_size)
+    if saved_world != world_size:
+        log.warning(
+            "checkpoint written at world size %d, resuming at %d: per-device batch is now %d "
+            "(global batch %d kept); the result is not bit-identical to an uninterrupted run",
+            saved_world, world_size, per_device, global_batch_size,
+        )
+    log.info("resumed from %s (epoch %d, step %d)", path, state.epoch, state.step)
+    return path

@@ -1,0 +1,30 @@
+"""Worker exit codes for the launch scripts.
+
+torchrun exits 1 whenever a worker fails, whatever the worker's reason. The scripts in
+``launch/`` set ``LARGEBATCH_EXIT_DIR``; each worker writes its exit code to
+``<dir>/exit-<restart>-<rank>`` and the script then exits with the documented code (75
+preempted, 2 bad input, 3 non-finite, 74 checkpoint write failed) instead of torchrun's 1.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["ENV", "report_exit_code"]
+
+ENV = "LARGEBATCH_EXIT_DIR"
+
+
+def report_exit_code(code: int) -> None:
+    """Write ``code`` for the launch script when it asked for it (``LARGEBATCH_EXIT_DIR``)."""
+    directory = os.environ.get(ENV)
+    if not directory:
+        return
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"
+    rank = os.environ.get("RANK", "0") or "0"
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        (Path(directory) / f"exit-{restart}-{rank}").write_text(f"{code}\n")
+    except OSError:
+        pass  # the exit code itself still reaches torchrun

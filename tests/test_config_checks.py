@@ -1,0 +1,42 @@
+"""Out-of-range values fail at compose time, naming the key, before a run directory exists."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from largebatch.cli import main
+
+CASES = [
+    ("epochs=0", "epochs=0 is out of range"),
+    ("max_steps=-5", "max_steps=-5 is out of range"),
+    ("optimizer.momentum=2", "optimizer.momentum=2.0 is out of range"),
+    ("optimizer.lr=nan", "optimizer.lr=nan is out of range"),
+    ("optimizer.lr=-1", "optimizer.lr=-1.0 is out of range"),
+    ("data.image_size=0", "data.image_size=0 is out of range"),
+    ("checkpoint.keep=-1", "checkpoint.keep=-1 is out of range"),
+    ("label_smoothing=5", "label_smoothing=5.0 is out of range"),
+    ("data.crop_scale=[0.5,0.1]", "data.crop_scale=[0.5, 0.1] is out of range"),
+    ("bn.group_size=0", "bn.group_size=0 is out of range"),
+]
+
+
+@pytest.mark.parametrize("override,pattern", CASES, ids=[c[0] for c in CASES])
+def test_out_of_range_value_is_one_line_before_the_run_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture, override: str, pattern: str
+) -> None:
+    run = tmp_path / "run"
+    assert main(["debug=smoke", "progress=false", f"run_dir={run}", override]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("largebatch: error:") and "\n" not in err and "Traceback" not in err
+    assert pattern in err, err
+    assert not run.exists()
+
+
+def test_every_experiment_preset_is_in_range() -> None:
+    from largebatch.config import compose_config
+
+    presets = sorted(p.stem for p in (Path(__file__).parents[1] / "conf" / "experiment").glob("*.yaml"))
+    for name in presets:
+        compose_config([f"experiment={name}", "data.root=/data/imagenet"])

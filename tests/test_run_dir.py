@@ -1,0 +1,87 @@
+"""The run directory: one live run at a time (a lock naming the owner), stale locks taken
+over, orphaned checkpoint temp files removed, ``resume=auto`` without ``run_dir`` explained."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from largebatch.cli import main
+
+FAST = [
+    "debug=smoke", "progress=false", "tensorboard=false", "data.workers=0", "global_batch_size=8",
+    "data.synthetic.train_per_class=8", "data.synthetic.val_per_class=2", "data.image_size=16",
+    "max_steps=1",
+]
+
+_HOLDER = """
+import sys, time
+from pathlib import Path
+from largebatch.engine.run_dir import RunDirLock
+lock = RunDirLock(Path(sys.argv[1]))
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def _hold_lock(run: Path) -> subprocess.Popen:
+    run.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(run)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_a_second_live_run_on_the_same_directory_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = tmp_path / "run"
+    holder = _hold_lock(run)
+    try:
+        assert main([*FAST, f"run_dir={run}"]) == 2
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("largebatch: error:") and "\n" not in err and "Traceback" not in err
+    assert f"in use by a live run (host {socket.gethostname()}, pid {holder.pid})" in err
+    assert not (run / "config.yaml").exists() and not (run / "checkpoints").exists()
+
+
+def test_a_stale_lock_is_taken_over_and_released_at_the_end(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    holder = _hold_lock(run)
+    os.kill(holder.pid, signal.SIGKILL)  # dies holding the lock: its owner line stays
+    holder.wait()
+    assert json.loads((run / ".lock").read_text())["pid"] == holder.pid
+    assert main([*FAST, f"run_dir={run}"]) == 0
+    log = (run / "train.log").read_text()
+    assert f"pid {holder.pid} was stale (that process is gone); taken over" in log
+    assert (run / ".lock").read_text() == ""  # released: the next run starts without a note
+    assert main([*FAST, f"run_dir={run}", "resume=auto", "max_steps=2"]) == 0
+    assert (run / "train.log").read_text().count("was stale") == 1
+
+
+def test_orphaned_checkpoint_temp_files_are_removed_at_start(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    for i in range(5):
+        (run / "checkpoints" / f".ckpt-e0000-s00000000{i}.pt.abc{i}.tmp").write_bytes(b"\0" * 2**20)
+    assert main([*FAST, f"run_dir={run}"]) == 0
+    assert not list((run / "checkpoints").glob(".*.tmp"))
+    assert "removed 5 temporary file(s) (5.0 MiB) of interrupted checkpoint writes" in (run / "train.log").read_text()
+
+
+def test_resume_auto_without_run_dir_names_the_newest_run(tmp_path: Path) -> None:
+    out = tmp_path / "runs"
+    assert main([*FAST, f"output_root={out}"]) == 0
+    (first,) = list(out.iterdir())
+    assert main([*FAST, f"output_root={out}", "resume=auto"]) == 0
+    (second,) = [p for p in out.iterdir() if p != first]
+    log = (second / "train.log").read_text()
+    assert f"resume=auto without run_dir=: this is a new run in {second}" in log
+    assert f"the newest run of resnet10t under {out} is {first}: add run_dir={first}" in log
