@@ -236,7 +236,7 @@ class XlaBackend(Backend):
         self.local_rank = xr.local_ordinal()
         self.local_world_size = xr.local_device_count() if self.world_size > 1 else 1
         # Threaded XLA:CPU replicas: serialise graph launches (module docstring).
-        self._serial = self.device_type == "CPU" and xr.addressable_device_count() > 1
+        self._serial = _threaded_cpu_replicas()
         self._all_ranks = [list(range(self.world_size))]
         self._reducers: dict[int, Any] = {}
         self._real_device: Optional[str] = None

@@ -3,7 +3,7 @@
 What a user of another project writes (the README's "Reuse in a plain torch-xla program"):
 replicas started by ``torch_xla.launch``, no torch.distributed process group, no largebatch
 backend or launcher; only the public ``largebatch.nn.convert_group_sync_batchnorm`` (no
-reducer argument) and ``largebatch.optim.LARS`` / ``LAMB`` stepped by ``xm.optimizer_step``.
+reducer argument) and ``largebatch.optim.LARS`` / ``LAMB`` stepped by ``xm.optimizer_step``, batches from ``MpDeviceLoader``.
 Started by ``tests/xla/test_plain_program.py`` with ``PJRT_DEVICE=CPU CPU_NUM_DEVICES=4``;
 each replica saves what it computed to ``OUT_DIR/plain_<rank>.pt`` and the test compares.
 
@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 import torch_xla
 import torch_xla.core.xla_model as xm
+import torch_xla.distributed.parallel_loader as pl
 import torch_xla.runtime as xr
 from torch import nn
 
@@ -81,12 +82,10 @@ def _replica(index: int, out_dir: str) -> None:
     for name, make_optimizer in OPTIMIZERS.items():
         model = convert_group_sync_batchnorm(small_net(), group_size=BN_GROUP).to(device)
         optimizer = make_optimizer(model.parameters())
-        for images, labels in train_batches(rank):
-            loss = F.cross_entropy(model(images.to(device)), labels.to(device))
-            loss.backward()
+        for images, labels in pl.MpDeviceLoader(train_batches(rank), device):  # syncs once per batch
+            F.cross_entropy(model(images), labels).backward()
             xm.optimizer_step(optimizer)  # mean of the gradients over the replicas, then step
             optimizer.zero_grad(set_to_none=True)
-            torch_xla.sync()
         out[name] = {k: v.cpu() for k, v in model.state_dict().items()}
     torch.save(out, f"{out_dir}/plain_{rank}.pt")
 
