@@ -26,6 +26,11 @@ there (``PJRT_DEVICE=CPU`` and more than one device in the process):
   broadcast masks), host collectives materialise their inputs first, and every explicit
   collective names its replica groups (one all-reduce lowering, layout pinned).
 
+A plain torch-xla program (``torch_xla.launch``, no largebatch backend) gets its grouped-BN
+reducer from :func:`xla_group_reducer`, which ``largebatch.nn.convert_group_sync_batchnorm``
+calls when the XLA runtime is running; on threaded XLA:CPU it takes the same measures for the
+program's own ``torch_xla.sync()`` calls (:func:`_serialise_threaded_cpu_syncs`).
+
 This module is the only one that imports ``torch_xla``, lazily.
 """
 
@@ -171,12 +176,15 @@ def _serialise_threaded_cpu_syncs() -> None:
         launch = torch_xla._XLAC._xla_step_marker
         real_devices: dict[str, str] = {}
 
-        def serialised_step_marker(device: str, *args: Any, **kwargs: Any) -> Any:
+        def serialised_step_marker(device: str, *args: Any, wait: bool = False, **kwargs: Any) -> Any:
             if device not in real_devices:
                 real_devices[device] = xm.xla_real_devices([device])[0]
             xm.wait_device_ops([real_devices[device]])  # before the lock (see XlaBackend._sync)
             with _SYNC_LOCK:
-                return launch(device, *args, **kwargs)
+                result = launch(device, *args, wait=False, **kwargs)
+            if wait:  # sync(wait=True): wait for the graph after the lock, not under it
+                xm.wait_device_ops([real_devices[device]])
+            return result
 
         torch_xla._XLAC._xla_step_marker = serialised_step_marker
         _step_marker_patched[0] = True

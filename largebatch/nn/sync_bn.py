@@ -23,9 +23,11 @@ Example::
     model = convert_group_sync_batchnorm(model, group_size=4)   # BN over 4-rank groups
     loss = model(images).sum(); loss.backward()  # every rank must run forward and backward
 
-With a custom backend, pass any object with ``size`` and ``all_reduce_sum(tensor)``::
+Inside ``torch_xla.launch`` without a process group, the same call groups the XLA replicas
+(:func:`default_group_reducer`). With a custom backend, pass any object with ``size`` and
+``all_reduce_sum(tensor)``::
 
-    model = convert_group_sync_batchnorm(model, group_size=2, reducer=my_xla_reducer)
+    model = convert_group_sync_batchnorm(model, group_size=2, reducer=my_reducer)
 """
 
 from __future__ import annotations
