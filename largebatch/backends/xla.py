@@ -176,15 +176,12 @@ def _serialise_threaded_cpu_syncs() -> None:
         launch = torch_xla._XLAC._xla_step_marker
         real_devices: dict[str, str] = {}
 
-        def serialised_step_marker(device: str, *args: Any, wait: bool = False, **kwargs: Any) -> Any:
+        def serialised_step_marker(device: str, *args: Any, **kwargs: Any) -> Any:
             if device not in real_devices:
                 real_devices[device] = xm.xla_real_devices([device])[0]
             xm.wait_device_ops([real_devices[device]])  # before the lock (see XlaBackend._sync)
             with _SYNC_LOCK:
-                result = launch(device, *args, wait=False, **kwargs)
-            if wait:  # sync(wait=True): wait for the graph after the lock, not under it
-                xm.wait_device_ops([real_devices[device]])
-            return result
+                return launch(device, *args, **kwargs)
 
         torch_xla._XLAC._xla_step_marker = serialised_step_marker
         _step_marker_patched[0] = True

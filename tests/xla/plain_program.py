@@ -73,7 +73,7 @@ def _replica(index: int, out_dir: str) -> None:
     bn = convert_group_sync_batchnorm(nn.Sequential(nn.BatchNorm2d(BN_SHAPE[1])), group_size=BN_GROUP)
     bn = bn.to(device)
     y = bn(bn_input(rank).to(device))
-    torch_xla.sync(wait=True)  # the serialised launch must not hold the lock while waiting
+    torch_xla.sync(wait=True)  # also a waiting sync goes through the serialised launch
     layer = bn[0]
     out["bn"] = {"type": type(layer).__name__, "y": y.cpu(), "running_mean": layer.running_mean.cpu(),
                  "running_var": layer.running_var.cpu()}
