@@ -201,8 +201,11 @@ def test_convert_group_of_one_is_identity_and_checks_sizes() -> None:
     assert convert_group_sync_batchnorm(model, group_size=1) is model
     assert convert_group_sync_batchnorm(model, group_size=-1) is model  # world of 1
     assert convert_group_sync_batchnorm(model, group_size=-1, reducer=LocalReducer()) is model
-    with pytest.raises(ValueError, match="does not divide the world size 1"):
+    # no process group, no XLA replicas: one line naming both ways to get several ranks
+    with pytest.raises(ValueError, match=r"program is a single one \(world size 1\).*torchrun.*torch_xla.launch"):
         convert_group_sync_batchnorm(model, group_size=2)
+    with pytest.raises(ValueError, match="must be positive"):
+        convert_group_sync_batchnorm(model, group_size=-3)
     with pytest.raises(ValueError, match="does not match the reducer"):
         convert_group_sync_batchnorm(model, group_size=4, reducer=MirrorReducer(2))
     assert resolve_group_size(0, 8) == resolve_group_size(-1, 8) == 8

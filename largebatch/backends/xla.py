@@ -26,6 +26,11 @@ there (``PJRT_DEVICE=CPU`` and more than one device in the process):
   broadcast masks), host collectives materialise their inputs first, and every explicit
   collective names its replica groups (one all-reduce lowering, layout pinned).
 
+A plain torch-xla program (``torch_xla.launch``, no largebatch backend) gets its grouped-BN
+reducer from :func:`xla_group_reducer`, which ``largebatch.nn.convert_group_sync_batchnorm``
+calls when the XLA runtime is running; on threaded XLA:CPU it takes the same measures for the
+program's own ``torch_xla.sync()`` calls (:func:`_serialise_threaded_cpu_syncs`).
+
 This module is the only one that imports ``torch_xla``, lazily.
 """
 
@@ -36,6 +41,7 @@ import logging
 import math
 import os
 import pickle
+import sys
 import threading
 from typing import Any, ContextManager, Iterable, Iterator, Optional
 
@@ -45,7 +51,14 @@ from torch import nn
 from largebatch.backends.base import Backend
 from largebatch.errors import UsageError
 
-__all__ = ["XlaBackend", "XlaGroupReducer", "prepare_xla_environment", "MIN_CPU_THREAD_POOL"]
+__all__ = [
+    "XlaBackend",
+    "XlaGroupReducer",
+    "prepare_xla_environment",
+    "running_xla_world_size",
+    "xla_group_reducer",
+    "MIN_CPU_THREAD_POOL",
+]
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +145,85 @@ class XlaGroupReducer:
         return f"XlaGroupReducer(size={self.size}, groups={self.groups})"
 
 
+def _threaded_cpu_replicas() -> bool:
+    """Replicas are threads of this process on XLA:CPU (``CPU_NUM_DEVICES>1``): never on TPU."""
+    import torch_xla.runtime as xr
+
+    return (xr.device_type() or "").upper() == "CPU" and xr.addressable_device_count() > 1
+
+
+_step_marker_patched = [False]
+
+
+def _serialise_threaded_cpu_syncs() -> None:
+    """In a plain torch-xla program on threaded XLA:CPU, take the backend's measures itself.
+
+    The user's ``torch_xla.sync()`` (also ``xm.mark_step()``, ``MpDeviceLoader``) goes through
+    ``torch_xla._XLAC._xla_step_marker``; wrapped here, once per process, it waits for the
+    device's previous graph and then launches under the process-wide lock, as
+    ``XlaBackend._sync`` does, and buffer aliasing is turned off (module docstring). Without
+    this, 4 replicas compile at once and the first graph's all-reduce aborts after 10 s.
+    Nothing is changed anywhere else (TPU, GPU, one CPU device).
+    """
+    if not _threaded_cpu_replicas():
+        return
+    os.environ["XLA_ENABLE_PARAM_ALIASING"] = "0"
+    with _SYNC_LOCK:
+        if _step_marker_patched[0]:
+            return
+        import torch_xla
+        import torch_xla.core.xla_model as xm
+
+        launch = torch_xla._XLAC._xla_step_marker
+        real_devices: dict[str, str] = {}
+
+        def serialised_step_marker(device: str, *args: Any, **kwargs: Any) -> Any:
+            if device not in real_devices:
+                real_devices[device] = xm.xla_real_devices([device])[0]
+            xm.wait_device_ops([real_devices[device]])  # before the lock (see XlaBackend._sync)
+            with _SYNC_LOCK:
+                return launch(device, *args, **kwargs)
+
+        torch_xla._XLAC._xla_step_marker = serialised_step_marker
+        _step_marker_patched[0] = True
+
+
+def running_xla_world_size() -> int:
+    """Replicas of the XLA program this code runs in, or 0 where none is running.
+
+    A program started by ``torch_xla.launch`` / ``xmp.spawn`` (or any that has used an XLA
+    device) has an initialized runtime; then this is ``torch_xla.runtime.world_size()``.
+    0 when ``torch_xla`` has not been imported or its runtime has not started: this never
+    imports ``torch_xla`` nor starts the runtime itself.
+    """
+    torch_xla = sys.modules.get("torch_xla")
+    if torch_xla is None or not torch_xla._XLAC._xla_runtime_is_initialized():
+        return 0
+    import torch_xla.runtime as xr
+
+    return xr.world_size()
+
+
+def xla_group_reducer(group_size: int) -> Any:
+    """The grouped-BN reducer of a plain torch-xla program: groups of ``group_size`` replicas.
+
+    For ``largebatch.nn.convert_group_sync_batchnorm`` called inside ``torch_xla.launch``
+    without a torch.distributed process group. ``group_size`` -1 or 0 is every replica; 1
+    (or a single replica) is local BN. Raises ``ValueError`` if no XLA replicas are running
+    or ``group_size`` does not divide their number.
+    """
+    from largebatch.nn.sync_bn import LocalReducer, resolve_group_size
+
+    world_size = running_xla_world_size()
+    if world_size == 0:
+        raise UsageError("no XLA runtime is running: call this inside torch_xla.launch(...) (or xmp.spawn)")
+    size = resolve_group_size(group_size, world_size)
+    if size == 1:
+        return LocalReducer()
+    _serialise_threaded_cpu_syncs()
+    return XlaGroupReducer(size, world_size)
+
+
 class XlaBackend(Backend):
     """Data parallelism over XLA replicas (TPU cores/chips, or XLA:CPU devices)."""
 
@@ -150,7 +242,7 @@ class XlaBackend(Backend):
         self.local_rank = xr.local_ordinal()
         self.local_world_size = xr.local_device_count() if self.world_size > 1 else 1
         # Threaded XLA:CPU replicas: serialise graph launches (module docstring).
-        self._serial = self.device_type == "CPU" and xr.addressable_device_count() > 1
+        self._serial = _threaded_cpu_replicas()
         self._all_ranks = [list(range(self.world_size))]
         self._reducers: dict[int, Any] = {}
         self._real_device: Optional[str] = None

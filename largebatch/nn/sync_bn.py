@@ -23,13 +23,16 @@ Example::
     model = convert_group_sync_batchnorm(model, group_size=4)   # BN over 4-rank groups
     loss = model(images).sum(); loss.backward()  # every rank must run forward and backward
 
-With a custom backend, pass any object with ``size`` and ``all_reduce_sum(tensor)``::
+Inside ``torch_xla.launch`` without a process group, the same call groups the XLA replicas
+(:func:`default_group_reducer`). With a custom backend, pass any object with ``size`` and
+``all_reduce_sum(tensor)``::
 
-    model = convert_group_sync_batchnorm(model, group_size=2, reducer=my_xla_reducer)
+    model = convert_group_sync_batchnorm(model, group_size=2, reducer=my_reducer)
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Callable, Optional, Protocol, runtime_checkable
 
 import torch
@@ -46,6 +49,7 @@ __all__ = [
     "resolve_group_size",
     "rank_subgroup",
     "process_group_reducer",
+    "default_group_reducer",
     "GroupSyncBatchNorm",
     "GroupSyncBatchNormAct",
     "convert_group_sync_batchnorm",
@@ -158,6 +162,41 @@ def process_group_reducer(group_size: int) -> GroupReducer:
     if resolve_group_size(group_size, world_size) == 1:
         return LocalReducer()
     return ProcessGroupReducer(rank_subgroup(group_size))
+
+
+def default_group_reducer(group_size: int) -> GroupReducer:
+    """Reducer over this rank's group of ``group_size`` ranks of the running program.
+
+    * torch.distributed initialized (torchrun + ``init_process_group``, gloo or NCCL): its
+      world, as :func:`process_group_reducer`;
+    * otherwise, inside a torch-xla program (``torch_xla.launch`` / ``xmp.spawn``, or a
+      torch.distributed world of the ``xla`` backend): the XLA replicas, with an in-graph
+      ``xm.all_reduce`` over replica groups (``largebatch.backends.xla.xla_group_reducer``);
+    * otherwise one rank: ``group_size`` 1, -1 or 0 give a :class:`LocalReducer`, any other
+      size raises ``ValueError``.
+
+    ``torch_xla`` is looked at only when the program has already imported it.
+    """
+    initialized = dist.is_available() and dist.is_initialized()
+    if _xla_running() and (not initialized or dist.get_backend() == "xla"):
+        from largebatch.backends.xla import xla_group_reducer
+
+        return xla_group_reducer(group_size)
+    if not initialized and group_size > 1:
+        raise UsageError(
+            f"BN group_size {group_size} needs several ranks, but this program is a single one (world size 1): "
+            "initialize torch.distributed first (torchrun + init_process_group), or call this inside "
+            "torch_xla.launch(...) on several XLA devices; or use group_size=1"
+        )
+    return process_group_reducer(group_size)
+
+
+def _xla_running() -> bool:
+    if "torch_xla" not in sys.modules:  # never import torch_xla here
+        return False
+    from largebatch.backends.xla import running_xla_world_size
+
+    return running_xla_world_size() > 0
 
 
 # --------------------------------------------------------------------------- autograd
@@ -410,14 +449,15 @@ def convert_group_sync_batchnorm(
     Args:
         module: the model (converted in place where possible; use the return value).
         group_size: ranks per BN group; must divide the world size (``UsageError`` if not).
-        reducer: the group's :class:`GroupReducer`; ``None`` builds a
-            :class:`ProcessGroupReducer` for the initialized torch.distributed world.
+        reducer: the group's :class:`GroupReducer`; ``None`` takes the running program's
+            (:func:`default_group_reducer`): the initialized torch.distributed world, or the
+            XLA replicas of ``torch_xla.launch``.
         use_torch_sync_bn_on_cuda: when the model is on CUDA and the reducer is a
             :class:`ProcessGroupReducer`, use ``torch.nn.SyncBatchNorm`` (fused CUDA kernels)
             on the same process group instead (default True).
     """
     if reducer is None:
-        reducer = process_group_reducer(group_size)
+        reducer = default_group_reducer(group_size)
     elif group_size not in (-1, 0) and group_size != reducer.size:
         raise UsageError(f"group_size {group_size} does not match the reducer's group size {reducer.size}")
     if reducer.size == 1:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import nn
@@ -89,19 +89,24 @@ def compile_count() -> int:
     return int(data[0]) if data else 0
 
 
-def run_replicas(scenario: str, out_dir: Path, *, devices: int = 4, timeout: int = 240) -> tuple[subprocess.CompletedProcess, int]:
-    """Run ``python -m tests.xla.replicas SCENARIO OUT_DIR`` on ``devices`` XLA:CPU replicas.
+def run_replicas(
+    scenario: str, out_dir: Path, *, devices: int = 4, timeout: int = 240, module: str = "tests.xla.replicas",
+    env: Optional[dict[str, str]] = None,
+) -> tuple[subprocess.CompletedProcess, int]:
+    """Run ``python -m MODULE SCENARIO OUT_DIR`` on ``devices`` XLA:CPU replicas.
 
-    Retries only the known upstream crash (at most :data:`MAX_CRASH_RETRIES` times) and
-    returns ``(completed process, retries)``; every other failure is returned as it is.
+    ``module`` defaults to the backend's scenarios (``tests.xla.replicas``); ``env`` adds
+    variables. Retries only the known upstream crash (at most :data:`MAX_CRASH_RETRIES`
+    times) and returns ``(completed process, retries)``; every other failure is returned as
+    it is.
     """
-    env = dict(os.environ, PJRT_DEVICE="CPU", CPU_NUM_DEVICES=str(devices))
+    env = dict(os.environ, PJRT_DEVICE="CPU", CPU_NUM_DEVICES=str(devices), **(env or {}))
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     retries = 0
     while True:
         proc = subprocess.run(
-            [sys.executable, "-m", "tests.xla.replicas", scenario, str(out_dir)],
+            [sys.executable, "-m", module, scenario, str(out_dir)],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
         )
         crashed = proc.returncode != 0 and UPSTREAM_CRASH in (proc.stderr + proc.stdout)
