@@ -404,7 +404,7 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
     from largebatch.engine.loop import Trainer, TrainState
     from largebatch.engine.preemption import Preempted, PreemptionHook
     from largebatch.engine.precision import resolve_precision
-    from largebatch.lr import build_lr_scheduler, scale_lr
+    from largebatch.lr import build_lr_scheduler, scale_lr, schedule_factors
     from largebatch.models import build_model
     from largebatch.nn import convert_group_sync_batchnorm
     from largebatch.optim import build_optimizer
@@ -450,17 +450,21 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
             train_model = torch.compile(train_model)
         steps_per_epoch = len(train_loader) // plan.accumulation_steps
         sched = cfg.schedule
+        start_factor, end_factor = schedule_factors(
+            lr, base_lr=cfg.optimizer.lr, warmup_start=_value(sched.warmup_start),
+            warmup_start_factor=sched.warmup_start_factor, end_lr=sched.end_lr, end_factor=sched.end_factor,
+        )
         scheduler = build_lr_scheduler(
             optimizer,
             name=_value(sched.name),
             steps_per_epoch=steps_per_epoch,
             epochs=cfg.epochs,
             warmup_epochs=sched.warmup_epochs,
-            warmup_start_factor=sched.warmup_start_factor,
+            warmup_start_factor=start_factor,
             milestones=sched.milestones,
             gamma=sched.gamma,
             power=sched.power,
-            end_factor=sched.end_factor,
+            end_factor=end_factor,
         )
         scaler = backend.grad_scaler(precision.loss_scaling, cfg.precision.init_scale, cfg.precision.growth_interval)
         state = TrainState()
