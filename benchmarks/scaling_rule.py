@@ -221,9 +221,12 @@ def write_report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
             cells.append(f"{statistics.mean(v):.1f} +- {sd:.1f} [{min(v):.1f}, {max(v):.1f}] (n={len(v)})")
         steps = next(r["steps"] for r in grid if r["batch"] == b)
         lines.append(f"| {b} | {100 * b / n_train:.1f}% | {steps} | " + " | ".join(cells) + " |")
-    cpu_s = sum(r["seconds"] for r in rows)
-    lines += ["", f"Training time summed over all {len(rows)} runs: {cpu_s / 60:.1f} min (runs went two at "
-              "a time on a shared 2-core machine; see the README for the wall time)."]
+    swept = {(r["recipe"], r["batch"], r["base_lr"], r["seed"]) for r in rows if r["stage"] == "sweep"}
+    trained = [r for r in rows if r["stage"] == "sweep" or (r["recipe"], r["batch"], r["base_lr"], r["seed"]) not in swept]
+    cpu_s = sum(r["seconds"] for r in trained)
+    lines += ["", f"Training time summed over the {len(trained)} trainings ({len(rows) - len(trained)} grid rows "
+              f"reuse the sweep's run): {cpu_s / 60:.1f} min (two at a time on a shared 2-core machine; "
+              "see the README for the wall time)."]
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     try:
         import matplotlib
