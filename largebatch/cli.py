@@ -191,14 +191,19 @@ def _optimizer(cfg: Any, model: Any, lr: float) -> Any:
                            exclude_bn_bias=opt.exclude_bn_bias, **_optimizer_options(opt))
 
 
-def _scheduler(cfg: Any, optimizer: Any, steps_per_epoch: int) -> Any:
-    from largebatch.lr import build_lr_scheduler
+def _scheduler(cfg: Any, optimizer: Any, steps_per_epoch: int, lr: float) -> Any:
+    """Warmup + decay; ``warmup_start=base_lr`` and ``end_lr`` resolved against the scaled ``lr``."""
+    from largebatch.lr import build_lr_scheduler, schedule_factors
 
     s = cfg.schedule
+    start_factor, end_factor = schedule_factors(
+        lr, base_lr=cfg.optimizer.lr, warmup_start=s.warmup_start,
+        warmup_start_factor=s.warmup_start_factor, end_lr=s.end_lr, end_factor=s.end_factor,
+    )
     return build_lr_scheduler(
         optimizer, name=s.name, steps_per_epoch=steps_per_epoch, epochs=cfg.epochs,
-        warmup_epochs=s.warmup_epochs, warmup_start_factor=s.warmup_start_factor,
-        milestones=s.milestones, gamma=s.gamma, power=s.power, end_factor=s.end_factor,
+        warmup_epochs=s.warmup_epochs, warmup_start_factor=start_factor,
+        milestones=s.milestones, gamma=s.gamma, power=s.power, end_factor=end_factor,
     )
 
 
@@ -316,7 +321,7 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
         optimizer = _optimizer(cfg, model, lr)
         train_model = _train_model(cfg, backend, model)
         steps_per_epoch = len(train_loader) // plan.accumulation_steps
-        scheduler = _scheduler(cfg, optimizer, steps_per_epoch)
+        scheduler = _scheduler(cfg, optimizer, steps_per_epoch, lr)
         scaler = backend.grad_scaler(precision.loss_scaling, cfg.precision.init_scale, cfg.precision.growth_interval)
         state = TrainState()
         resume = _resume_setting(cfg.resume)

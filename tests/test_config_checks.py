@@ -19,6 +19,7 @@ CASES = [
     ("label_smoothing=5", "label_smoothing=5.0 is out of range"),
     ("data.crop_scale=[0.5,0.1]", "data.crop_scale=[0.5, 0.1] is out of range"),
     ("bn.group_size=0", "bn.group_size=0 is out of range"),
+    ("optimizer.eps=-1", "optimizer.eps=-1.0 is out of range"),
 ]
 
 
@@ -40,3 +41,13 @@ def test_every_experiment_preset_is_in_range() -> None:
     presets = sorted(p.stem for p in (Path(__file__).parents[1] / "conf" / "experiment").glob("*.yaml"))
     for name in presets:
         compose_config([f"experiment={name}", "data.root=/data/imagenet"])
+
+
+def test_eps_zero_is_lars_only(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """eps=0 is the MLPerf reference's LARS epsilon; LAMB divides by it, so LAMB refuses it."""
+    common = ["debug=smoke", "progress=false", "tensorboard=false", "max_steps=1", "optimizer.eps=0"]
+    assert main([*common, "optimizer=lars", f"run_dir={tmp_path / 'lars'}"]) == 0
+    capsys.readouterr()
+    assert main([*common, "optimizer=lamb", f"run_dir={tmp_path / 'lamb'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "invalid eps 0.0, must be > 0" in err, err

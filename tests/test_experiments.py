@@ -52,11 +52,11 @@ def test_presets_carry_the_papers_numbers() -> None:
     y = _cfg("ying2018_rn50_32k_tpu")
     assert (y.backend.name, y.precision.name, y.optimizer.name) == ("xla", "bf16", "lars")
     assert y.bn.group_size > 1 and y.label_smoothing > 0 and y.schedule.name == "poly"
-    for b, size in (("b2", 260), ("b5", 456)):
+    for b, size, batch in (("b2", 260, 32768), ("b5", 456, 65536)):
         w = _cfg(f"wongpanich2020_effnet_{b}")
         assert w.model.name == f"efficientnet_{b}" and w.data.image_size == size
         assert (w.optimizer.name, w.schedule.name, w.precision.name) == ("lars", "poly", "bf16")
-        assert w.bn.group_size > 1 and w.global_batch_size == 65536
+        assert w.bn.group_size > 1 and w.global_batch_size == batch
     m = _cfg("mlperf_rn50")
     assert (m.target_top1, m.stop_at_target, m.eval_every, m.label_smoothing) == (75.9, True, 4, 0.1)
     assert m.optimizer.name == "lars" and m.schedule.name == "poly" and m.schedule.power == 2.0

@@ -13,6 +13,7 @@ from largebatch.lr import (
     lr_multiplier,
     poly_decay,
     scale_lr,
+    schedule_factors,
     step_decay,
     warmup_factor,
 )
@@ -79,3 +80,22 @@ def test_scheduler_is_per_iteration_and_keeps_group_ratios() -> None:
     assert lrs[10][0] == pytest.approx(1.0)
     assert lrs[20][0] == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.5)))
     assert all(a == pytest.approx(2 * b_) for a, b_ in lrs)
+
+
+def test_warmup_from_base_lr_follows_the_batch() -> None:
+    """Goyal et al. sec. 2.2: warmup from eta (the lr per base batch) to k*eta, at any k."""
+    for batch in (256, 1024, 8192):
+        scaled = scale_lr(0.1, batch, 256, "linear")
+        start, _ = schedule_factors(scaled, base_lr=0.1, warmup_start="base_lr")
+        assert start * scaled == pytest.approx(0.1)
+    assert schedule_factors(3.2, base_lr=0.1, warmup_start="factor", warmup_start_factor=0.25)[0] == 0.25
+    with pytest.raises(ValueError, match="warmup_start"):
+        schedule_factors(3.2, base_lr=0.1, warmup_start="zero")
+
+
+def test_absolute_end_lr_replaces_end_factor() -> None:
+    """MLPerf / tensorflow/tpu poly decay ends at 1e-4 whatever the peak."""
+    for peak in (10.0, 34.0):
+        _, end = schedule_factors(peak, base_lr=peak, end_lr=1e-4, end_factor=0.5)
+        assert end * peak == pytest.approx(1e-4)
+    assert schedule_factors(10.0, base_lr=10.0, end_factor=0.5)[1] == 0.5

@@ -45,7 +45,9 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "optimizer.weight_decay": _NON_NEGATIVE,
     "optimizer.momentum": _FRACTION,
     "optimizer.trust_coefficient": _POSITIVE,
-    "optimizer.eps": _POSITIVE,
+    # >= 0: LARS takes 0 (the MLPerf reference's lars_epsilon); LAMB refuses 0 itself (its
+    # Adam denominator), naming the option, when the optimizer is built.
+    "optimizer.eps": _NON_NEGATIVE,
     "schedule.warmup_epochs": _NON_NEGATIVE,
     "schedule.warmup_start_factor": _finite(lambda x: 0 <= x <= 1, "a number in [0, 1]"),
     "schedule.gamma": _POSITIVE,

@@ -53,6 +53,11 @@ class ScheduleName(str, Enum):
     poly = "poly"
 
 
+class WarmupStart(str, Enum):
+    factor = "factor"  # warmup_start_factor x the scaled lr
+    base_lr = "base_lr"  # optimizer.lr, the lr per base_batch_size images (Goyal et al. 2017 sec. 2.2)
+
+
 class PrecisionName(str, Enum):
     auto = "auto"  # bf16 where the device computes it natively, else fp32
     fp32 = "fp32"
@@ -134,6 +139,10 @@ class ScheduleConfig:
     gamma: float = 0.1  # step decay: factor at each milestone
     power: float = 2.0  # poly decay exponent (MLPerf ResNet-50: 2)
     end_factor: float = 0.0  # cosine/poly: final lr as a fraction of the scaled lr
+    # Where warmup starts: "factor" (warmup_start_factor x the scaled lr) or "base_lr" (the
+    # unscaled optimizer.lr, Goyal et al.'s "from eta to k*eta", right at any global batch).
+    warmup_start: WarmupStart = WarmupStart.factor
+    end_lr: Optional[float] = None  # cosine/poly: absolute final lr; set, it replaces end_factor
 
 
 @dataclass

@@ -6,6 +6,7 @@ from largebatch.lr.schedules import (
     cosine_decay,
     lr_multiplier,
     poly_decay,
+    schedule_factors,
     step_decay,
     warmup_factor,
 )
@@ -17,6 +18,7 @@ __all__ = [
     "cosine_decay",
     "lr_multiplier",
     "poly_decay",
+    "schedule_factors",
     "step_decay",
     "warmup_factor",
 ]

@@ -24,6 +24,7 @@ __all__ = [
     "poly_decay",
     "lr_multiplier",
     "build_lr_scheduler",
+    "schedule_factors",
 ]
 
 
@@ -81,6 +82,36 @@ def lr_multiplier(
     else:
         raise UsageError(f"unknown schedule {name!r}; choose constant, step, cosine or poly")
     return warmup_factor(step, warmup_steps, warmup_start_factor) * decay
+
+
+def schedule_factors(
+    scaled_lr: float,
+    *,
+    base_lr: float,
+    warmup_start: str = "factor",
+    warmup_start_factor: float = 0.1,
+    end_lr: float | None = None,
+    end_factor: float = 0.0,
+) -> tuple[float, float]:
+    """The warmup start and decay end as fractions of ``scaled_lr``, from how a recipe states them.
+
+    ``warmup_start="base_lr"`` starts the warmup at ``base_lr``, the lr per base batch before
+    scaling (Goyal et al. 2017, sec. 2.2: "from eta to k*eta"), so the start stays right when
+    the global batch changes; ``"factor"`` uses ``warmup_start_factor``. ``end_lr``, when given,
+    is an absolute final lr (the MLPerf ResNet-50 reference and tensorflow/tpu's
+    ``lars_util.poly_rate_schedule`` end at 1e-4 whatever the peak) and replaces ``end_factor``.
+    """
+    if scaled_lr <= 0:
+        raise ValueError(f"the scaled lr must be positive, got {scaled_lr}")
+    mode = getattr(warmup_start, "value", warmup_start)
+    if mode == "base_lr":
+        start = base_lr / scaled_lr
+    elif mode == "factor":
+        start = warmup_start_factor
+    else:
+        raise ValueError(f"unknown warmup_start {warmup_start!r}; choose factor or base_lr")
+    end = end_factor if end_lr is None else end_lr / scaled_lr
+    return start, end
 
 
 def build_lr_scheduler(
