@@ -8,7 +8,7 @@ compose time, naming the key, before a run directory exists or a step runs.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 __all__ = ["check_ranges"]
 
@@ -79,10 +79,10 @@ def _get(cfg: Any, key: str) -> Any:
     return node
 
 
-def _fail(key: str, value: Any, must: str, fix: Optional[str] = None) -> None:
+def _fail(key: str, value: Any, must: str) -> None:
     from largebatch.config.compose import ConfigError
 
-    raise ConfigError(f"{key}={value} is out of range: it must be {must}" + (f"; {fix}" if fix else ""))
+    raise ConfigError(f"{key}={value} is out of range: it must be {must}; set {key}= to such a value")
 
 
 def check_ranges(cfg: Any) -> None:
