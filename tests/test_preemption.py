@@ -56,3 +56,34 @@ def test_sigterm_saves_exits_75_and_resume_finishes(tmp_path: Path) -> None:
     assert main([*FAST, f"run_dir={run}", "resume=auto"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 12 and summary["epochs"] == 3
+
+
+def test_ctrl_c_twice_during_a_checkpoint_write_lets_the_write_finish(tmp_path: Path) -> None:
+    """Both Ctrl-Cs land while a (ResNet-50 sized, slow) checkpoint is being written: the
+    write completes, then the second Ctrl-C interrupts (exit 130), with no traceback."""
+    from largebatch.cli import EXIT_INTERRUPTED
+
+    run = tmp_path / "run"
+    ckpts = run / "checkpoints"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import signal, sys\n"
+         "signal.signal(signal.SIGINT, signal.default_int_handler)  # background shells ignore it\n"
+         "from largebatch.cli import main\nsys.exit(main(sys.argv[1:]))",
+         *FAST, "model=resnet50", f"run_dir={run}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+    )
+    deadline = time.time() + 240
+    while not list(ckpts.glob(".*.tmp")):
+        assert proc.poll() is None, f"training ended before it was signalled: {proc.communicate()}"
+        assert time.time() < deadline, "no checkpoint write began"
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.1)  # two signals sent at once coalesce into one (the kernel keeps one pending)
+    assert list(ckpts.glob(".*.tmp")), "the write ended before the second Ctrl-C"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == EXIT_INTERRUPTED == 130, (out, err)
+    assert "Traceback" not in err and "largebatch: interrupted" in err
+    assert "arrived during a checkpoint write" in out + err
+    assert not list(ckpts.glob(".*.tmp"))
+    assert load_checkpoint(list_checkpoints(ckpts)[-1])["train_state"]["step"] >= 1

@@ -22,18 +22,22 @@ FAST = [
 ]
 
 _HOLDER = """
-import sys, time
+import os, sys, time
 from pathlib import Path
 from largebatch.engine.run_dir import RunDirLock
 lock = RunDirLock(Path(sys.argv[1]))
+if sys.argv[2] == "fork" and os.fork() == 0:  # a child like a DataLoader worker, outliving it
+    time.sleep(30)
+    os._exit(0)
 print("locked", flush=True)
 time.sleep(120)
 """
 
 
-def _hold_lock(run: Path) -> subprocess.Popen:
+def _hold_lock(run: Path, fork: bool = False) -> subprocess.Popen:
     run.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(run)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(run), "fork" if fork else "-"],
+                            stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "locked"
     return proc
 
@@ -53,8 +57,9 @@ def test_a_second_live_run_on_the_same_directory_is_refused(tmp_path: Path, caps
 
 
 def test_a_stale_lock_is_taken_over_and_released_at_the_end(tmp_path: Path) -> None:
+    """The holder dies (SIGKILL) while a forked child of it (a loader worker) still lives."""
     run = tmp_path / "run"
-    holder = _hold_lock(run)
+    holder = _hold_lock(run, fork=True)
     os.kill(holder.pid, signal.SIGKILL)  # dies holding the lock: its owner line stays
     holder.wait()
     assert json.loads((run / ".lock").read_text())["pid"] == holder.pid

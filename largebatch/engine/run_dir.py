@@ -1,8 +1,9 @@
 """The run directory: chosen once per job, locked while a run uses it, cleaned at start.
 
 Rank 0 creates the directory and every rank gets the same path. Rank 0 then takes an
-exclusive lock on ``<run_dir>/.lock`` (``fcntl.flock``; the file names the owner's host and
-pid) and holds it until the run ends, so a second run on the same directory stops with one
+exclusive lock on ``<run_dir>/.lock`` (a POSIX record lock, ``fcntl.lockf``: it also works on
+NFS, and forked DataLoader workers do not inherit it, so it dies with its process; the file
+names the owner's host and pid) and holds it until the run ends, so a second run on the same directory stops with one
 line naming the owner instead of interleaving checkpoints and logs. The ranks of one torchrun
 job share rank 0's lock. The kernel drops the lock when its process dies, so the lock of a
 killed run (a torchrun restart, a SIGKILL) is taken over, with a log line naming the old owner.
@@ -11,6 +12,7 @@ With the lock held, the temporary files of killed checkpoint writes are removed.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -39,7 +41,7 @@ def elastic_run_id() -> Optional[str]:
 
 
 class RunDirLock:
-    """An exclusive ``flock`` on ``<run_dir>/.lock`` holding ``{"host", "pid"}`` of the owner.
+    """An exclusive ``lockf`` lock on ``<run_dir>/.lock`` holding ``{"host", "pid"}`` of the owner.
 
     ``previous`` is the owner a stale lock named (a process that died holding it), else None.
     """
@@ -49,8 +51,11 @@ class RunDirLock:
         self.previous: Optional[dict[str, Any]] = None
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EAGAIN):
+                os.close(fd)
+                raise
             owner = _read_owner(fd)
             os.close(fd)
             who = f"host {owner.get('host', '?')}, pid {owner.get('pid', '?')}" if owner else "another process"
@@ -72,7 +77,7 @@ class RunDirLock:
         try:
             os.ftruncate(self._fd, 0)
         finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            fcntl.lockf(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
 
