@@ -24,6 +24,8 @@ from typing import List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from largebatch.data import synthetic as _syn
+
 __all__ = [
     "BackendConfig",
     "BNConfig",
@@ -147,10 +149,12 @@ class ScheduleConfig:
 
 @dataclass
 class SyntheticDataConfig:
-    classes: int = 10
-    train_per_class: int = 260
-    val_per_class: int = 50
-    image_size: int = 48  # generated JPEG side, pixels
+    # The generator's own defaults (largebatch.data.synthetic), so a data preset without a
+    # synthetic block and largebatch-make-synthetic agree with conf/data/embedded.yaml.
+    classes: int = _syn.DEFAULT_CLASSES
+    train_per_class: int = _syn.DEFAULT_TRAIN_PER_CLASS
+    val_per_class: int = _syn.DEFAULT_VAL_PER_CLASS
+    image_size: int = _syn.DEFAULT_IMAGE_SIZE  # generated JPEG side, pixels
     seed: int = 0
 
 
