@@ -35,7 +35,9 @@ def test_default_is_the_embedded_run() -> None:
     cfg = to_train_config(compose_config([]))
     assert cfg.data.root is None
     assert cfg.global_batch_size == 64 and cfg.base_batch_size == 256
-    assert (cfg.data.image_size, cfg.optimizer.lr, cfg.epochs, cfg.target_top1) == (32, 0.2, 16, 90.0)
+    assert (cfg.data.image_size, cfg.optimizer.lr, cfg.epochs, cfg.target_top1) == (32, 0.2, 8, 90.0)
+    assert cfg.schedule.warmup_epochs == 1 and cfg.data.crop_scale == [0.5, 1.0]
+    assert (cfg.data.synthetic.train_per_class, cfg.data.synthetic.val_per_class) == (520, 100)
 
 
 def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:
