@@ -42,7 +42,7 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
-from largebatch.data.samplers import ExactShardSampler, ShardedSampler
+from largebatch.data.samplers import ExactShardSampler, ShardedSampler, sample_seed
 from largebatch.errors import UsageError
 
 __all__ = [
@@ -114,28 +114,6 @@ def build_val_transform(
 
 # ---------------------------------------------------------------------------------------
 # data set
-
-
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    """One SplitMix64 output step (Steele et al. 2014): a well-mixed 64-bit hash of ``x``."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def sample_seed(seed: int, epoch: int, index: int) -> int:
-    """Seed of one training sample's augmentation: a hash of (seed, epoch, index), < 2**63.
-
-    SplitMix64 chained over the three (a few microseconds; numpy's SeedSequence costs ~60).
-    """
-    h = _splitmix64(seed & _MASK64)
-    h = _splitmix64(h ^ (epoch & _MASK64))
-    h = _splitmix64(h ^ (index & _MASK64))
-    return h >> 1
 
 
 class Unreadable(NamedTuple):

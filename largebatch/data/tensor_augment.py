@@ -17,13 +17,15 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from largebatch.data.samplers import sample_seed
+
 __all__ = ["augment_batch", "centre_crop_box", "normalise", "random_resized_crop_box", "sample_rng"]
 
 
 def sample_rng(seed: int, epoch: int, index: int) -> random.Random:
-    """The generator of one sample's augmentation in one epoch (string seeds hash with SHA-512:
-    the same on every machine and Python process)."""
-    return random.Random(f"largebatch-augment/{seed}/{epoch}/{index}")
+    """The generator of one sample's augmentation in one epoch, seeded by the same per-sample
+    hash as the torchvision path (:func:`largebatch.data.samplers.sample_seed`)."""
+    return random.Random(sample_seed(seed, epoch, index))
 
 
 def random_resized_crop_box(
