@@ -50,6 +50,7 @@ __all__ = [
     "IMAGENET_DEFAULT_STD",
     "DataError",
     "RobustImageFolder",
+    "LoaderView",
     "SkipCountingLoader",
     "build_loaders",
     "build_train_transform",
@@ -220,7 +221,43 @@ def collate_skipping(
     return images, labels, skipped
 
 
-class SkipCountingLoader:
+class LoaderView:
+    """What every loader wrapper shows of the DataLoader ``self.loader`` it wraps: ``len()``,
+    ``sampler``, ``dataset``, ``batch_size``, and ``set_epoch`` for the sampler (shared by
+    :class:`SkipCountingLoader` and :class:`largebatch.data.nvjpeg.NvjpegLoader`)."""
+
+    loader: DataLoader
+
+    @property
+    def sampler(self) -> Any:
+        return self.loader.sampler
+
+    @property
+    def dataset(self) -> Any:
+        return self.loader.dataset
+
+    @property
+    def batch_size(self) -> int | None:
+        return self.loader.batch_size
+
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+        """Use epoch ``epoch``'s shuffle and skip its first ``skip_batches`` batches (resume).
+
+        The same call as :class:`largebatch.data.dali.DaliLoader`'s; a skip needs a
+        :class:`ShardedSampler` (it becomes ``set_start(skip_batches x batch_size)``).
+        """
+        sampler = self.loader.sampler
+        sampler.set_epoch(epoch)
+        if isinstance(sampler, ShardedSampler):
+            sampler.set_start(skip_batches * (self.batch_size or 1))
+        elif skip_batches:
+            raise ValueError(f"skip_batches needs a ShardedSampler, not {type(sampler).__name__}")
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+class SkipCountingLoader(LoaderView):
     """A DataLoader whose batches are ``(images, labels)``; ``skipped`` counts bad files.
 
     Wraps a DataLoader built with :func:`collate_skipping`. ``len()``, ``sampler``,
@@ -267,34 +304,6 @@ class SkipCountingLoader:
                 f"file(s) in {os.path.join(dataset.root, name)} are unreadable (named above in the "
                 f"log); replace them or remove the class folder from train/ and val/"
             )
-
-    @property
-    def sampler(self) -> Any:
-        return self.loader.sampler
-
-    @property
-    def dataset(self) -> Any:
-        return self.loader.dataset
-
-    @property
-    def batch_size(self) -> int | None:
-        return self.loader.batch_size
-
-    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
-        """Use epoch ``epoch``'s shuffle and skip its first ``skip_batches`` batches (resume).
-
-        The same call as :class:`largebatch.data.dali.DaliLoader`'s; a skip needs a
-        :class:`ShardedSampler` (it becomes ``set_start(skip_batches x batch_size)``).
-        """
-        sampler = self.loader.sampler
-        sampler.set_epoch(epoch)
-        if isinstance(sampler, ShardedSampler):
-            sampler.set_start(skip_batches * (self.batch_size or 1))
-        elif skip_batches:
-            raise ValueError(f"skip_batches needs a ShardedSampler, not {type(sampler).__name__}")
-
-    def __len__(self) -> int:
-        return len(self.loader)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for images, labels, skipped in self.loader:

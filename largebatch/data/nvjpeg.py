@@ -48,6 +48,7 @@ from largebatch.data.folder import (
     IMAGENET_DEFAULT_MEAN,
     IMAGENET_DEFAULT_STD,
     DataError,
+    LoaderView,
     RobustImageFolder,
     _check_same_classes,
     _split_folder,
@@ -203,7 +204,7 @@ def decode_images(data: Sequence[torch.Tensor], device: torch.device) -> list[Op
     return out
 
 
-class NvjpegLoader:
+class NvjpegLoader(LoaderView):
     """Batches decoded and augmented on ``device``; see the module docstring for the contract.
 
     ``len()``, ``sampler``, ``dataset`` and ``batch_size`` are those of the underlying
@@ -249,30 +250,10 @@ class NvjpegLoader:
         self._reported: set[str] = set()
         self._active: Optional[weakref.ref[Generator[tuple[torch.Tensor, torch.Tensor], None, None]]] = None
 
-    @property
-    def sampler(self) -> Any:
-        return self.loader.sampler
-
-    @property
-    def dataset(self) -> Any:
-        return self.loader.dataset
-
-    @property
-    def batch_size(self) -> Optional[int]:
-        return self.loader.batch_size
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
         """Use epoch ``epoch``'s shuffle and crops and skip its first ``skip_batches`` batches."""
         self.epoch = epoch
-        sampler = self.loader.sampler
-        sampler.set_epoch(epoch)
-        if isinstance(sampler, ShardedSampler):
-            sampler.set_start(skip_batches * (self.batch_size or 1))
-        elif skip_batches:
-            raise ValueError(f"skip_batches needs a ShardedSampler, not {type(sampler).__name__}")
+        super().set_epoch(epoch, skip_batches)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This epoch's batches. A new pass ends the previous one first: with persistent
