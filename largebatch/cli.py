@@ -1,371 +1,33 @@
-"""Command-line entry points: the only code that reads the config object.
+"""``largebatch-train``: the command line; the only code that composes the config from arguments.
 
 ``largebatch-train [--cfg job] [-m] [key=value ...]`` (also ``python -m largebatch.train``)
-composes ``conf/train.yaml`` with Hydra, checks the batch arithmetic, starts the backend, builds
-data, model, optimizer and schedule, and runs the loop: :func:`run` reads as the list of those
-steps, each a short builder that hands the config's plain values to the library
-(``largebatch.data.build``, ``largebatch.engine.assemble``, ...). Under torchrun every rank
-runs this; rank 0 chooses the run directory and the others receive it, so a run has exactly one
-directory. The command line itself (Hydra's flags, ``hydra.run.dir``) is
-``largebatch.config.command_line``; ``-m`` sweeps are ``largebatch.multirun``.
+composes ``conf/train.yaml`` with Hydra and runs one training job (``largebatch.run.run``),
+or a sweep of them with ``-m`` (``largebatch.multirun``). The command line itself (Hydra's
+flags, ``hydra.run.dir``) is ``largebatch.config.command_line``.
 
-Under torchrun with ``--max-restarts``, a restarted worker group resumes by itself: without
-``run_dir=`` the run directory is ``<output_root>/<model>-<torchrun run id>`` (the same for
-every restart), and ``resume`` defaults to ``auto`` once ``TORCHELASTIC_RESTART_COUNT`` > 0.
-
-Exit codes:
-
-* 0 (``EXIT_OK``): the run finished (or stopped at ``max_steps`` / its target).
-* 2 (``EXIT_USAGE``): bad input (config key or type, batch sizes, data folders, run
-  directory, a checkpoint that does not fit the run): one line on stderr naming the problem
-  and the fix, no traceback.
-* 3 (``EXIT_NON_FINITE``): the loss became NaN/inf (``non_finite=stop``, or more than
-  ``max_skipped_steps`` skipped steps with ``non_finite=skip``); the message names the step
-  and the rank.
-* 74 (``EXIT_IO_ERROR``, sysexits' EX_IOERR): a checkpoint could not be written (disk
-  full, quota, I/O error); the line names the file and the errno. The partial file is
-  removed and the earlier checkpoints are intact: free space, then ``resume=auto``.
-* 75 (``EXIT_PREEMPTED``, sysexits' EX_TEMPFAIL: "try again later"): SIGTERM or SIGINT
-  arrived; every rank finished the same step and a checkpoint was saved, so rerunning with
-  ``resume=auto run_dir=<same>`` continues. Distinct from 143 (128 + SIGTERM), which means
-  the process was killed before it could save.
-* 130: a second Ctrl-C interrupted without saving (one arriving during a checkpoint write
-  waits for the write to finish).
+Exit codes are ``largebatch.errors``'s table (0 done, 2 bad input, 3 non-finite loss, 74 a
+checkpoint write failed, 75 preempted after saving, 130 a second Ctrl-C); every exception is
+mapped by ``largebatch.errors.exit_code`` alone, and one it does not know (a bug) keeps its
+traceback.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import sys
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Optional, Sequence
-
-import torch
-from omegaconf import OmegaConf
+from typing import Optional, Sequence
 
 from largebatch import __version__
-from largebatch.errors import UsageError
+from largebatch.errors import (  # noqa: F401  (EXIT_*: the codes, importable from the CLI as before)
+    EXIT_INTERRUPTED, EXIT_IO_ERROR, EXIT_NON_FINITE, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE, error_line, exit_code,
+)
 
-__all__ = ["main", "run", "BatchPlan", "UsageError", "plan_batches"]
-
-log = logging.getLogger("largebatch")
-
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_NON_FINITE = 3
-EXIT_IO_ERROR = 74
-EXIT_PREEMPTED = 75
-EXIT_INTERRUPTED = 130
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """The batch arithmetic: global = per_device x world_size x accumulation_steps."""
-
-    global_batch_size: int
-    world_size: int
-    accumulation_steps: int
-    per_device: int
-
-
-def plan_batches(global_batch_size: int, world_size: int, accumulation_steps: int) -> BatchPlan:
-    """Split ``global_batch_size`` over devices and micro-steps, or say why it cannot be."""
-    if global_batch_size < 1 or accumulation_steps < 1:
-        raise UsageError(
-            f"global_batch_size ({global_batch_size}) and accumulation_steps "
-            f"({accumulation_steps}) must be positive"
-        )
-    parts = world_size * accumulation_steps
-    if global_batch_size % parts:
-        lower = global_batch_size - global_batch_size % parts
-        raise UsageError(
-            f"global_batch_size={global_batch_size} is not divisible by world size {world_size} "
-            f"x accumulation_steps {accumulation_steps} = {parts}; use a multiple of {parts}, "
-            f"e.g. global_batch_size={max(lower, parts)}"
-        )
-    return BatchPlan(global_batch_size, world_size, accumulation_steps, global_batch_size // parts)
-
-
-def _setup_logging(is_main: bool, run_dir: Optional[Path]) -> None:
-    root = logging.getLogger()
-    for h in list(root.handlers):
-        root.removeHandler(h)
-    level = logging.INFO if is_main else logging.WARNING
-    fmt = logging.Formatter("[%(asctime)s %(levelname)s] %(message)s", "%H:%M:%S")
-    console = logging.StreamHandler(sys.stdout)
-    console.setFormatter(fmt)
-    root.addHandler(console)
-    if is_main and run_dir is not None:
-        fh = logging.FileHandler(run_dir / "train.log")
-        fh.setFormatter(fmt)
-        root.addHandler(fh)
-    root.setLevel(level)
-
-
-def _resume_setting(resume: Optional[str]) -> Optional[str]:
-    """``resume``; a restarted torchrun worker group always resumes (``auto``)."""
-    if resume is None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
-        log.info("torchrun restart %s: resuming from the newest checkpoint (resume=auto)",
-                 os.environ["TORCHELASTIC_RESTART_COUNT"])
-        return "auto"
-    return resume
-
-
-def _channels_last(cfg: Any, backend: Any) -> bool:
-    """``model.channels_last``; unset: on CUDA devices (NHWC convolutions use the tensor cores)."""
-    if cfg.model.channels_last is None:
-        return backend.device.type == "cuda"
-    return bool(cfg.model.channels_last)
-
-
-def _data(cfg: Any, backend: Any, plan: BatchPlan, dtype: Optional[torch.dtype]) -> tuple[Path, Any, Any, int]:
-    """The data folder and this rank's loaders (``largebatch.data.build``)."""
-    from largebatch.data.build import build_run_loaders, resolve_data_root
-
-    data = cfg.data
-    syn = data.synthetic
-    root = resolve_data_root(
-        data.root, loader=data.loader, workers=data.workers, backend=backend,
-        synthetic=dict(num_classes=syn.classes, train_per_class=syn.train_per_class,
-                       val_per_class=syn.val_per_class, image_size=syn.image_size, seed=syn.seed),
-    )
-    device = backend.device
-    on_gpu = device.type == "cuda"  # pinned host memory, DALI's mixed decode and nvJPEG need a GPU
-    train, val, num_classes = build_run_loaders(
-        root, loader=data.loader, shards=data.shards, backend=backend, image_size=data.image_size,
-        batch_size=plan.per_device, workers=data.workers, seed=cfg.seed, crop_scale=data.crop_scale,
-        val_crop_ratio=data.val_crop_ratio, pin_memory=on_gpu,
-        dali_device_id=(device.index if device.index is not None else backend.local_rank) if on_gpu else None,
-        layout="NHWC" if _channels_last(cfg, backend) else "NCHW",
-        device=device if on_gpu else torch.device("cpu"), dtype=dtype, gpu_decode=on_gpu,
-    )
-    return root, train, val, num_classes
-
-
-def _model(cfg: Any, backend: Any, num_classes: int) -> Any:
-    """The timm model on the device, with grouped BN (``bn.group_size``) across ranks."""
-    from largebatch.models import build_model
-    from largebatch.nn import convert_group_sync_batchnorm
-
-    m = cfg.model
-    model = build_model(m.name, num_classes, zero_init_last_bn_gamma=m.zero_init_last_bn,
-                        drop_rate=m.drop_rate, drop_path_rate=m.drop_path_rate)
-    model = backend.prepare_model(model, channels_last=_channels_last(cfg, backend))
-    if cfg.bn.group_size != 1 and backend.world_size > 1:
-        model = convert_group_sync_batchnorm(model, cfg.bn.group_size, backend.bn_reducer(cfg.bn.group_size))
-    return model
-
-
-def _train_model(cfg: Any, backend: Any, model: Any) -> Any:
-    """The model as the loop calls it: DDP with the comm hook, then ``torch.compile`` (``model.compile``)."""
-    from largebatch.engine.compile import compile_model
-
-    comm = cfg.comm
-    train_model = backend.wrap_model(model, bucket_mb=comm.bucket_mb, algorithm=comm.algorithm,
-                                     compress=comm.compress, ranks_per_node=comm.ranks_per_node)
-    return compile_model(train_model, cfg.model.compile)
-
-
-def _uses_cuda_graphs(cfg: Any, backend: Any) -> bool:
-    from largebatch.engine.compile import uses_cuda_graphs
-
-    return uses_cuda_graphs(cfg.model.compile) and backend.device.type == "cuda"
-
-
-def _optimizer_options(opt: Any) -> dict[str, Any]:
-    """The optimizer-specific options the config sets (None = the optimizer's default)."""
-    names = ("momentum", "nesterov", "trust_coefficient", "eps", "betas", "foreach")
-    out = {n: getattr(opt, n) for n in names if getattr(opt, n) is not None}
-    if "betas" in out:
-        out["betas"] = tuple(out["betas"])
-    return out
-
-
-def _optimizer(cfg: Any, model: Any, lr: float) -> Any:
-    from largebatch.optim import build_optimizer
-
-    opt = cfg.optimizer
-    return build_optimizer(opt.name, model, lr=lr, weight_decay=opt.weight_decay,
-                           exclude_bn_bias=opt.exclude_bn_bias, **_optimizer_options(opt))
-
-
-def _scheduler(cfg: Any, optimizer: Any, steps_per_epoch: int, lr: float) -> Any:
-    """Warmup + decay; ``warmup_start=base_lr`` and ``end_lr`` resolved against the scaled ``lr``."""
-    from largebatch.lr import build_lr_scheduler, schedule_factors
-
-    s = cfg.schedule
-    start_factor, end_factor = schedule_factors(
-        lr, base_lr=cfg.optimizer.lr, warmup_start=s.warmup_start,
-        warmup_start_factor=s.warmup_start_factor, end_lr=s.end_lr, end_factor=s.end_factor,
-    )
-    return build_lr_scheduler(
-        optimizer, name=s.name, steps_per_epoch=steps_per_epoch, epochs=cfg.epochs,
-        warmup_epochs=s.warmup_epochs, warmup_start_factor=start_factor,
-        milestones=s.milestones, gamma=s.gamma, power=s.power, end_factor=end_factor,
-    )
-
-
-def _resolved(cfg: Any, backend: Any, plan: BatchPlan, **facts: Any) -> dict[str, Any]:
-    """What the run resolved (summary.json, checkpoints): sizes, lr, precision, paths."""
-    steps_per_epoch = facts["steps_per_epoch"]
-    return {
-        "version": __version__,
-        "backend": backend.describe(),
-        "world_size": backend.world_size,
-        "global_batch_size": plan.global_batch_size,
-        "per_device_batch_size": plan.per_device,
-        "accumulation_steps": plan.accumulation_steps,
-        "lr_per_base_batch": cfg.optimizer.lr,
-        "base_batch_size": cfg.base_batch_size,
-        "lr_scaling": cfg.lr_scaling,
-        "lr": facts["lr"],
-        "optimizer": cfg.optimizer.name,
-        "steps_per_epoch": steps_per_epoch,
-        "warmup_steps": int(round(cfg.schedule.warmup_epochs * steps_per_epoch)),
-        "precision": facts["precision"],
-        "model": cfg.model.name,
-        "compile": cfg.model.compile,
-        "channels_last": facts["channels_last"],
-        "num_classes": facts["num_classes"],
-        "bn_group_size": cfg.bn.group_size,
-        "data_root": str(facts["data_root"]),
-        "run_dir": str(facts["run_dir"]),
-    }
-
-
-def _announce(resolved: dict[str, Any], run_dir: Path, raw_cfg: Any) -> None:
-    """Rank 0: write config.yaml and log the batch and lr arithmetic once."""
-    if raw_cfg is not None:
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(raw_cfg), encoding="utf-8")
-    r = resolved
-    log.info(
-        "global batch %d = %d per device x %d devices x %d accumulation; lr %.4g per %d "
-        "images, %s-scaled to %.4g; %d steps/epoch, %d warmup steps; %s, %s; run dir %s",
-        r["global_batch_size"], r["per_device_batch_size"], r["world_size"], r["accumulation_steps"],
-        r["lr_per_base_batch"], r["base_batch_size"], r["lr_scaling"], r["lr"], r["steps_per_epoch"],
-        r["warmup_steps"], r["precision"], r["backend"], run_dir,
-    )
-
-
-def _hooks(cfg: Any, backend: Any, run_dir: Path, val_loader: Any, resolved: dict[str, Any], raw_cfg: Any) -> Any:
-    """The run's hooks (``largebatch.engine.assemble``) from the config's plain values."""
-    from largebatch.engine.assemble import build_run_hooks
-
-    config_dict = OmegaConf.to_container(raw_cfg, resolve=True) if raw_cfg is not None else None
-    ckpt = cfg.checkpoint
-    return build_run_hooks(
-        run_dir=run_dir, is_main=backend.is_main,
-        val_loader=backend.wrap_loader(val_loader, channels_last=_channels_last(cfg, backend)),
-        # Agree on a stop every step on CPU/gloo (cheap), every log step on accelerators.
-        agree_every=1 if backend.device.type == "cpu" else cfg.log_every,
-        progress=cfg.progress, eval_every=cfg.eval_every, target_top1=cfg.target_top1,
-        stop_at_target=cfg.stop_at_target, channels_last=_channels_last(cfg, backend),
-        checkpoint_every_epochs=ckpt.every_epochs, checkpoint_every_steps=ckpt.every_steps, checkpoint_keep=ckpt.keep,
-        checkpoint_extra=lambda: {"config": config_dict, "resolved": resolved, "model_name": cfg.model.name},
-        tensorboard=cfg.tensorboard,
-        mlperf_params={
-            "global_batch_size": resolved["global_batch_size"], "world_size": resolved["world_size"],
-            "opt_name": cfg.optimizer.name, "opt_base_learning_rate": resolved["lr"],
-            "opt_learning_rate_warmup_epochs": cfg.schedule.warmup_epochs, "model": cfg.model.name,
-        },
-        summary_extra=resolved,
-    )
-
-
-def _train(trainer: Any, hooks: Any, run_dir: Path, loaders: Sequence[Any], is_main: bool) -> dict[str, Any]:
-    """Run the loop; a SIGTERM/SIGINT stop becomes ``Preempted`` (exit 75, resumable)."""
-    from largebatch.engine.preemption import Preempted
-
-    try:
-        trainer.train()
-    finally:
-        hooks.preemption.uninstall()
-    if hooks.preemption.preempted:
-        raise Preempted(
-            f"{trainer.stop_reason} at step {trainer.state.step}; checkpoint saved in "
-            f"{run_dir / 'checkpoints'}; continue with resume=auto run_dir={run_dir}"
-        )
-    skipped = sum(getattr(loader, "skipped", 0) for loader in loaders)
-    if skipped and is_main:
-        log.warning("%d unreadable image file(s) were skipped (named above in the log)", skipped)
-    return hooks.summary.summary
-
-
-def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
-    """Run one training job described by a ``TrainConfig`` (choices as plain strings); return its summary."""
-    from largebatch.backends import build_backend
-    from largebatch.engine.loop import Trainer, TrainState
-    from largebatch.engine.precision import resolve_precision
-    from largebatch.engine.resume import resume_run
-    from largebatch.engine.run_dir import make_run_dir
-    from largebatch.lr import scale_lr
-
-    backend = build_backend(cfg.backend.name, timeout_s=cfg.backend.timeout_s)
-    backend.start()
-    run_dir_state = None
-    try:
-        plan = plan_batches(cfg.global_batch_size, backend.world_size, cfg.accumulation_steps)
-        run_dir_state = make_run_dir(run_dir=cfg.run_dir, output_root=cfg.output_root,
-                                     model_name=cfg.model.name, resume=cfg.resume, backend=backend)
-        run_dir = run_dir_state.path
-        _setup_logging(backend.is_main, run_dir)
-        for note in run_dir_state.notes:
-            log.warning("%s", note)
-        torch.manual_seed(cfg.seed)
-        precision = resolve_precision(cfg.precision.name, backend)
-        data_root, train_loader, val_loader, num_classes = _data(cfg, backend, plan, precision.autocast_dtype)
-        model = _model(cfg, backend, num_classes)
-        lr = scale_lr(cfg.optimizer.lr, cfg.global_batch_size, cfg.base_batch_size, cfg.lr_scaling)
-        optimizer = _optimizer(cfg, model, lr)
-        train_model = _train_model(cfg, backend, model)
-        steps_per_epoch = len(train_loader) // plan.accumulation_steps
-        scheduler = _scheduler(cfg, optimizer, steps_per_epoch, lr)
-        scaler = backend.grad_scaler(precision.loss_scaling, cfg.precision.init_scale, cfg.precision.growth_interval)
-        state = TrainState()
-        resume = _resume_setting(cfg.resume)
-        if resume:
-            resume_run(
-                resume, run_dir / "checkpoints", backend=backend, model_name=cfg.model.name,
-                optimizer_name=cfg.optimizer.name, global_batch_size=plan.global_batch_size,
-                per_device=plan.per_device, steps_per_epoch=steps_per_epoch, model=model,
-                optimizer=optimizer, scheduler=scheduler, scaler=scaler, state=state,
-            )
-        resolved = _resolved(cfg, backend, plan, lr=lr, steps_per_epoch=steps_per_epoch, precision=precision.name,
-                             num_classes=num_classes, data_root=data_root, run_dir=run_dir,
-                             channels_last=_channels_last(cfg, backend))
-        if backend.is_main:
-            _announce(resolved, run_dir, raw_cfg)
-        hooks = _hooks(cfg, backend, run_dir, val_loader, resolved, raw_cfg)
-        trainer = Trainer(
-            model=train_model, optimizer=optimizer, scheduler=scheduler,
-            train_loader=backend.wrap_loader(train_loader, channels_last=_channels_last(cfg, backend)),
-            backend=backend, epochs=cfg.epochs, global_batch_size=plan.global_batch_size,
-            accumulation_steps=plan.accumulation_steps, label_smoothing=cfg.label_smoothing,
-            autocast_dtype=precision.autocast_dtype, scaler=scaler, log_every=cfg.log_every,
-            max_steps=cfg.max_steps, non_finite=cfg.non_finite, max_skipped_steps=cfg.max_skipped_steps,
-            hooks=hooks.hooks, state=state, cuda_graph_steps=_uses_cuda_graphs(cfg, backend),
-        )
-        return _train(trainer, hooks, run_dir, (train_loader, val_loader), backend.is_main)
-    finally:
-        if run_dir_state is not None:
-            run_dir_state.release()
-        backend.shutdown()
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from largebatch.config import ConfigError
-    from largebatch.data.folder import DataError
-    from largebatch.engine.checkpoint import CheckpointError
-    from largebatch.models import ModelError
-
-    return (UsageError, ConfigError, DataError, CheckpointError, ModelError)
+__all__ = ["main"]
 
 
 def _train_once(overrides: Sequence[str]) -> int:
     from largebatch.config import compose_config, to_train_config
     from largebatch.config.command_line import single_run_overrides
+    from largebatch.run import run
 
     raw = compose_config(single_run_overrides(overrides))
     run(to_train_config(raw), raw)
@@ -374,10 +36,6 @@ def _train_once(overrides: Sequence[str]) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``largebatch-train [--cfg job] [-m] [key=value ...]``: compose the config and run it (or sweep it)."""
-    from largebatch.engine.checkpoint import CheckpointSaveError
-    from largebatch.engine.loop import NonFiniteLossError
-    from largebatch.engine.preemption import Preempted
-
     from largebatch.config.command_line import multirun_overrides, parse_command_line, show
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -394,21 +52,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             return run_multirun(multirun_overrides(opts.overrides))
         return _train_once(opts.overrides)
-    except CheckpointSaveError as e:
-        print(f"largebatch: error: {e}", file=sys.stderr)
-        return EXIT_IO_ERROR
-    except _user_errors() as e:
-        print(f"largebatch: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except NonFiniteLossError as e:
-        print(f"largebatch: error: {e}", file=sys.stderr)
-        return EXIT_NON_FINITE
-    except Preempted as e:
-        print(f"largebatch: preempted: {e}", file=sys.stderr)
-        return EXIT_PREEMPTED
-    except KeyboardInterrupt:
-        print("largebatch: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except BaseException as e:  # KeyboardInterrupt too: a second Ctrl-C is exit 130
+        code = exit_code(e)
+        if code is None:
+            raise  # a bug: keep its traceback
+        print(error_line(e), file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

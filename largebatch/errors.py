@@ -1,16 +1,148 @@
-"""The project's error for bad user input.
+"""The project's error types and the one map from an exception to an exit code.
 
-A library check whose message is written for the user (an optimizer option the optimizer
-does not take, a BN group size that does not divide the world, an fp16 run on XLA) raises
-:class:`UsageError`. The command line turns it into one line and exit status 2; any other
-exception is a bug and keeps its traceback. It subclasses ``ValueError``, so code that calls
-the library directly may keep catching ``ValueError``.
+Every error a user can cause or meet has a type here, so a caller can catch it and the
+command lines (``largebatch-train``, its ``-m`` sweeps, ``python -m largebatch.launch.xla``)
+turn it into one line and an exit code through :func:`exit_code` alone. Any other exception
+is a bug and keeps its traceback. Each type keeps the base class it always had (``except
+ValueError`` in a caller behaves the same) and stays importable from the module that raises
+it (``largebatch.data.folder.DataError``, ...). This module imports nothing of the project.
+
+Exit codes:
+
+* 0 (``EXIT_OK``): the run finished (or stopped at ``max_steps`` / its target).
+* 2 (``EXIT_USAGE``): bad input (config key or type, batch sizes, data folders, run
+  directory, a checkpoint that does not fit the run): one line on stderr naming the problem
+  and the fix, no traceback.
+* 3 (``EXIT_NON_FINITE``): the loss became NaN/inf (``non_finite=stop``, or more than
+  ``max_skipped_steps`` skipped steps with ``non_finite=skip``); the message names the step
+  and the rank.
+* 74 (``EXIT_IO_ERROR``, sysexits' EX_IOERR): a checkpoint could not be written (disk
+  full, quota, I/O error); the line names the file and the errno. The partial file is
+  removed and the earlier checkpoints are intact: free space, then ``resume=auto``.
+* 75 (``EXIT_PREEMPTED``, sysexits' EX_TEMPFAIL: "try again later"): SIGTERM or SIGINT
+  arrived; every rank finished the same step and a checkpoint was saved, so rerunning with
+  ``resume=auto run_dir=<same>`` continues. Distinct from 143 (128 + SIGTERM), which means
+  the process was killed before it could save.
+* 130 (``EXIT_INTERRUPTED``): a second Ctrl-C interrupted without saving (one arriving
+  during a checkpoint write waits for the write to finish).
 """
 
 from __future__ import annotations
 
-__all__ = ["UsageError"]
+from pathlib import Path
+from typing import Optional
+
+__all__ = [
+    "EXIT_INTERRUPTED", "EXIT_IO_ERROR", "EXIT_NON_FINITE", "EXIT_OK", "EXIT_PREEMPTED", "EXIT_USAGE",
+    "USER_ERRORS", "CheckpointError", "CheckpointSaveError", "ConfigError", "DataError", "ModelError",
+    "NonFiniteLossError", "Preempted", "ReplicaError", "ReportError", "RunDirError", "UsageError",
+    "error_line", "exit_code",
+]
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_NON_FINITE = 3
+EXIT_IO_ERROR = 74
+EXIT_PREEMPTED = 75
+EXIT_INTERRUPTED = 130
 
 
 class UsageError(ValueError):
-    """A setting that cannot work; the message says which and how to fix it."""
+    """A setting that cannot work; the message says which and how to fix it.
+
+    A library check whose message is written for the user (an optimizer option the
+    optimizer does not take, a BN group size that does not divide the world, an fp16 run on
+    XLA) raises it. It subclasses ``ValueError``, so code that calls the library directly
+    may keep catching ``ValueError``.
+    """
+
+
+class ConfigError(ValueError):
+    """A config that cannot be composed: unknown key, wrong type, unknown option."""
+
+
+class DataError(ValueError):
+    """A data set that cannot be used as it is; the message names the path and the fix."""
+
+
+class ModelError(ValueError):
+    """A model name or option that cannot be built."""
+
+
+class RunDirError(UsageError):
+    """The run directory cannot be used (unwritable, or in use by another live run)."""
+
+
+class ReportError(ValueError):
+    """An input that is not a readable run directory; the message names it."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be read or does not fit the run."""
+
+
+class CheckpointSaveError(RuntimeError):
+    """Writing a checkpoint failed with an OSError (disk full, quota, I/O error).
+
+    ``path`` is the checkpoint that was being written and ``errno`` the error number. The
+    temporary file is gone and the earlier checkpoints are untouched.
+    """
+
+    def __init__(self, message: str, *, path: Path, errno: Optional[int]) -> None:
+        super().__init__(message)
+        self.path = path
+        self.errno = errno
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite (names the step and the rank)."""
+
+
+class Preempted(Exception):
+    """The run stopped on SIGTERM/SIGINT after saving a checkpoint (resumable)."""
+
+
+class ReplicaError(RuntimeError):
+    """An XLA replica stopped on one of the errors above; carries its exit code and line."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(code, message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# Bad input: one line and EXIT_USAGE. RunDirError is a UsageError.
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    UsageError, ConfigError, DataError, CheckpointError, ModelError, ReportError,
+)
+
+
+def exit_code(exc: BaseException) -> Optional[int]:
+    """The exit code for ``exc``, or ``None`` when it is a bug (the caller re-raises it)."""
+    if isinstance(exc, ReplicaError):
+        return exc.code
+    if isinstance(exc, CheckpointSaveError):
+        return EXIT_IO_ERROR
+    if isinstance(exc, USER_ERRORS):
+        return EXIT_USAGE
+    if isinstance(exc, NonFiniteLossError):
+        return EXIT_NON_FINITE
+    if isinstance(exc, Preempted):
+        return EXIT_PREEMPTED
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    return None
+
+
+def error_line(exc: BaseException) -> str:
+    """The one line a command line prints to stderr for an exception :func:`exit_code` maps."""
+    if isinstance(exc, ReplicaError):
+        return exc.message
+    if isinstance(exc, Preempted):
+        return f"largebatch: preempted: {exc}"
+    if isinstance(exc, KeyboardInterrupt):
+        return "largebatch: interrupted"
+    return f"largebatch: error: {exc}"

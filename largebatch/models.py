@@ -14,11 +14,9 @@ import timm
 import torch
 from torch import nn
 
+from largebatch.errors import ModelError
+
 __all__ = ["build_model", "zero_init_last_bn", "ModelError"]
-
-
-class ModelError(ValueError):
-    """A model name or option that cannot be built."""
 
 
 def zero_init_last_bn(model: nn.Module) -> int:

@@ -52,11 +52,9 @@ def train_job(cfg: DictConfig) -> dict[str, Any]:
     """
     from hydra.core.hydra_config import HydraConfig
 
-    from largebatch import cli
     from largebatch.config import check_composed, to_train_config
-    from largebatch.engine.checkpoint import CheckpointSaveError
-    from largebatch.engine.loop import NonFiniteLossError
-    from largebatch.engine.preemption import Preempted
+    from largebatch.errors import EXIT_OK, EXIT_PREEMPTED, exit_code
+    from largebatch.run import run
 
     hc = HydraConfig.get()
     row: dict[str, Any] = dict.fromkeys(JOB_FIELDS)
@@ -67,17 +65,14 @@ def train_job(cfg: DictConfig) -> dict[str, Any]:
     _distributed_env_from_submitit()
     start = time.monotonic()
     try:
-        summary = cli.run(to_train_config(check_composed(raw)), raw)
-        row.update(exit_code=cli.EXIT_OK, best_top1=summary.get("best_top1"),
+        summary = run(to_train_config(check_composed(raw)), raw)
+        row.update(exit_code=EXIT_OK, best_top1=summary.get("best_top1"),
                    time_to_target_s=summary.get("time_to_target_s"), wall_time_s=summary.get("wall_time_s"))
-    except CheckpointSaveError as e:
-        row.update(exit_code=cli.EXIT_IO_ERROR, error=str(e))
-    except cli._user_errors() as e:
-        row.update(exit_code=cli.EXIT_USAGE, error=str(e))
-    except NonFiniteLossError as e:
-        row.update(exit_code=cli.EXIT_NON_FINITE, error=str(e))
-    except Preempted as e:
-        row.update(exit_code=cli.EXIT_PREEMPTED, error=f"preempted: {e}")
+    except Exception as e:
+        code = exit_code(e)
+        if code is None:
+            raise  # a bug stops the sweep with its traceback
+        row.update(exit_code=code, error=f"preempted: {e}" if code == EXIT_PREEMPTED else str(e))
     if row["wall_time_s"] is None:
         row["wall_time_s"] = round(time.monotonic() - start, 2)
     if row["error"]:

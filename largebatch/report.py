@@ -23,14 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from largebatch.errors import ReportError
+
 __all__ = ["ReportError", "Run", "format_table", "load_run", "main", "write_plots"]
 
 RUN_FILES = ("summary.json", "metrics.jsonl", "mlperf_log.jsonl")
 PLOTS = ("top1_vs_wall.png", "top1_vs_epoch.png", "lr_vs_step.png")
-
-
-class ReportError(ValueError):
-    """An input that is not a readable run directory; the message names it."""
 
 
 @dataclass

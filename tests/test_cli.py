@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from largebatch.cli import main, plan_batches, UsageError
+from largebatch.cli import main
+from largebatch.errors import UsageError
+from largebatch.run import plan_batches
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
 
 TINY = [
@@ -168,12 +170,12 @@ def test_more_bad_input_is_one_line_and_exit_2(
 def test_a_bug_keeps_its_traceback(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Only the project's error types become "exit 2, one line": a ValueError from a bug in
     the code propagates (the old ``except ValueError`` reported it as a usage error)."""
-    import largebatch.cli as cli
+    import largebatch.run as run_module
 
     def broken(*args: object, **kwargs: object) -> None:
         raise ValueError("a bug, not bad input")
 
-    monkeypatch.setattr(cli, "_model", broken)
+    monkeypatch.setattr(run_module, "_model", broken)
     with pytest.raises(ValueError, match="a bug"):
         main([*TINY, f"output_root={cache / 'runs'}"])
 

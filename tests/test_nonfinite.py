@@ -117,7 +117,8 @@ def _nan_images(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_cli_exits_3_naming_step_and_rank(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, policy: str, pattern: str
 ) -> None:
-    from largebatch.cli import EXIT_NON_FINITE, main
+    from largebatch.cli import main
+    from largebatch.errors import EXIT_NON_FINITE
 
     _nan_images(monkeypatch)
     code = main([
@@ -135,7 +136,8 @@ def test_cli_exits_3_naming_step_and_rank(
 
 def test_a_finite_loss_with_infinite_state_is_never_saved(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """lr=1e6 drives BN running_var to inf while the logged loss may still be finite."""
-    from largebatch.cli import EXIT_NON_FINITE, main
+    from largebatch.cli import main
+    from largebatch.errors import EXIT_NON_FINITE
     from largebatch.engine.checkpoint import load_checkpoint
 
     run = tmp_path / "run"

@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from largebatch.cli import EXIT_PREEMPTED, main
+from largebatch.cli import main
+from largebatch.errors import EXIT_PREEMPTED
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
 
 FAST = [
@@ -61,7 +62,7 @@ def test_sigterm_saves_exits_75_and_resume_finishes(tmp_path: Path) -> None:
 def test_ctrl_c_twice_during_a_checkpoint_write_lets_the_write_finish(tmp_path: Path) -> None:
     """Both Ctrl-Cs land while a (ResNet-50 sized, slow) checkpoint is being written: the
     write completes, then the second Ctrl-C interrupts (exit 130), with no traceback."""
-    from largebatch.cli import EXIT_INTERRUPTED
+    from largebatch.errors import EXIT_INTERRUPTED
 
     run = tmp_path / "run"
     ckpts = run / "checkpoints"

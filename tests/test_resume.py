@@ -164,7 +164,7 @@ def test_a_full_disk_while_checkpointing_exits_74_keeping_earlier_checkpoints(tm
     import subprocess
     import sys
 
-    from largebatch.cli import EXIT_IO_ERROR
+    from largebatch.errors import EXIT_IO_ERROR
 
     run = tmp_path / "run"
     assert main([*EXACT, f"run_dir={run}", "max_steps=2"]) == 0

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from largebatch.errors import ConfigError
+
 __all__ = ["check_ranges"]
 
 
@@ -82,8 +84,6 @@ def _get(cfg: Any, key: str) -> Any:
 
 
 def _fail(key: str, value: Any, must: str) -> None:
-    from largebatch.config.compose import ConfigError
-
     raise ConfigError(f"{key}={value} is out of range: it must be {must}; set {key}= to such a value")
 
 

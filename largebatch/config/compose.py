@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from largebatch.config.checks import check_ranges
 from largebatch.config.schema import TrainConfig, register_schema
+from largebatch.errors import ConfigError
 
 __all__ = [
     "ConfigError", "check_composed", "check_overrides", "compose_config", "config_keys", "hydra_errors",
@@ -21,10 +22,6 @@ __all__ = [
 
 CONFIG_MODULE = "largebatch.conf"
 GROUPS = ("model", "optimizer", "schedule", "data", "precision", "backend", "bn", "comm", "experiment", "debug")
-
-
-class ConfigError(ValueError):
-    """A config that cannot be composed: unknown key, wrong type, unknown option."""
 
 
 def config_keys() -> list[str]:

@@ -43,7 +43,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler, sample_seed
-from largebatch.errors import UsageError
+from largebatch.errors import DataError, UsageError
 
 __all__ = [
     "IMAGENET_DEFAULT_MEAN",
@@ -65,10 +65,6 @@ logger = logging.getLogger(__name__)
 # The same values as timm.data.IMAGENET_DEFAULT_MEAN/STD (not imported: timm is heavy).
 IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
-
-
-class DataError(ValueError):
-    """A data set that cannot be used as it is; the message names the path and the fix."""
 
 
 # ---------------------------------------------------------------------------------------

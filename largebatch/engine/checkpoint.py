@@ -36,6 +36,8 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 
+from largebatch.errors import CheckpointError, CheckpointSaveError
+
 __all__ = [
     "CheckpointError",
     "CheckpointSaveError",
@@ -55,23 +57,6 @@ log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)\.pt$")
 _TEMP_GLOB = ".ckpt-*.tmp"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be read or does not fit the run."""
-
-
-class CheckpointSaveError(RuntimeError):
-    """Writing a checkpoint failed with an OSError (disk full, quota, I/O error).
-
-    ``path`` is the checkpoint that was being written and ``errno`` the error number. The
-    temporary file is gone and the earlier checkpoints are untouched.
-    """
-
-    def __init__(self, message: str, *, path: Path, errno: Optional[int]) -> None:
-        super().__init__(message)
-        self.path = path
-        self.errno = errno
 
 
 def checkpoint_name(epoch: int, step: int) -> str:

@@ -36,15 +36,11 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from largebatch.errors import UsageError
+from largebatch.errors import NonFiniteLossError, UsageError
 
 __all__ = ["NonFiniteGuard", "NonFiniteLossError"]
 
 log = logging.getLogger("largebatch")
-
-
-class NonFiniteLossError(RuntimeError):
-    """The training loss became NaN or infinite (names the step and the rank)."""
 
 
 _FIX = "lower optimizer.lr, raise schedule.warmup_epochs, or use precision=fp32 to find the cause"

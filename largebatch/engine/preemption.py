@@ -24,16 +24,13 @@ from typing import Any, Optional
 import torch
 
 from largebatch.engine.loop import Hook
+from largebatch.errors import Preempted
 
 __all__ = ["Preempted", "PreemptionHook"]
 
 log = logging.getLogger("largebatch")
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-class Preempted(Exception):
-    """The run stopped on SIGTERM/SIGINT after saving a checkpoint (resumable)."""
 
 
 class PreemptionHook(Hook):

@@ -23,15 +23,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from largebatch.engine.checkpoint import remove_orphaned_temp_files
-from largebatch.errors import UsageError
+from largebatch.errors import RunDirError, UsageError
 
 __all__ = ["RunDir", "RunDirError", "RunDirLock", "elastic_run_id", "make_run_dir", "newest_run_dir"]
 
 LOCK_NAME = ".lock"
-
-
-class RunDirError(UsageError):
-    """The run directory cannot be used (unwritable, or in use by another live run)."""
 
 
 def elastic_run_id() -> Optional[str]:

@@ -4,14 +4,15 @@ The TPU-pod launch of Ying et al. 2018 / Wongpanich et al. 2020 in PyTorch/XLA f
 same command runs on every host of a TPU slice (``gcloud ... ssh --worker=all``, see
 ``launch/tpu_pod.sh``); on each host ``torch_xla.launch`` starts one replica per local
 device and PJRT joins the hosts into one job. Every replica runs the training CLI's
-:func:`largebatch.cli.run` with the same config (the given overrides plus ``backend=xla``),
+:func:`largebatch.run.run` with the same config (the given overrides plus ``backend=xla``),
 composed and checked once per host before any replica starts, so a config mistake is one
 message, not one per device.
 
     PJRT_DEVICE=TPU python -m largebatch.launch.xla optimizer=lars global_batch_size=32768
     PJRT_DEVICE=CPU CPU_NUM_DEVICES=4 python -m largebatch.launch.xla debug=smoke  # try-out
 
-Exit codes are the CLI's: 0 done, 2 bad input (config, data, batch sizes), 3 non-finite loss.
+Exit codes are the CLI's (``largebatch.errors``): 0 done, 2 bad input (config, data, batch
+sizes), 3 non-finite loss, 74 a checkpoint write failed, 75 preempted after saving, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -21,22 +22,12 @@ import sys
 import threading
 from typing import Any, Callable, Optional, Sequence
 
+from largebatch.errors import EXIT_OK, ReplicaError, error_line, exit_code
+
 __all__ = ["ReplicaError", "launch_replicas", "main"]
 
 # Replicas can be threads of one process (XLA:CPU, TPU v2/v3): build their config one at a time.
 _CONFIG_LOCK = threading.Lock()
-
-
-class ReplicaError(RuntimeError):
-    """A replica stopped on bad input or a non-finite loss; carries the CLI exit code."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(code, message)
-        self.code = code
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
 
 
 def launch_replicas(fn: Callable[..., Any], args: tuple = ()) -> None:
@@ -55,25 +46,24 @@ def launch_replicas(fn: Callable[..., Any], args: tuple = ()) -> None:
 
 
 def _run_replica(index: int, raw_cfg: Any) -> None:
-    """One replica: the CLI's ``run`` on this device; user errors become :class:`ReplicaError`."""
-    from largebatch import cli
+    """One replica: ``largebatch.run.run`` on this device; a mapped error becomes :class:`ReplicaError`."""
     from largebatch.config import to_train_config
-    from largebatch.engine.loop import NonFiniteLossError
+    from largebatch.run import run
 
     with _CONFIG_LOCK:
         raw = copy.deepcopy(raw_cfg)
         cfg = to_train_config(raw)
     try:
-        cli.run(cfg, raw)
-    except NonFiniteLossError as e:
-        raise ReplicaError(cli.EXIT_NON_FINITE, f"largebatch: error: {e}") from None
-    except cli._user_errors() as e:
-        raise ReplicaError(cli.EXIT_USAGE, f"largebatch: error: {e}") from None
+        run(cfg, raw)
+    except Exception as e:
+        code = exit_code(e)
+        if code is None:
+            raise  # a bug: keep its traceback
+        raise ReplicaError(code, error_line(e)) from None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Compose the config once (with ``backend=xla``), then run a replica per XLA device."""
-    from largebatch import cli
     from largebatch.config import compose_config, to_train_config
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -83,18 +73,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         raw = compose_config([*args, "backend=xla"])
         to_train_config(raw)  # type errors show here, once
-    except cli._user_errors() as e:
-        print(f"largebatch: error: {e}", file=sys.stderr)
-        return cli.EXIT_USAGE
-    try:
         launch_replicas(_run_replica, args=(raw,))
-    except ReplicaError as e:
-        print(e.message, file=sys.stderr)
-        return e.code
-    except KeyboardInterrupt:
-        print("largebatch: interrupted", file=sys.stderr)
-        return 130
-    return 0
+    except BaseException as e:  # KeyboardInterrupt too
+        code = exit_code(e)
+        if code is None:
+            raise
+        print(error_line(e), file=sys.stderr)
+        return code
+    return EXIT_OK
 
 
 if __name__ == "__main__":

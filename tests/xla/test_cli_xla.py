@@ -51,3 +51,30 @@ def test_xla_launcher_runs_the_cli(tmp_path: Path) -> None:
     )
     assert bad.returncode == 2 and "did you mean 'optimizer.lr'" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+_FULL_DISK_LAUNCH = """
+import resource, signal, sys
+from largebatch.launch.xla import main
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # a resnet10t checkpoint is ~20 MB
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_xla_launcher_a_replicas_failed_checkpoint_write_exits_74_with_one_line(tmp_path: Path) -> None:
+    """Mapped by ``largebatch.errors.exit_code`` (before: a replica's CheckpointSaveError was a traceback)."""
+    pytest.importorskip("torch_xla")
+    env = dict(os.environ, PJRT_DEVICE="CPU", LARGEBATCH_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="2")
+    env.pop("CPU_NUM_DEVICES", None)
+    run = tmp_path / "run"
+    # The embedded set is generated before the limit applies: its files are small anyway.
+    proc = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK_LAUNCH, *SMOKE, "max_steps=1", f"run_dir={run}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    err = proc.stderr.strip()
+    assert proc.returncode == 74, (proc.stdout + proc.stderr)[-3000:]
+    assert err.splitlines()[-1].startswith("largebatch: error: cannot write checkpoint"), err[-3000:]
+    assert "Traceback" not in err
+    assert not list((run / "checkpoints").glob(".*.tmp"))

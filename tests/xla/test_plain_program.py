@@ -18,8 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.xla import plain_program as P
-from tests.xla.common import failure_text, max_abs_diff, run_replicas
+# plain_program imports torch_xla at module level, as a user's program does: skip (with the
+# reason) where torch-xla is absent, so `python -m pytest tests` collects in the main venv.
+pytest.importorskip("torch_xla", reason="needs torch-xla (run in .venv-xla with PJRT_DEVICE=CPU)")
+
+from tests.xla import plain_program as P  # noqa: E402
+from tests.xla.common import failure_text, max_abs_diff, run_replicas  # noqa: E402
 
 pytestmark = pytest.mark.xla
 

@@ -1,0 +1,199 @@
+"""The package's layering (``shared/LAYOUT.md``): imports point down, never up, and never in a circle.
+
+Every ``import`` in ``largebatch/`` is read with ``ast``, at module level and inside functions
+alike (a function-level import hides a circle from Python, not from a reader). Layers, top to
+bottom:
+
+| layer | modules | may import |
+|---|---|---|
+| edge | ``cli``, ``multirun``, ``launch/``, ``tools/``, ``train``, ``report`` | anything below |
+| orchestration | ``run``; ``config/`` (read only by the edge) | engine/backends, building blocks, ground |
+| engine / backends | ``engine/``, ``backends/`` (neither imports the other) | building blocks, ground |
+| building blocks | ``nn/``, ``optim/``, ``lr/``, ``comm/``, ``data/``, ``models`` | ground; across packages only ``nn`` -> ``comm.reducers`` |
+| ground | ``errors``, ``largebatch`` (the version) | nothing of the project |
+
+``config/`` is light: it imports only ``config/`` and the ground (``import largebatch.config``
+should load no torch). Nothing but ``train`` imports ``cli``. ``ALLOWED_UPWARD`` names the
+imports that break these rules today; the structure stages that remove them shrink it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "largebatch"
+
+EDGE, ORCHESTRATION, ENGINE, BLOCKS, GROUND = 4, 3, 2, 1, 0
+
+# The first dotted part under largebatch -> layer.
+LAYER_OF_UNIT = {
+    "cli": EDGE, "multirun": EDGE, "launch": EDGE, "tools": EDGE, "train": EDGE, "report": EDGE,
+    "run": ORCHESTRATION, "config": ORCHESTRATION,
+    "engine": ENGINE, "backends": ENGINE,
+    "nn": BLOCKS, "optim": BLOCKS, "lr": BLOCKS, "comm": BLOCKS, "data": BLOCKS, "models": BLOCKS,
+    "errors": GROUND, "": GROUND,
+}
+
+# Imports that break the rules today, each removed by a named structure stage (LAYOUT.md).
+ALLOWED_UPWARD = {
+    ("largebatch.nn.sync_bn", "largebatch.backends.xla"),  # stage 2: reducers move to comm/
+    ("largebatch.config.schema", "largebatch.data.synthetic"),  # stage 3: sizes in data/embedded.py
+    ("largebatch.config.schema", "largebatch.engine.compile"),  # stage 3: engine/compile_modes.py
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = ["largebatch", *path.relative_to(PACKAGE).with_suffix("").parts]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _resolve(node: ast.ImportFrom, current: str, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = current.split(".") if is_package else current.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def read_imports(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (function-level imports included)."""
+    modules = {_module_name(p): p for p in package.rglob("*.py")}
+    graph: dict[str, set[str]] = defaultdict(set)
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve(node, name, path.name == "__init__.py")
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph[name].add(target)
+        graph.setdefault(name, set())
+    return dict(graph)
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def rule_broken(importer: str, imported: str) -> str | None:
+    """Why ``importer`` may not import ``imported`` (None: it may)."""
+    a, b = _unit(importer), _unit(imported)
+    la, lb = LAYER_OF_UNIT[a], LAYER_OF_UNIT[b]
+    if b == "cli" and a != "train":
+        return "only train imports the command line (cli)"
+    if a == b:
+        return None
+    if la == GROUND:
+        return "the ground imports nothing of the project"
+    if lb == GROUND:
+        return None
+    if a == "config":
+        return "config/ imports only config/ and the ground (it stays light: no torch)"
+    if b in ("config", "run") and la != EDGE:
+        return f"{b} is read only by the edge"
+    if lb > la:
+        return "an import that points up a layer"
+    if la == lb == ENGINE:
+        return "engine/ and backends/ do not import each other"
+    if la == lb == BLOCKS and not (a == "nn" and imported == "largebatch.comm.reducers"):
+        return "building blocks import across packages only nn -> comm.reducers"
+    return None
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _without_allowed(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    return {m: {t for t in ts if (m, t) not in ALLOWED_UPWARD} for m, ts in graph.items()}
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = sorted(m for m in read_imports() if _unit(m) not in LAYER_OF_UNIT)
+    assert not unplaced, f"add these to LAYER_OF_UNIT (and LAYOUT.md's table): {unplaced}"
+
+
+def test_imports_point_down() -> None:
+    graph = read_imports()
+    broken = [
+        f"{m} -> {t}: {why}"
+        for m, targets in sorted(graph.items()) for t in sorted(targets)
+        if (m, t) not in ALLOWED_UPWARD and (why := rule_broken(m, t))
+    ]
+    assert not broken, "\n".join(broken)
+
+
+def test_the_allow_list_holds_only_imports_that_still_exist_and_break_a_rule() -> None:
+    graph = read_imports()
+    stale = sorted(f"{m} -> {t}" for m, t in ALLOWED_UPWARD if t not in graph.get(m, set()) or not rule_broken(m, t))
+    assert not stale, f"remove from ALLOWED_UPWARD (fixed): {stale}"
+
+
+def test_no_import_circle() -> None:
+    found = cycles(_without_allowed(read_imports()))
+    assert not found, f"import circles: {found}"
+
+
+@pytest.mark.parametrize(
+    ("importer", "imported"),
+    [
+        ("largebatch.multirun", "largebatch.cli"),  # the circle stage 1 removed
+        ("largebatch.engine.loop", "largebatch.backends.base"),
+        ("largebatch.optim.lars", "largebatch.lr.schedules"),
+        ("largebatch.errors", "largebatch.models"),
+        ("largebatch.config.checks", "largebatch.engine.loop"),
+        ("largebatch.engine.hooks", "largebatch.run"),
+        ("largebatch.data.folder", "largebatch.engine.checkpoint"),
+    ],
+)
+def test_the_rules_catch_what_they_name(importer: str, imported: str) -> None:
+    assert rule_broken(importer, imported)
+
+
+def test_a_new_circle_is_found() -> None:
+    graph = {k: set(v) for k, v in _without_allowed(read_imports()).items()}
+    graph["largebatch.errors"].add("largebatch.cli")  # cli -> errors exists: now a circle
+    assert any({"largebatch.cli", "largebatch.errors"} <= set(group) for group in cycles(graph))
