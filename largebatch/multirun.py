@@ -9,24 +9,87 @@ another in this process, ``hydra/launcher=submitit_local`` in subprocesses,
 to Hydra's record of the job (``.hydra/``). When every job has ended, :func:`summary_table`
 prints one line per job: its overrides, best top-1, training time and exit status.
 
-A job's bad input, non-finite loss or preemption ends that job with its exit code (the table
-shows it) and the sweep goes on; a bug stops the sweep with its traceback, and Ctrl-C stops it.
+A job's bad input or non-finite loss ends that job with its exit code (the table shows it)
+and the sweep goes on; a bug stops the sweep with its traceback.
+
+The first SIGTERM or SIGINT (a scheduler's preemption or time limit, ``scancel``, Ctrl-C)
+stops the sweep: the running job finishes its step, saves a checkpoint and ends with 75, the
+jobs after it are not started, the table lists them, and the sweep exits 75 with the command
+that resumes it (the same sweep, ``resume=auto``, in the same ``hydra.sweep.dir``: finished
+jobs end at once, the stopped one continues from its checkpoint, the others start). A signal
+while a job is being set up (before its first step) stops it at once, with nothing to save.
+A second Ctrl-C interrupts at once (130). This holds for the basic launcher, whose jobs run
+one after another in this process; with the submitit launchers every job is a process (or a
+SLURM job) of its own, which the scheduler signals itself.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import shlex
+import signal
 import sys
 import time
-from typing import Any, Optional, Sequence
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any, Iterator, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["JOB_FIELDS", "run_multirun", "summary_table", "train_job"]
+__all__ = ["JOB_FIELDS", "NOT_STARTED", "resume_command", "run_multirun", "summary_table", "train_job"]
 
 # What train_job returns for each job (a plain dict: it crosses process boundaries).
 JOB_FIELDS = ("job", "overrides", "exit_code", "best_top1", "time_to_target_s", "wall_time_s", "run_dir", "error")
+
+NOT_STARTED = "not started"  # the error cell of a job a stopped sweep did not start
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class _SweepStop:
+    """Whether a stop signal reached this sweep, and whether a job is being run right now.
+
+    Signal handlers only set state or raise (nothing else is safe in a handler). While a job
+    trains, its own preemption hook holds SIGTERM/SIGINT (step, save, exit 75) and gives them
+    back to this one afterwards.
+    """
+
+    def __init__(self) -> None:
+        self.signal_name: Optional[str] = None
+        self.in_job = False
+
+    def handle(self, signum: int, frame: Optional[FrameType]) -> None:
+        from largebatch.errors import Preempted
+
+        name = signal.Signals(signum).name
+        if signum == signal.SIGINT and self.signal_name == "SIGINT":
+            raise KeyboardInterrupt  # second Ctrl-C: stop now (exit 130)
+        self.signal_name = self.signal_name or name
+        print(f"largebatch: {name} received: the sweep stops after the current job", file=sys.stderr, flush=True)
+        if self.in_job:  # a job being set up (training installs its own handler): nothing to save yet
+            raise Preempted(f"{name} before the job's first step; nothing to save")
+
+
+_SWEEP = _SweepStop()
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[_SweepStop]:
+    """Install the sweep's SIGTERM/SIGINT handler for the duration of a sweep (main thread only)."""
+    global _SWEEP
+    _SWEEP = _SweepStop()
+    previous = {}
+    for sig in _STOP_SIGNALS:
+        try:
+            previous[sig] = signal.signal(sig, _SWEEP.handle)
+        except ValueError:  # not the main thread (embedded use): no handler
+            pass
+    try:
+        yield _SWEEP
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _distributed_env_from_submitit() -> None:
@@ -62,17 +125,26 @@ def train_job(cfg: DictConfig) -> dict[str, Any]:
     raw = copy.deepcopy(cfg)
     OmegaConf.set_readonly(raw, False)
     raw.run_dir = hc.runtime.output_dir
+    if _SWEEP.signal_name:  # the sweep was stopped: Hydra still hands us its remaining jobs
+        row.update(exit_code=EXIT_PREEMPTED, error=NOT_STARTED)
+        return row
     _distributed_env_from_submitit()
     start = time.monotonic()
     try:
+        _SWEEP.in_job = True
         summary = run(to_train_config(check_composed(raw)), raw)
+        _SWEEP.in_job = False
         row.update(exit_code=EXIT_OK, best_top1=summary.get("best_top1"),
                    time_to_target_s=summary.get("time_to_target_s"), wall_time_s=summary.get("wall_time_s"))
     except Exception as e:
+        _SWEEP.in_job = False
         code = exit_code(e)
         if code is None:
             raise  # a bug stops the sweep with its traceback
         row.update(exit_code=code, error=f"preempted: {e}" if code == EXIT_PREEMPTED else str(e))
+        if code == EXIT_PREEMPTED:  # the job's preemption hook took the signal: stop the sweep
+            _SWEEP.signal_name = _SWEEP.signal_name or next(
+                (name for name in ("SIGTERM", "SIGINT") if name in str(e)), "a signal")
     if row["wall_time_s"] is None:
         row["wall_time_s"] = round(time.monotonic() - start, 2)
     if row["error"]:
@@ -106,14 +178,24 @@ def summary_table(rows: Sequence[dict[str, Any]], sweep_dir: Optional[str] = Non
     return "\n".join([title, fmt.format(*header), *(fmt.format(*row) for row in lines)])
 
 
+def resume_command(overrides: Sequence[str], sweep_dir: str) -> str:
+    """The command that continues a stopped sweep: the same sweep, ``resume=auto``, same directory."""
+    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("hydra.sweep.dir", "resume")]
+    return shlex.join(["largebatch-train", "-m", *kept, f"hydra.sweep.dir={sweep_dir}", "resume=auto"])
+
+
 def run_multirun(overrides: Sequence[str]) -> int:
     """Sweep ``overrides`` with Hydra's sweeper and launcher; print the table; the largest exit code."""
     from largebatch.config import check_overrides, hydra_errors, hydra_session
 
     check_overrides(overrides)
-    with hydra_errors(), hydra_session() as hydra:
+    with _stop_on_signals() as stop, hydra_errors(), hydra_session() as hydra:
         batches = hydra.multirun(config_name="train", task_function=train_job, overrides=list(overrides))
     rows = [job.return_value for batch in batches for job in batch]
     sweep_dir = os.path.dirname(rows[0]["run_dir"]) if rows else None
     print(summary_table(rows, sweep_dir), flush=True)
+    if stop.signal_name and sweep_dir is not None:
+        waiting = [str(r["job"]) for r in rows if r["error"] == NOT_STARTED]
+        print(f"largebatch: sweep stopped ({stop.signal_name}); jobs not started: {' '.join(waiting) or 'none'}; "
+              f"continue with: {resume_command(overrides, os.path.abspath(sweep_dir))}", file=sys.stderr, flush=True)
     return max((r["exit_code"] for r in rows), default=0)

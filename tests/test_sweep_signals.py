@@ -1,0 +1,77 @@
+"""A sweep stops on the first SIGTERM/SIGINT: the running job saves and ends with 75, the
+later jobs are not started, the table lists them, and the printed command resumes the sweep."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
+from largebatch.errors import EXIT_PREEMPTED
+from largebatch.multirun import resume_command
+
+SWEEP = [
+    "debug=smoke", "progress=false", "tensorboard=false", "data.workers=0", "backend=cpu",
+    "global_batch_size=8", "data.synthetic.train_per_class=8", "data.synthetic.val_per_class=2",
+    "data.image_size=16", "epochs=3",  # 4 steps per epoch: 12 steps a job
+    "checkpoint.every_steps=1",
+    # fp32: the subject is signals. (bf16 on an AVX-512-BF16 CPU: a later in-process job of a
+    # resumed sweep sometimes stopped with non-finite weights; an open question, not this test's.)
+    "precision=fp32",
+]
+
+
+def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+    # A session of its own, so the signal goes to the whole group, as a scheduler sends it.
+    return subprocess.Popen([sys.executable, "-m", "largebatch.train", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ), start_new_session=True)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_the_sweep_after_the_running_jobs_checkpoint(tmp_path: Path, sig: signal.Signals) -> None:
+    sweep = tmp_path / "sweep"
+    args = ["-m", *SWEEP, f"hydra.sweep.dir={sweep}", "seed=0,1,2"]
+    proc = _start(args, tmp_path)
+    deadline = time.time() + 180
+    while not list_checkpoints(sweep / "0" / "checkpoints"):
+        assert proc.poll() is None, f"the sweep ended before it was signalled: {proc.communicate()}"
+        assert time.time() < deadline, "job 0 wrote no checkpoint"
+        time.sleep(0.05)
+    os.killpg(proc.pid, sig)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == EXIT_PREEMPTED, (out, err)
+    assert "Traceback" not in err, err
+
+    stopped = load_checkpoint(list_checkpoints(sweep / "0" / "checkpoints")[-1])["train_state"]["step"]
+    assert 1 <= stopped < 12
+    assert not (sweep / "1" / "summary.json").exists() and not (sweep / "2" / "summary.json").exists()
+    assert not list((sweep / "1").glob("checkpoints/*.pt"))
+    rows = {line.split()[0]: line for line in out[out.index("largebatch: 3 job(s)"):].splitlines()[2:5]}
+    assert rows["0"].split()[-1].startswith("preempted") or " 75 preempted" in rows["0"], rows
+    assert rows["1"].rstrip().endswith("75 not started") and rows["2"].rstrip().endswith("75 not started"), rows
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"largebatch: sweep stopped ({sig.name}); jobs not started: 1 2; continue with: ")
+    command = last.split("continue with: ", 1)[1]
+    assert command == resume_command(args[1:], str(sweep.resolve()))
+
+    # The printed command, as the user runs it: job 0 continues, jobs 1-2 start; all finish.
+    resumed = subprocess.run([sys.executable, "-m", "largebatch.train", *shlex.split(command)[1:]], cwd=tmp_path,
+                             capture_output=True, text=True, env=dict(os.environ), timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    for job in ("0", "1", "2"):
+        summary = json.loads((sweep / job / "summary.json").read_text())
+        assert summary["steps"] == 12 and summary["epochs"] == 3
+    assert "resumed from" in (sweep / "0" / "train.log").read_text()
+
+
+def test_resume_command_replaces_the_sweep_dir_and_resume() -> None:
+    command = resume_command(["optimizer=sgd,lars", "hydra.sweep.dir=/old", "resume=null", "epochs=2"], "/s dir")
+    assert command == "largebatch-train -m optimizer=sgd,lars epochs=2 'hydra.sweep.dir=/s dir' resume=auto"
