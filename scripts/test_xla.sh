@@ -7,4 +7,9 @@ cd "$(dirname "$0")/.."
 scripts/setup_env.sh xla
 export PJRT_DEVICE=CPU
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-.venv-xla/bin/python -m pytest -q "$@" tests/xla
+# No arguments: all of tests/ (all but tests/xla skip here, with the reason); else pytest's arguments.
+if (($#)); then
+  .venv-xla/bin/python -m pytest -q "$@"
+else
+  .venv-xla/bin/python -m pytest -q tests
+fi

@@ -1,8 +1,15 @@
-"""Shared pytest set-up: skip accelerator-only tests where the accelerator is absent."""
+"""Shared pytest set-up: skip accelerator-only tests where the accelerator is absent.
+
+Each environment runs its own part of ``python -m pytest tests`` and skips the rest with the
+reason: ``.venv`` (torch 2.14.1) everything but ``tests/xla``; ``.venv-xla`` (torch-xla pins
+torch 2.9.0, no DALI) only ``tests/xla``, because there this pytest process is an XLA:CPU
+device (``tests/xla/conftest.py``) and ``backend=auto`` rightly picks XLA for every run.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +20,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     has_xla = importlib.util.find_spec("torch_xla") is not None
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     skip_xla = pytest.mark.skip(reason="needs torch-xla (run in .venv-xla with PJRT_DEVICE=CPU)")
+    skip_main = pytest.mark.skip(reason="runs in the main environment (.venv); this torch-xla environment runs tests/xla")
+    xla_dir = Path(__file__).resolve().parent / "xla"
     for item in items:
+        if has_xla and xla_dir not in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(skip_main)
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip_gpu)
         if "xla" in item.keywords and not has_xla:
