@@ -14,22 +14,15 @@ One replica per XLA device, started by :func:`largebatch.launch.xla.launch_repli
 * grouped BN sums over replica groups with ``xm.all_reduce(groups=[[0, 1], [2, 3], ...])``.
 
 XLA:CPU with ``CPU_NUM_DEVICES=n`` (the multi-replica tests) runs the n replicas as threads
-of one process, and XLA:CPU collectives abort ("Termination timeout ... of 10 seconds") unless
-every replica launches the same graph shortly after the others. Measures taken here, only
-there (``PJRT_DEVICE=CPU`` and more than one device in the process):
-
-* ``XLA_THREAD_POOL_SIZE`` at least 16 and ``XLA_ENABLE_PARAM_ALIASING=0`` (set by
-  :func:`prepare_xla_environment` before the runtime starts; the launcher calls it);
-* every ``torch_xla.sync()`` (step end, loader step, host collectives) holds one process-wide
-  lock, so replicas compile one at a time and the later ones hit the compilation cache;
-* graphs are identical on every replica: rank-dependent values enter as device data (the
-  broadcast masks), host collectives materialise their inputs first, and every explicit
-  collective names its replica groups (one all-reduce lowering, layout pinned).
+of one process; the measures that keep their collectives from aborting live in
+``largebatch.comm.xla_cpu_threads`` (every graph launch here takes its ``launch_turn``, a
+no-op elsewhere). Graphs are identical on every replica: rank-dependent values enter as device
+data (the broadcast masks), host collectives materialise their inputs first, and every
+explicit collective names its replica groups (one all-reduce lowering, layout pinned).
 
 A plain torch-xla program (``torch_xla.launch``, no largebatch backend) gets its grouped-BN
 reducer from :func:`xla_group_reducer`, which ``largebatch.nn.convert_group_sync_batchnorm``
-calls when the XLA runtime is running; on threaded XLA:CPU it takes the same measures for the
-program's own ``torch_xla.sync()`` calls (:func:`_serialise_threaded_cpu_syncs`).
+calls when the XLA runtime is running.
 
 This module is the only one that imports ``torch_xla``, lazily.
 """
@@ -39,16 +32,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import pickle
 import sys
-import threading
 from typing import Any, ContextManager, Iterable, Iterator, Optional
 
 import torch
 from torch import nn
 
 from largebatch.backends.base import Backend
+from largebatch.comm.xla_cpu_threads import (  # noqa: F401  (the first two: importable from here as before)
+    MIN_CPU_THREAD_POOL, launch_turn, prepare_xla_environment, serialise_threaded_cpu_syncs,
+)
 from largebatch.errors import UsageError
 
 __all__ = [
@@ -61,44 +55,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-# Replicas of XLA:CPU share one process: their collectives need at least this many runtime
-# threads (4 replicas deadlock with the default pool).
-MIN_CPU_THREAD_POOL = 16
-
-# One lock per process around torch_xla.sync() for threaded XLA:CPU replicas (see above).
-_SYNC_LOCK = threading.RLock()
-
-
-def _cpu_device_count() -> int:
-    try:
-        return max(1, int(os.environ.get("CPU_NUM_DEVICES", "1") or 1))
-    except ValueError:
-        return 1
-
-
-def prepare_xla_environment() -> None:
-    """Set what the XLA runtime reads when it starts; call before ``torch_xla`` initialises.
-
-    On XLA:CPU with several devices (``PJRT_DEVICE=CPU``, ``CPU_NUM_DEVICES>1``) raise
-    ``XLA_THREAD_POOL_SIZE`` to at least :data:`MIN_CPU_THREAD_POOL`. A no-op elsewhere.
-    """
-    if os.environ.get("PJRT_DEVICE", "").upper() != "CPU" or _cpu_device_count() < 2:
-        return
-    want = max(MIN_CPU_THREAD_POOL, 4 * _cpu_device_count())
-    try:
-        have = int(os.environ.get("XLA_THREAD_POOL_SIZE", "0") or 0)
-    except ValueError:
-        have = 0
-    if have < want:
-        os.environ["XLA_THREAD_POOL_SIZE"] = str(want)
-    # With input/output buffer aliasing (donation) a graph that updates tensors in place (BN
-    # running statistics, optimizer state) executes inside torch_xla.sync(), under the sync
-    # lock, so its all-reduce waits for replicas that cannot launch theirs: the rendezvous
-    # aborts after 10 s. Without aliasing the launch returns at once. (Measured here with
-    # torch-xla 2.9.0; costs only memory, and only on XLA:CPU test replicas.)
-    os.environ["XLA_ENABLE_PARAM_ALIASING"] = "0"
-
 
 def _replica_groups(group_size: int, world_size: int) -> list[list[int]]:
     return [list(range(start, start + group_size)) for start in range(0, world_size, group_size)]
@@ -145,49 +101,6 @@ class XlaGroupReducer:
         return f"XlaGroupReducer(size={self.size}, groups={self.groups})"
 
 
-def _threaded_cpu_replicas() -> bool:
-    """Replicas are threads of this process on XLA:CPU (``CPU_NUM_DEVICES>1``): never on TPU."""
-    import torch_xla.runtime as xr
-
-    return (xr.device_type() or "").upper() == "CPU" and xr.addressable_device_count() > 1
-
-
-_step_marker_patched = [False]
-
-
-def _serialise_threaded_cpu_syncs() -> None:
-    """In a plain torch-xla program on threaded XLA:CPU, take the backend's measures itself.
-
-    The user's ``torch_xla.sync()`` (also ``xm.mark_step()``, ``MpDeviceLoader``) goes through
-    ``torch_xla._XLAC._xla_step_marker``; wrapped here, once per process, it waits for the
-    device's previous graph and then launches under the process-wide lock, as
-    ``XlaBackend._sync`` does, and buffer aliasing is turned off (module docstring). Without
-    this, 4 replicas compile at once and the first graph's all-reduce aborts after 10 s.
-    Nothing is changed anywhere else (TPU, GPU, one CPU device).
-    """
-    if not _threaded_cpu_replicas():
-        return
-    os.environ["XLA_ENABLE_PARAM_ALIASING"] = "0"
-    with _SYNC_LOCK:
-        if _step_marker_patched[0]:
-            return
-        import torch_xla
-        import torch_xla.core.xla_model as xm
-
-        launch = torch_xla._XLAC._xla_step_marker
-        real_devices: dict[str, str] = {}
-
-        def serialised_step_marker(device: str, *args: Any, **kwargs: Any) -> Any:
-            if device not in real_devices:
-                real_devices[device] = xm.xla_real_devices([device])[0]
-            xm.wait_device_ops([real_devices[device]])  # before the lock (see XlaBackend._sync)
-            with _SYNC_LOCK:
-                return launch(device, *args, **kwargs)
-
-        torch_xla._XLAC._xla_step_marker = serialised_step_marker
-        _step_marker_patched[0] = True
-
-
 def running_xla_world_size() -> int:
     """Replicas of the XLA program this code runs in, or 0 where none is running.
 
@@ -220,7 +133,7 @@ def xla_group_reducer(group_size: int) -> Any:
     size = resolve_group_size(group_size, world_size)
     if size == 1:
         return LocalReducer()
-    _serialise_threaded_cpu_syncs()
+    serialise_threaded_cpu_syncs()
     return XlaGroupReducer(size, world_size)
 
 
@@ -241,32 +154,14 @@ class XlaBackend(Backend):
         self.world_size = xr.world_size()
         self.local_rank = xr.local_ordinal()
         self.local_world_size = xr.local_device_count() if self.world_size > 1 else 1
-        # Threaded XLA:CPU replicas: serialise graph launches (module docstring).
-        self._serial = _threaded_cpu_replicas()
         self._all_ranks = [list(range(self.world_size))]
         self._reducers: dict[int, Any] = {}
-        self._real_device: Optional[str] = None
-
-    def _sync_lock(self) -> ContextManager:
-        return _SYNC_LOCK if self._serial else contextlib.nullcontext()
 
     def _sync(self) -> None:
         import torch_xla
 
-        if self._serial:
-            # torch-xla launches a graph only after the device's previous one finished. That
-            # wait must happen before taking the lock: the previous graph's all-reduce waits
-            # for the other replicas, which cannot launch theirs while the lock is held.
-            self._wait_own_device()
-        with self._sync_lock():
+        with launch_turn(self.device):  # threaded XLA:CPU replicas launch one at a time
             torch_xla.sync()
-
-    def _wait_own_device(self) -> None:
-        import torch_xla.core.xla_model as xm
-
-        if self._real_device is None:
-            self._real_device = xm.xla_real_devices([self.device])[0]
-        xm.wait_device_ops([self._real_device])
 
     # -- collectives (host level: they end with a sync; not for use inside a step) -------
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -500,9 +395,7 @@ class _XlaLoader:
         batches = parallel.per_device_loader(self.backend.device)
         try:
             while True:
-                if self.backend._serial:
-                    self.backend._wait_own_device()  # as in XlaBackend._sync
-                with self.backend._sync_lock():  # next() runs torch_xla.sync()
+                with launch_turn(self.backend.device):  # next() runs torch_xla.sync()
                     try:
                         batch = next(batches)
                     except StopIteration:

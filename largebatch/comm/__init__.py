@@ -12,6 +12,8 @@ tensor fusion, fp16 gradients), Ying et al. 2018 (arXiv 1811.06992) and Mikami e
   column rank groups of the ``X x Y`` grid.
 - ``compress``: the wire dtype; the bucket is averaged before the cast and cast back after.
 - ``cost_model``: alpha-beta times and inter-node bytes of the three algorithms.
+- ``xla_cpu_threads``: the measures that keep XLA:CPU replicas which are threads of one
+  process from deadlocking (thread pool, no aliasing, one launch lock); nowhere else.
 
 Tensor fusion is DDP's bucketing: gradients are packed into buckets of ``comm.bucket_mb``
 (``bucket_cap_mb``) and each bucket is one call of the hook. Larger buckets mean fewer, larger

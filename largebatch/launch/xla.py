@@ -37,7 +37,7 @@ def launch_replicas(fn: Callable[..., Any], args: tuple = ()) -> None:
     and must be importable by name (it is pickled for spawned processes). Raises what a
     replica raised.
     """
-    from largebatch.backends.xla import prepare_xla_environment
+    from largebatch.comm.xla_cpu_threads import prepare_xla_environment
 
     prepare_xla_environment()  # before the runtime starts, in this process and its children
     import torch_xla

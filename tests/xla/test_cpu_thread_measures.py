@@ -28,7 +28,7 @@ def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 def test_environment_untouched_outside_threaded_cpu(env: pytest.MonkeyPatch, device: str, count) -> None:
     import os
 
-    from largebatch.backends.xla import prepare_xla_environment
+    from largebatch.comm.xla_cpu_threads import prepare_xla_environment
 
     env.setenv("PJRT_DEVICE", device)
     if count is None:
@@ -42,7 +42,7 @@ def test_environment_untouched_outside_threaded_cpu(env: pytest.MonkeyPatch, dev
 def test_environment_set_for_threaded_cpu_replicas(env: pytest.MonkeyPatch) -> None:
     import os
 
-    from largebatch.backends.xla import MIN_CPU_THREAD_POOL, prepare_xla_environment
+    from largebatch.comm.xla_cpu_threads import MIN_CPU_THREAD_POOL, prepare_xla_environment
 
     env.setenv("PJRT_DEVICE", "CPU")
     env.setenv("CPU_NUM_DEVICES", "4")
@@ -54,13 +54,17 @@ def test_environment_set_for_threaded_cpu_replicas(env: pytest.MonkeyPatch) -> N
 def test_one_device_gets_no_lock_and_an_untouched_step_marker() -> None:
     """In this process (one XLA:CPU device) the public conversion sees XLA, a world of 1."""
     torch_xla = pytest.importorskip("torch_xla")
-    from largebatch.backends.xla import XlaBackend, _threaded_cpu_replicas, running_xla_world_size
+    from largebatch.backends.xla import XlaBackend, running_xla_world_size
+    from largebatch.comm import xla_cpu_threads
     from largebatch.nn import LocalReducer, convert_group_sync_batchnorm, default_group_reducer
 
     marker = torch_xla._XLAC._xla_step_marker
     assert running_xla_world_size() == 1
-    assert not _threaded_cpu_replicas()
-    assert not XlaBackend()._serial
+    assert not xla_cpu_threads.threaded_cpu_replicas()
+    backend = XlaBackend()
+    backend.barrier()  # a launch through launch_turn: no lock taken
+    assert xla_cpu_threads._SYNC_LOCK.acquire(blocking=False), "launch_turn left the lock held"
+    xla_cpu_threads._SYNC_LOCK.release()
     assert isinstance(default_group_reducer(-1), LocalReducer)
     model = nn.Sequential(nn.BatchNorm2d(3))
     assert convert_group_sync_batchnorm(model, group_size=-1) is model
