@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -272,14 +273,28 @@ def _train(trainer: Any, hooks: Any, run_dir: Path, loaders: Sequence[Any], is_m
 def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
     """Run one training job described by a ``TrainConfig`` (choices as plain strings); return its summary."""
     from largebatch.backends import build_backend
+
+    backend = build_backend(cfg.backend.name, timeout_s=cfg.backend.timeout_s)
+    backend.start()
+    try:
+        return _run_job(cfg, raw_cfg, backend)
+    except BaseException as err:
+        # The traceback's frames hold the job's model (DDP holds the process group) until
+        # the caller handles the error; let them go so that shutdown() can destroy the group.
+        traceback.clear_frames(err.__traceback__)
+        raise
+    finally:
+        backend.shutdown()
+
+
+def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
+    """The job on a started backend; everything it builds is released when it returns."""
     from largebatch.engine.loop import Trainer, TrainState
     from largebatch.engine.precision import resolve_precision
     from largebatch.engine.resume import resume_run
     from largebatch.engine.run_dir import make_run_dir
     from largebatch.lr import scale_lr
 
-    backend = build_backend(cfg.backend.name, timeout_s=cfg.backend.timeout_s)
-    backend.start()
     run_dir_state = None
     try:
         plan = plan_batches(cfg.global_batch_size, backend.world_size, cfg.accumulation_steps)
@@ -327,4 +342,3 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
     finally:
         if run_dir_state is not None:
             run_dir_state.release()
-        backend.shutdown()

@@ -7,6 +7,7 @@ LOCAL_WORLD_SIZE); without it the run is a single process and no process group i
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 from typing import Any, Optional
 
@@ -74,6 +75,12 @@ class TorchDistributedBackend(Backend):
         if self.kind == "cuda":
             torch.cuda.set_device(self.device)
         if self.distributed and not dist.is_initialized():
+            # torch.distributed.nn.functional binds ``group.WORLD`` as a default argument of
+            # its functions when first imported (DDP imports it); imported while a group
+            # exists, it would keep that group alive until interpreter exit, and shutdown()
+            # could never join its worker threads. Imported now, the defaults are None.
+            import torch.distributed.nn.functional  # noqa: F401
+
             dist.init_process_group(
                 "nccl" if self.kind == "cuda" else "gloo",
                 timeout=self.timeout,
@@ -83,8 +90,27 @@ class TorchDistributedBackend(Backend):
             self._owns_group = True
 
     def shutdown(self) -> None:
+        """Destroy the process groups, joining their worker threads, while Python is still alive.
+
+        ``destroy_process_group`` only forgets the groups; each one lives on while anything
+        references it (DDP's reducer, the BN subgroup cache). A gloo group left alive into
+        interpreter exit races it: the worker thread that ran the last collective frees that
+        work's tensors just after the caller's ``wait()`` returned, which needs the GIL; if
+        the interpreter is finalizing by then the thread is force-exited inside a noexcept
+        destructor and the process dies with ``terminate called without an active
+        exception`` (SIGABRT) after a finished run. So drop our references, collect the
+        cycles the caller's model and hooks leave behind (the caller releases them first,
+        as ``largebatch.run.run`` does), then destroy: the last reference goes and
+        ``~ProcessGroupGloo`` joins the threads here.
+        """
         if self._owns_group and dist.is_initialized():
+            from largebatch.nn.sync_bn import release_subgroups
+
+            self._reducers.clear()
+            release_subgroups()
+            gc.collect()
             dist.destroy_process_group()
+            gc.collect()
             self._owns_group = False
 
     # -- collectives ---------------------------------------------------------------------

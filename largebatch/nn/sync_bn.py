@@ -48,6 +48,7 @@ __all__ = [
     "ProcessGroupReducer",
     "resolve_group_size",
     "rank_subgroup",
+    "release_subgroups",
     "process_group_reducer",
     "default_group_reducer",
     "GroupSyncBatchNorm",
@@ -149,6 +150,16 @@ def rank_subgroup(group_size: int) -> Optional[dist.ProcessGroup]:
                 mine = group
         _subgroup_cache[group_size] = mine
     return _subgroup_cache[group_size]
+
+
+def release_subgroups() -> None:
+    """Forget the cached subgroups (and the world they belong to) before the world is destroyed.
+
+    A cached group outlives ``destroy_process_group`` and keeps its gloo worker threads alive
+    into interpreter exit (see ``TorchDistributedBackend.shutdown``).
+    """
+    _subgroup_cache.clear()
+    _subgroup_cache_world[0] = None
 
 
 def process_group_reducer(group_size: int) -> GroupReducer:

@@ -5,6 +5,12 @@
 (``TORCHELASTIC_RESTART_COUNT`` 0), so a restarted worker group runs clean. Nothing here is
 imported by largebatch itself; Python imports ``sitecustomize`` at start-up when it is on
 the path.
+
+``LARGEBATCH_TEST_EXIT_THREADS=1`` makes each worker print, as the interpreter starts to
+exit (the last ``atexit`` handler, before finalization), how many native threads (not
+Python threads) are still running. A gloo process group that is still alive then has its
+worker threads there, and one of them may need the GIL during finalization (see
+``largebatch.backends.torch_dist.TorchDistributedBackend.shutdown``).
 """
 
 import os
@@ -34,3 +40,17 @@ if os.environ.get("LARGEBATCH_TEST_FAULT"):
 
 if os.environ.get("LARGEBATCH_TEST_FAULT") and "RANK" in os.environ:
     _install(os.environ["LARGEBATCH_TEST_FAULT"])
+
+
+def _report_native_threads() -> None:
+    import threading
+
+    native = len(os.listdir("/proc/self/task")) - threading.active_count()
+    if native:
+        print(f"largebatch-test: {native} native thread(s) alive at exit (rank {os.environ['RANK']})", flush=True)
+
+
+if os.environ.get("LARGEBATCH_TEST_EXIT_THREADS") and "RANK" in os.environ and os.path.isdir("/proc/self/task"):
+    import atexit
+
+    atexit.register(_report_native_threads)  # registered first: runs last
