@@ -43,6 +43,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler, sample_seed
+from largebatch.data.worker_signals import ignoring_stop_signals, stop_signals_blocked
 from largebatch.errors import DataError, UsageError
 
 __all__ = [
@@ -252,6 +253,13 @@ class LoaderView:
     def __len__(self) -> int:
         return len(self.loader)
 
+    def _loader_pass(self) -> Iterator[Any]:
+        """``iter(self.loader)``, which starts its worker processes (the first pass only, when
+        persistent), with SIGTERM/SIGINT held until each worker ignores them
+        (:mod:`largebatch.data.worker_signals`)."""
+        with stop_signals_blocked():
+            return iter(self.loader)
+
 
 class SkipCountingLoader(LoaderView):
     """A DataLoader whose batches are ``(images, labels)``; ``skipped`` counts bad files.
@@ -302,7 +310,7 @@ class SkipCountingLoader(LoaderView):
             )
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for images, labels, skipped in self.loader:
+        for images, labels, skipped in self._loader_pass():
             if skipped:
                 self._record(skipped)
             if images is not None:
@@ -381,7 +389,8 @@ def build_loaders(
     common: dict[str, Any] = dict(num_workers=workers, pin_memory=pin_memory,
                                   persistent_workers=workers > 0)
     if workers > 0:
-        common["prefetch_factor"] = 2
+        # Workers outlive a SIGTERM/SIGINT sent to the whole job until this process has saved.
+        common.update(prefetch_factor=2, worker_init_fn=ignoring_stop_signals())
     train = DataLoader(
         train_set, batch_size=batch_size, sampler=train_sampler, drop_last=True,
         collate_fn=functools.partial(collate_skipping, refill=True),

@@ -57,6 +57,7 @@ from largebatch.data.folder import (
 from largebatch.data.background import in_background
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
 from largebatch.data.tensor_augment import augment_batch, normalise
+from largebatch.data.worker_signals import ignoring_stop_signals
 
 __all__ = [
     "EncodedImageFolder",
@@ -265,7 +266,7 @@ class NvjpegLoader(LoaderView):
         epoch = self.epoch
 
         def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-            for samples in self.loader:
+            for samples in self._loader_pass():
                 batch = self.assemble(samples, epoch)
                 if batch is not None:
                     yield batch
@@ -377,7 +378,8 @@ def build_nvjpeg_loaders(
     common: dict[str, Any] = dict(num_workers=workers, pin_memory=pin_memory,
                                   persistent_workers=workers > 0, collate_fn=_as_list)
     if workers > 0:
-        common["prefetch_factor"] = 2
+        # Workers outlive a SIGTERM/SIGINT sent to the whole job until this process has saved.
+        common.update(prefetch_factor=2, worker_init_fn=ignoring_stop_signals())
     train = DataLoader(
         EncodedImageFolder(train_set.samples), batch_size=batch_size, drop_last=True,
         sampler=ShardedSampler(len(train_set), rank=rank, world_size=world_size, batch_size=batch_size, seed=seed),
