@@ -14,7 +14,14 @@ run() {  # run CMD...: run CMD and exit with the workers' code, or print it unde
   local rc=0
   LARGEBATCH_EXIT_DIR=${LARGEBATCH_EXIT_DIR:-$(mktemp -d)}
   export LARGEBATCH_EXIT_DIR
+  # A scheduler (SLURM, Kubernetes, kill -- -PGID, Ctrl-C) signals the whole process group,
+  # this shell included. Without a trap the shell dies at once (143/130) and the workers'
+  # code (75: saved, resumable) is lost. With one, the shell waits for torchrun, which
+  # passes the signal to its workers and gives them --shutdown-timeout (default 30 s) to
+  # save. A command trap, not '' (ignore): an ignored signal would be ignored by torchrun too.
+  trap ':' TERM INT
   "$@" || rc=$?
+  trap - TERM INT
   rc=$(worker_exit_code "$LARGEBATCH_EXIT_DIR" "$rc")
   rm -rf "$LARGEBATCH_EXIT_DIR"
   exit "$rc"

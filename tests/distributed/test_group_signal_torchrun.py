@@ -1,0 +1,54 @@
+"""A scheduler's signal to the whole launch (``launch/torchrun.sh``, 2 gloo ranks): every rank
+stops after the same step, the checkpoint is saved, and the script exits 75.
+
+The group holds the launch shell and torchrun's agent (torchrun starts each worker in a
+session of its own and passes the signal on, with ``--shutdown-timeout`` to save). Before the
+shell trapped the signal it died at once with 143 and the workers' 75 was lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
+
+LAUNCH = Path(__file__).resolve().parents[2] / "launch"
+
+ARGS = [
+    "backend=cpu", "debug=smoke", "progress=false", "tensorboard=false", "data.workers=2",
+    "global_batch_size=8", "data.synthetic.train_per_class=16", "data.synthetic.val_per_class=2",
+    "data.image_size=16", "epochs=3",  # 8 steps per epoch: 24 steps
+    "checkpoint.every_steps=1", "precision=fp32",  # fp32: the subject is signals
+]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_group_signal_to_a_torchrun_launch_saves_one_step_and_exits_75(tmp_path: Path, sig: signal.Signals) -> None:
+    run = tmp_path / "run"
+    env = {**os.environ, "TORCHRUN": str(Path(sys.executable).with_name("torchrun")), "NPROC_PER_NODE": "2",
+           "OMP_NUM_THREADS": "1"}
+    env.pop("LB_DRY_RUN", None)
+    proc = subprocess.Popen(["bash", str(LAUNCH / "torchrun.sh"), *ARGS, f"run_dir={run}"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 240
+    while not list_checkpoints(run / "checkpoints"):
+        assert proc.poll() is None, f"the launch ended before it was signalled: {proc.communicate()}"
+        assert time.time() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+    os.killpg(proc.pid, sig)  # the launch's whole group, as SLURM or kill -- -PGID does
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 75, (out[-3000:], err[-3000:])
+    # both ranks got the signal (from torchrun's agent) and logged it once
+    assert (out + err).count(f"{sig.name} received: finishing the current step") == 2, (out + err)[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    last = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])["train_state"]["step"]
+    assert summary["stop_reason"].startswith(f"preempted ({sig.name})") and summary["steps"] == last < 24
+    assert "Traceback" not in out  # the workers' output; torchrun's agent prints its own on stderr
