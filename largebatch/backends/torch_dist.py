@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from largebatch.backends.base import Backend
+from largebatch.comm.reducers import process_group_reducer, release_subgroups
 
 __all__ = ["TorchDistributedBackend"]
 
@@ -104,8 +105,6 @@ class TorchDistributedBackend(Backend):
         ``~ProcessGroupGloo`` joins the threads here.
         """
         if self._owns_group and dist.is_initialized():
-            from largebatch.nn.sync_bn import release_subgroups
-
             self._reducers.clear()
             release_subgroups()
             gc.collect()
@@ -134,8 +133,6 @@ class TorchDistributedBackend(Backend):
         return box[0]
 
     def bn_reducer(self, group_size: int) -> Any:
-        from largebatch.nn.sync_bn import process_group_reducer
-
         if group_size not in self._reducers:
             self._reducers[group_size] = process_group_reducer(group_size)
         return self._reducers[group_size]

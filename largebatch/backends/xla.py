@@ -21,10 +21,10 @@ data (the broadcast masks), host collectives materialise their inputs first, and
 explicit collective names its replica groups (one all-reduce lowering, layout pinned).
 
 A plain torch-xla program (``torch_xla.launch``, no largebatch backend) gets its grouped-BN
-reducer from :func:`xla_group_reducer`, which ``largebatch.nn.convert_group_sync_batchnorm``
-calls when the XLA runtime is running.
+reducer from ``largebatch.comm.reducers.xla_group_reducer``, which
+``largebatch.nn.convert_group_sync_batchnorm`` calls when the XLA runtime is running.
 
-This module is the only one that imports ``torch_xla``, lazily.
+With ``largebatch.comm`` (reducers, XLA:CPU measures), the only code that imports ``torch_xla``, lazily.
 """
 
 from __future__ import annotations
@@ -33,15 +33,17 @@ import contextlib
 import logging
 import math
 import pickle
-import sys
 from typing import Any, ContextManager, Iterable, Iterator, Optional
 
 import torch
 from torch import nn
 
 from largebatch.backends.base import Backend
+from largebatch.comm.reducers import (  # noqa: F401  (the last two: importable from here as before)
+    LocalReducer, XlaGroupReducer, resolve_group_size, xla_all_reduce_sum, running_xla_world_size, xla_group_reducer,
+)
 from largebatch.comm.xla_cpu_threads import (  # noqa: F401  (the first two: importable from here as before)
-    MIN_CPU_THREAD_POOL, launch_turn, prepare_xla_environment, serialise_threaded_cpu_syncs,
+    MIN_CPU_THREAD_POOL, launch_turn, prepare_xla_environment,
 )
 from largebatch.errors import UsageError
 
@@ -55,87 +57,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-def _replica_groups(group_size: int, world_size: int) -> list[list[int]]:
-    return [list(range(start, start + group_size)) for start in range(0, world_size, group_size)]
-
-
-def _all_reduce_sum(tensor: Any, groups: list[list[int]]) -> Any:
-    """Sum all-reduce of a tensor (returns a new one) or, in place, of a list of tensors.
-
-    Always with explicit groups: ``xm.all_reduce`` lowers a plain whole-world sum through
-    another op than a grouped one, and one graph must not mix the two (XLA rejects a module
-    with layout-pinned and unpinned all-reduces).
-    """
-    import torch_xla.core.xla_model as xm
-
-    return xm.all_reduce(xm.REDUCE_SUM, tensor, groups=groups, pin_layout=True)
-
-
-class XlaGroupReducer:
-    """:class:`~largebatch.nn.sync_bn.GroupReducer` over consecutive XLA replica groups.
-
-    ``group_size=2`` on 4 replicas sums over replicas ``[[0, 1], [2, 3]]``. The collective is
-    part of the step graph (no host sync), the same graph on every replica.
-
-    Args:
-        group_size: replicas per group (divides ``world_size``).
-        world_size: number of replicas.
-    """
-
-    def __init__(self, group_size: int, world_size: int) -> None:
-        if group_size < 1 or world_size % group_size:
-            raise UsageError(f"group_size {group_size} must divide the world size {world_size}")
-        self.size = group_size
-        self.groups = _replica_groups(group_size, world_size)
-
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.size == 1:
-            return tensor
-        return _all_reduce_sum(tensor, self.groups)
-
-    def __deepcopy__(self, memo: dict) -> "XlaGroupReducer":
-        return self  # a description of groups, shared by model copies (EMA)
-
-    def __repr__(self) -> str:
-        return f"XlaGroupReducer(size={self.size}, groups={self.groups})"
-
-
-def running_xla_world_size() -> int:
-    """Replicas of the XLA program this code runs in, or 0 where none is running.
-
-    A program started by ``torch_xla.launch`` / ``xmp.spawn`` (or any that has used an XLA
-    device) has an initialized runtime; then this is ``torch_xla.runtime.world_size()``.
-    0 when ``torch_xla`` has not been imported or its runtime has not started: this never
-    imports ``torch_xla`` nor starts the runtime itself.
-    """
-    torch_xla = sys.modules.get("torch_xla")
-    if torch_xla is None or not torch_xla._XLAC._xla_runtime_is_initialized():
-        return 0
-    import torch_xla.runtime as xr
-
-    return xr.world_size()
-
-
-def xla_group_reducer(group_size: int) -> Any:
-    """The grouped-BN reducer of a plain torch-xla program: groups of ``group_size`` replicas.
-
-    For ``largebatch.nn.convert_group_sync_batchnorm`` called inside ``torch_xla.launch``
-    without a torch.distributed process group. ``group_size`` -1 or 0 is every replica; 1
-    (or a single replica) is local BN. Raises ``ValueError`` if no XLA replicas are running
-    or ``group_size`` does not divide their number.
-    """
-    from largebatch.nn.sync_bn import LocalReducer, resolve_group_size
-
-    world_size = running_xla_world_size()
-    if world_size == 0:
-        raise UsageError("no XLA runtime is running: call this inside torch_xla.launch(...) (or xmp.spawn)")
-    size = resolve_group_size(group_size, world_size)
-    if size == 1:
-        return LocalReducer()
-    serialise_threaded_cpu_syncs()
-    return XlaGroupReducer(size, world_size)
-
 
 class XlaBackend(Backend):
     """Data parallelism over XLA replicas (TPU cores/chips, or XLA:CPU devices)."""
@@ -168,7 +89,7 @@ class XlaBackend(Backend):
         if self.world_size == 1:
             return tensor
         self._sync()  # inputs become device data: the collective graph is the same everywhere
-        out = _all_reduce_sum(tensor, self._all_ranks)
+        out = xla_all_reduce_sum(tensor, self._all_ranks)
         self._sync()
         return out
 
@@ -190,8 +111,6 @@ class XlaBackend(Backend):
         return pickle.loads(data[:size].to(torch.uint8).numpy().tobytes())
 
     def bn_reducer(self, group_size: int) -> Any:
-        from largebatch.nn.sync_bn import LocalReducer, resolve_group_size
-
         size = resolve_group_size(group_size, self.world_size)
         if size not in self._reducers:
             self._reducers[size] = LocalReducer() if size == 1 else XlaGroupReducer(size, self.world_size)
@@ -212,7 +131,7 @@ class XlaBackend(Backend):
                     mask = torch.tensor([int(self.rank == src)], dtype=t.dtype).to(self.device)
                     masks[t.dtype] = mask.reshape(())
                 t.mul_(masks[t.dtype])
-            _all_reduce_sum(list(tensors), self._all_ranks)
+            xla_all_reduce_sum(list(tensors), self._all_ranks)
             self._sync()
 
     # -- model, optimizer, data ----------------------------------------------------------

@@ -32,14 +32,23 @@ Inside ``torch_xla.launch`` without a process group, the same call groups the XL
 
 from __future__ import annotations
 
-import sys
-from typing import Callable, Optional, Protocol, runtime_checkable
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from largebatch.comm.reducers import (  # noqa: F401  (re-exported: largebatch.nn's public names)
+    GroupReducer,
+    LocalReducer,
+    ProcessGroupReducer,
+    default_group_reducer,
+    process_group_reducer,
+    rank_subgroup,
+    release_subgroups,
+    resolve_group_size,
+)
 from largebatch.errors import UsageError
 
 __all__ = [
@@ -56,158 +65,6 @@ __all__ = [
     "convert_group_sync_batchnorm",
     "convert_torch_sync_batchnorm",
 ]
-
-
-# --------------------------------------------------------------------------- reducers
-@runtime_checkable
-class GroupReducer(Protocol):
-    """Sum all-reduce over the ranks of one BN group: the only collective grouped BN needs.
-
-    ``size`` is the number of ranks in the group (1: no communication). ``all_reduce_sum``
-    returns the element-wise sum of ``tensor`` over the group, with the same shape and dtype,
-    on every rank of the group. It may reduce in place; callers use the returned tensor only.
-    Every rank of the group calls it the same number of times, in the same order.
-    """
-
-    size: int
-
-    def all_reduce_sum(self, tensor: Tensor) -> Tensor: ...
-
-
-class LocalReducer:
-    """Group of one rank: the identity (local BN, or a single-process run)."""
-
-    size = 1
-
-    def all_reduce_sum(self, tensor: Tensor) -> Tensor:
-        return tensor
-
-
-class ProcessGroupReducer:
-    """:class:`GroupReducer` over a ``torch.distributed`` process group (gloo, NCCL, ...).
-
-    Args:
-        process_group: the group to reduce over; ``None`` is the default (whole world) group.
-    """
-
-    def __init__(self, process_group: Optional[dist.ProcessGroup] = None) -> None:
-        self.process_group = process_group
-        self.size = dist.get_world_size(process_group)
-
-    def all_reduce_sum(self, tensor: Tensor) -> Tensor:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.process_group)
-        return tensor
-
-    def __deepcopy__(self, memo: dict) -> "ProcessGroupReducer":
-        # A process group is a handle, not state: copies of a model (EMA) share it.
-        return self
-
-    def __repr__(self) -> str:
-        return f"ProcessGroupReducer(size={self.size})"
-
-
-def resolve_group_size(group_size: int, world_size: int) -> int:
-    """Return the group size, with -1 or 0 meaning the whole world; check it divides it."""
-    if group_size in (-1, 0):
-        return world_size
-    if group_size < 0:
-        raise UsageError(f"group_size must be positive, or -1/0 for the whole world; got {group_size}")
-    if world_size % group_size != 0:
-        raise UsageError(
-            f"BN group_size {group_size} does not divide the world size {world_size}; "
-            f"choose a divisor of {world_size} (or -1 for the whole world)"
-        )
-    return group_size
-
-
-# Subgroups must be created by every rank, once: cache them per group size, for the current
-# default group (a re-initialized world gets new ones).
-_subgroup_cache: dict[int, Optional[dist.ProcessGroup]] = {}
-_subgroup_cache_world: list[object] = [None]
-
-
-def rank_subgroup(group_size: int) -> Optional[dist.ProcessGroup]:
-    """Return this rank's process group of ``group_size`` consecutive ranks.
-
-    On first use for a given size, every rank creates every subgroup (a torch.distributed
-    requirement), so all ranks must call this with the same sizes in the same order. The
-    whole-world size returns ``None`` (the default group). Raises ``UsageError`` (a ValueError) if
-    ``group_size`` does not divide the world size.
-    """
-    world_size = dist.get_world_size()
-    group_size = resolve_group_size(group_size, world_size)
-    if group_size == world_size:
-        return None
-    if _subgroup_cache_world[0] is not dist.group.WORLD:
-        _subgroup_cache.clear()
-        _subgroup_cache_world[0] = dist.group.WORLD
-    if group_size not in _subgroup_cache:
-        rank, mine = dist.get_rank(), None
-        for start in range(0, world_size, group_size):
-            ranks = list(range(start, start + group_size))
-            group = dist.new_group(ranks)
-            if rank in ranks:
-                mine = group
-        _subgroup_cache[group_size] = mine
-    return _subgroup_cache[group_size]
-
-
-def release_subgroups() -> None:
-    """Forget the cached subgroups (and the world they belong to) before the world is destroyed.
-
-    A cached group outlives ``destroy_process_group`` and keeps its gloo worker threads alive
-    into interpreter exit (see ``TorchDistributedBackend.shutdown``).
-    """
-    _subgroup_cache.clear()
-    _subgroup_cache_world[0] = None
-
-
-def process_group_reducer(group_size: int) -> GroupReducer:
-    """Reducer over this rank's group of ``group_size`` ranks in the initialized world.
-
-    World size 1 (or torch.distributed not initialized) and ``group_size=1`` give a
-    :class:`LocalReducer`. See :func:`rank_subgroup` for the collective creation rule.
-    """
-    initialized = dist.is_available() and dist.is_initialized()
-    world_size = dist.get_world_size() if initialized else 1
-    if resolve_group_size(group_size, world_size) == 1:
-        return LocalReducer()
-    return ProcessGroupReducer(rank_subgroup(group_size))
-
-
-def default_group_reducer(group_size: int) -> GroupReducer:
-    """Reducer over this rank's group of ``group_size`` ranks of the running program.
-
-    * torch.distributed initialized (torchrun + ``init_process_group``, gloo or NCCL): its
-      world, as :func:`process_group_reducer`;
-    * otherwise, inside a torch-xla program (``torch_xla.launch`` / ``xmp.spawn``, or a
-      torch.distributed world of the ``xla`` backend): the XLA replicas, with an in-graph
-      ``xm.all_reduce`` over replica groups (``largebatch.backends.xla.xla_group_reducer``);
-    * otherwise one rank: ``group_size`` 1, -1 or 0 give a :class:`LocalReducer`, any other
-      size raises ``ValueError``.
-
-    ``torch_xla`` is looked at only when the program has already imported it.
-    """
-    initialized = dist.is_available() and dist.is_initialized()
-    if _xla_running() and (not initialized or dist.get_backend() == "xla"):
-        from largebatch.backends.xla import xla_group_reducer
-
-        return xla_group_reducer(group_size)
-    if not initialized and group_size > 1:
-        raise UsageError(
-            f"BN group_size {group_size} needs several ranks, but this program is a single one (world size 1): "
-            "initialize torch.distributed first (torchrun + init_process_group), or call this inside "
-            "torch_xla.launch(...) on several XLA devices; or use group_size=1"
-        )
-    return process_group_reducer(group_size)
-
-
-def _xla_running() -> bool:
-    if "torch_xla" not in sys.modules:  # never import torch_xla here
-        return False
-    from largebatch.backends.xla import running_xla_world_size
-
-    return running_xla_world_size() > 0
 
 
 # --------------------------------------------------------------------------- autograd
