@@ -138,6 +138,20 @@ class TorchDistributedBackend(Backend):
         return self._reducers[group_size]
 
     # -- model ---------------------------------------------------------------------------
+    def prepare_model(self, model: nn.Module, *, channels_last: bool = False) -> nn.Module:
+        """Move the model to the device; on CPUs, avoid oneDNN's narrow-input bf16 conv bug.
+
+        Strided convolutions become ``NarrowInputConv2d``: one whose input is narrower than
+        its stride (a 1x1 map in layer4 of a ResNet on 16 px images) computes in fp32 under
+        bf16 autocast, because oneDNN's bf16 weight gradient for it sometimes holds NaN
+        (largebatch.nn.narrow_conv; benchmarks/onednn_bf16_narrow_conv_nan.py).
+        """
+        if self.kind == "cpu":
+            from largebatch.nn.narrow_conv import convert_narrow_input_convs
+
+            convert_narrow_input_convs(model)
+        return super().prepare_model(model, channels_last=channels_last)
+
     def wrap_model(
         self,
         model: nn.Module,
