@@ -57,9 +57,9 @@ setup(
     entry_points={
         "console_scripts": [
             "largebatch-train=largebatch.cli:main",
-            "largebatch-make-synthetic=largebatch.data.synthetic:main",
-            "largebatch-check-data=largebatch.data.check:main",
-            "largebatch-make-shards=largebatch.data.shards:main",
+            "largebatch-make-synthetic=largebatch.tools.make_synthetic:main",
+            "largebatch-check-data=largebatch.tools.check_data:main",
+            "largebatch-make-shards=largebatch.tools.make_shards:main",
             "largebatch-report=largebatch.report:main",
         ]
     },

@@ -14,9 +14,10 @@ import pytest
 from PIL import Image
 
 from largebatch.data import check
-from largebatch.data.check import KINDS, check_dataset, inspect_image, main, require_checked
+from largebatch.data.check import KINDS, check_dataset, inspect_image, require_checked
 from largebatch.data.folder import DataError
 from largebatch.data.synthetic import make_synthetic_imagenet
+from largebatch.tools.check_data import main
 
 HAS_DALI = importlib.util.find_spec("nvidia.dali") is not None
 

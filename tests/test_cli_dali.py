@@ -160,7 +160,7 @@ def test_check_data_command_is_installed() -> None:
 def test_training_reads_packed_shards(cache: Path, folder: Path) -> None:
     """data.shards: a run reads the WebDataset shards of largebatch-make-shards with DALI and
     evaluates every validation image once; with data.loader=torchvision it is refused."""
-    from largebatch.data.shards import main as make_shards_main
+    from largebatch.tools.make_shards import main as make_shards_main
 
     check_dataset(folder, workers=1)
     shards = cache / "shards"

@@ -12,7 +12,7 @@ from torch import nn
 
 from largebatch.backends.torch_dist import TorchDistributedBackend
 from largebatch.cli import main
-from largebatch.config import compose_config, to_train_config
+from largebatch.config import ConfigError, compose_config, to_train_config
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
 from largebatch.engine.compile import compile_model, parse_compile_mode, strip_compile_prefixes, unwrap_model
 from largebatch.engine.hooks import CheckpointHook
@@ -32,6 +32,14 @@ def test_config_takes_modes_and_booleans() -> None:
     assert to_train_config(compose_config(["model.compile=true"])).model.compile == "default"
     assert to_train_config(compose_config(["model.compile=reduce-overhead"])).model.compile == "reduce-overhead"
     assert to_train_config(compose_config([])).model.channels_last is None  # auto: CUDA only
+
+
+def test_the_composed_config_holds_the_canonical_mode() -> None:
+    """The compose-time check writes the mode back, so the saved config.yaml says ``default``."""
+    assert compose_config(["model.compile=true"]).model.compile == "default"
+    assert compose_config(["model.compile=False"]).model.compile == "none"
+    with pytest.raises(ConfigError, match=r"^model.compile='fastest' is not a compile mode"):
+        compose_config(["model.compile=fastest"])
 
 
 def test_bad_mode_is_one_line_and_exit_2(capsys: pytest.CaptureFixture) -> None:

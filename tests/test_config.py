@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ from omegaconf import OmegaConf
 
 from largebatch.config import ConfigError, compose_config, config_keys, to_train_config
 from largebatch.config.schema import TrainConfig
+from largebatch.data import embedded
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("__pycache__",))
@@ -130,6 +133,27 @@ def test_unknown_group_option_lists_the_choices() -> None:
 def test_imagenet_preset_requires_a_root() -> None:
     with pytest.raises(ConfigError, match=r"data\.root"):
         compose_config(["data=imagenet"])
+
+
+def test_embedded_yaml_writes_the_sizes_of_the_embedded_module() -> None:
+    written = yaml.safe_load((CONF / "data" / "embedded.yaml").read_text())["synthetic"]
+    sizes = {key: written[key] for key in ("classes", "train_per_class", "val_per_class", "image_size")}
+    assert sizes == {
+        "classes": embedded.DEFAULT_CLASSES,
+        "train_per_class": embedded.DEFAULT_TRAIN_PER_CLASS,
+        "val_per_class": embedded.DEFAULT_VAL_PER_CLASS,
+        "image_size": embedded.DEFAULT_IMAGE_SIZE,
+    }
+
+
+@pytest.mark.parametrize(
+    "module", ["largebatch.config", "largebatch.data", "largebatch.data.embedded", "largebatch.engine.compile_modes"],
+)
+def test_importing_the_config_and_its_leaves_loads_no_torch(module: str) -> None:
+    """A config error is one line in well under a second: nothing on this path loads torch."""
+    code = f"import sys, {module}; assert 'torch' not in sys.modules, sorted(sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=CONF.parent, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_keys_cover_nested_groups() -> None:

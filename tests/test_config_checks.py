@@ -20,6 +20,7 @@ CASES = [
     ("data.crop_scale=[0.5,0.1]", "data.crop_scale=[0.5, 0.1] is out of range"),
     ("bn.group_size=0", "bn.group_size=0 is out of range"),
     ("optimizer.eps=-1", "optimizer.eps=-1.0 is out of range"),
+    ("model.compile=fastest", "model.compile='fastest' is not a compile mode; use one of none, default,"),
 ]
 
 

@@ -9,16 +9,17 @@ import pytest
 import torch
 from PIL import Image
 
-from largebatch.data import (
-    DataError,
+from largebatch.data.folder import (
     RobustImageFolder,
+    Unreadable,
     build_loaders,
     build_train_transform,
     build_val_transform,
-    make_synthetic_imagenet,
+    collate_skipping,
+    load_rgb,
 )
-from largebatch.data.folder import Unreadable, collate_skipping, load_rgb
-from largebatch.data.synthetic import oddity_positions
+from largebatch.data.synthetic import make_synthetic_imagenet, oddity_positions
+from largebatch.errors import DataError
 
 SMALL = dict(num_classes=3, train_per_class=6, val_per_class=3, image_size=32)
 

@@ -14,11 +14,13 @@ import torch
 from PIL import Image
 
 from largebatch.backends.torch_dist import TorchDistributedBackend
-from largebatch.data import DataError, build_loaders, make_synthetic_imagenet
 from largebatch.data import nvjpeg as nv
 from largebatch.data.background import in_background
+from largebatch.data.folder import build_loaders
 from largebatch.data.nvjpeg import build_nvjpeg_loaders, cpu_decode_reason, jpeg_frame
+from largebatch.data.synthetic import make_synthetic_imagenet
 from largebatch.data.tensor_augment import centre_crop_box, random_resized_crop_box, sample_rng
+from largebatch.errors import DataError
 
 SMALL = dict(num_classes=3, train_per_class=8, val_per_class=3, image_size=40)
 LOADER = dict(image_size=24, batch_size=4, workers=0, device="cpu")

@@ -13,10 +13,10 @@ from largebatch.data.synthetic import (
     MANIFEST_NAME,
     default_dataset_root,
     ensure_synthetic,
-    main,
     make_synthetic_imagenet,
     oddity_positions,
 )
+from largebatch.tools.make_synthetic import main
 
 SMALL = dict(num_classes=3, train_per_class=4, val_per_class=2, image_size=24)
 

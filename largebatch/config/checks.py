@@ -2,7 +2,8 @@
 
 The schema (``largebatch.config.schema``) fixes keys and types; this module fixes what the
 values may be: ``epochs=0``, ``optimizer.lr=nan`` or ``optimizer.momentum=2`` fail at
-compose time, naming the key, before a run directory exists or a step runs.
+compose time, naming the key, before a run directory exists or a step runs. Values with
+aliases (``model.compile=true``) are written back in their canonical form.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from largebatch.errors import ConfigError
+from largebatch.engine.compile_modes import parse_compile_mode
+from largebatch.errors import ConfigError, UsageError
 
-__all__ = ["check_ranges"]
+__all__ = ["canonicalise_choices", "check_ranges"]
 
 
 def _num(x: Any) -> bool:
@@ -107,3 +109,15 @@ def check_ranges(cfg: Any) -> None:
     group = _get(cfg, "bn.group_size")
     if group != -1 and not (isinstance(group, int) and group >= 1):
         _fail("bn.group_size", group, "-1 (the whole world) or an integer >= 1")
+
+
+def canonicalise_choices(cfg: Any) -> None:
+    """Check the string-valued choices the schema cannot type as Enums and write each back in
+    its canonical form (``model.compile``: ``true``/``false`` -> ``default``/``none``).
+
+    Raise ``ConfigError`` naming the key and the values to use.
+    """
+    try:
+        cfg["model"]["compile"] = parse_compile_mode(_get(cfg, "model.compile"))
+    except UsageError as err:
+        raise ConfigError(str(err)) from None

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from largebatch.config.checks import check_ranges
+from largebatch.config.checks import canonicalise_choices, check_ranges
 from largebatch.config.schema import TrainConfig, register_schema
 from largebatch.errors import ConfigError
 
@@ -108,7 +108,8 @@ def hydra_session(job_name: str = "largebatch-train") -> Iterator[Any]:
 
 
 def check_composed(cfg: DictConfig) -> DictConfig:
-    """Resolve interpolations in place and require every ``???`` value to be set."""
+    """Resolve interpolations in place, require every ``???`` value to be set, check value
+    ranges and write aliased choices in their canonical form (:mod:`largebatch.config.checks`)."""
     from omegaconf.errors import OmegaConfBaseException
 
     try:
@@ -119,6 +120,7 @@ def check_composed(cfg: DictConfig) -> DictConfig:
     if missing:
         raise ConfigError(f"config value(s) {', '.join(missing)} must be set, e.g. {missing[0]}=...")
     check_ranges(cfg)
+    canonicalise_choices(cfg)
     return cfg
 
 

@@ -24,7 +24,7 @@ from typing import List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from largebatch.data import synthetic as _syn
+from largebatch.data import embedded as _embedded
 
 __all__ = [
     "BackendConfig",
@@ -107,13 +107,9 @@ class ModelConfig:
     drop_path_rate: float = 0.0
     # torch.compile mode: none | default | reduce-overhead (CUDA graphs) |
     # max-autotune-no-cudagraphs | max-autotune; true/false mean default/none. Costs start-up
-    # time (~50 s for resnet18 on a CPU).
+    # time (~50 s for resnet18 on a CPU). config/checks.py checks it and writes the canonical
+    # mode back at compose time.
     compile: str = "none"
-
-    def __post_init__(self) -> None:
-        from largebatch.engine.compile import parse_compile_mode
-
-        self.compile = parse_compile_mode(self.compile)
 
 
 @dataclass
@@ -149,12 +145,12 @@ class ScheduleConfig:
 
 @dataclass
 class SyntheticDataConfig:
-    # The generator's own defaults (largebatch.data.synthetic), so a data preset without a
+    # The generator's own defaults (largebatch.data.embedded), so a data preset without a
     # synthetic block and largebatch-make-synthetic agree with conf/data/embedded.yaml.
-    classes: int = _syn.DEFAULT_CLASSES
-    train_per_class: int = _syn.DEFAULT_TRAIN_PER_CLASS
-    val_per_class: int = _syn.DEFAULT_VAL_PER_CLASS
-    image_size: int = _syn.DEFAULT_IMAGE_SIZE  # generated JPEG side, pixels
+    classes: int = _embedded.DEFAULT_CLASSES
+    train_per_class: int = _embedded.DEFAULT_TRAIN_PER_CLASS
+    val_per_class: int = _embedded.DEFAULT_VAL_PER_CLASS
+    image_size: int = _embedded.DEFAULT_IMAGE_SIZE  # generated JPEG side, pixels
     seed: int = 0
 
 

@@ -1,34 +1,62 @@
-"""Input pipelines: the embedded synthetic data set, samplers and the torchvision folder loader.
+"""Input pipelines: from an image folder (or the embedded set) to ``(images, labels)`` batches.
 
-``build_loaders`` (in :mod:`largebatch.data.folder`) yields ``(images, labels)`` batches and
-counts unreadable files in ``loader.skipped``; see that module for the contract.
+A map of the package; importing it loads no module of the package (nor torch), so
+``largebatch.data.embedded`` stays light for the config schema.
+
+=====================  =================================================================
+module                 what it holds
+=====================  =================================================================
+``build``              the pipeline of a run: where the data is, which loader reads it
+``folder``             the torchvision loader (``build_loaders``), its transforms,
+                       ``RobustImageFolder`` and ``SkipCountingLoader``
+``nvjpeg``             workers read bytes, torchvision's nvJPEG decodes on the GPU
+``dali``               NVIDIA DALI: image folders, file lists or packed shards
+``tensor_augment``     the ImageNet augmentation as tensor ops (nvjpeg's)
+``samplers``           ``ShardedSampler`` (training), ``ExactShardSampler`` (evaluation)
+``background``         an iterator run a few items ahead in a thread
+``worker_signals``     loader workers outlive a group SIGTERM/SIGINT
+``synthetic``          the embedded data set's generator
+``embedded``           the embedded set's sizes (no imports; the config reads them)
+``check``              the data check: files DALI cannot decode
+``shards``             an image folder packed into WebDataset tar shards
+=====================  =================================================================
+
+The command-line tools that drive ``check``, ``synthetic`` and ``shards`` live in
+:mod:`largebatch.tools`. The names below are kept importable as ``from largebatch.data
+import X``; each loads its module on first use (PEP 562).
 """
 
-from largebatch.data.folder import (
-    IMAGENET_DEFAULT_MEAN,
-    IMAGENET_DEFAULT_STD,
-    DataError,
-    RobustImageFolder,
-    SkipCountingLoader,
-    build_loaders,
-    build_train_transform,
-    build_val_transform,
-)
-from largebatch.data.samplers import ExactShardSampler, ShardedSampler
-from largebatch.data.synthetic import default_dataset_root, ensure_synthetic, make_synthetic_imagenet
+from __future__ import annotations
 
-__all__ = [
-    "IMAGENET_DEFAULT_MEAN",
-    "IMAGENET_DEFAULT_STD",
-    "DataError",
-    "ExactShardSampler",
-    "RobustImageFolder",
-    "ShardedSampler",
-    "SkipCountingLoader",
-    "build_loaders",
-    "build_train_transform",
-    "build_val_transform",
-    "default_dataset_root",
-    "ensure_synthetic",
-    "make_synthetic_imagenet",
-]
+from importlib import import_module
+from typing import Any
+
+# name -> the module under largebatch.data that defines it
+_EXPORTS = {
+    "IMAGENET_DEFAULT_MEAN": "folder",
+    "IMAGENET_DEFAULT_STD": "folder",
+    "DataError": "folder",
+    "RobustImageFolder": "folder",
+    "SkipCountingLoader": "folder",
+    "build_loaders": "folder",
+    "build_train_transform": "folder",
+    "build_val_transform": "folder",
+    "ExactShardSampler": "samplers",
+    "ShardedSampler": "samplers",
+    "default_dataset_root": "synthetic",
+    "ensure_synthetic": "synthetic",
+    "make_synthetic_imagenet": "synthetic",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -23,12 +23,10 @@ reader shuffles only inside a buffer, so the stored order must already be mixed.
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
 import shutil
-import sys
 import tarfile
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -42,11 +40,12 @@ from largebatch.data.check import _read_report, require_checked
 from largebatch.data.dali import read_file_list
 from largebatch.data.folder import DataError
 
-__all__ = ["INDEX_VERSION", "iter_shard_samples", "main", "make_shards"]
+__all__ = ["INDEX_VERSION", "REENCODE_KINDS", "iter_shard_samples", "make_shards"]
 
 INDEX_VERSION = "v1.2"  # DALI's webdataset index format (tools/wds2idx.py)
 _EXT = {"JPEG": "jpg", "PNG": "png", "BMP": "bmp", "TIFF": "tif", "WEBP": "webp"}
-_REENCODE_KINDS = ("wrong_extension", "cmyk_jpeg", "grayscale_jpeg")
+# the odd files (kinds of largebatch.data.check.KINDS) that reencode=True writes as RGB JPEG
+REENCODE_KINDS = ("wrong_extension", "cmyk_jpeg", "grayscale_jpeg")
 
 
 def _image_ext(data: bytes) -> str:
@@ -104,7 +103,7 @@ def _odd_files(root: Path, split: str) -> set[str]:
     if found is None:
         return set()
     return {p["path"] for p in found[0].get("problems", [])
-            if p["split"] == split and p["kind"] in _REENCODE_KINDS}
+            if p["split"] == split and p["kind"] in REENCODE_KINDS}
 
 
 def make_shards(
@@ -184,46 +183,3 @@ def _sample(key: str, parts: dict[str, bytes]) -> tuple[str, bytes, int, str]:
     image = next(v for k, v in parts.items() if k in _EXT.values() or k == "jpeg")
     return key, image, int(parts["cls"]), parts["path"].decode()
 
-
-# ---------------------------------------------------------------------------------------
-# console entry: largebatch-make-shards
-
-
-class _ArgumentParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit code 2
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``largebatch-make-shards ROOT OUT --shard-size N``: pack a checked data set."""
-    parser = _ArgumentParser(prog="largebatch-make-shards",
-                             description="Pack a checked ImageFolder tree into WebDataset tar "
-                                         "shards for DALI's webdataset reader.")
-    parser.add_argument("root", help="data root (checked with largebatch-check-data)")
-    parser.add_argument("out", help="output folder (gets train/ and val/)")
-    parser.add_argument("--shard-size", type=int, required=True, help="samples per tar file")
-    parser.add_argument("--splits", default="train,val")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the stored train order")
-    parser.add_argument("--reencode", action="store_true",
-                        help=f"re-encode {', '.join(_REENCODE_KINDS)} files as RGB JPEG")
-    parser.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1))
-    args = parser.parse_args(argv)
-    if args.shard_size < 1:
-        parser.error(f"--shard-size must be >= 1, got {args.shard_size}")
-    if args.workers < 1:
-        parser.error(f"--workers must be >= 1, got {args.workers}")
-    try:
-        metas = make_shards(args.root, args.out, shard_size=args.shard_size,
-                            splits=[s for s in args.splits.split(",") if s], seed=args.seed,
-                            reencode=args.reencode, workers=args.workers)
-    except (DataError, OSError) as err:
-        parser.error(str(err))
-    for split, meta in metas.items():
-        print(f"{split}: {meta['num_samples']} samples in {len(meta['shards'])} shard(s) of up to "
-              f"{meta['shard_size']} at {Path(args.out, split)}"
-              + (f" ({meta['reencoded']} re-encoded as RGB JPEG)" if meta["reencoded"] else ""))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -32,20 +32,23 @@ byte-identical files for the same numpy and Pillow versions, whatever ``workers`
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import shutil
-import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 from PIL import Image
 
+from largebatch.data.embedded import (  # the embedded set's sizes, written once
+    DEFAULT_CLASSES,
+    DEFAULT_IMAGE_SIZE,
+    DEFAULT_TRAIN_PER_CLASS,
+    DEFAULT_VAL_PER_CLASS,
+)
 from largebatch.errors import UsageError
 
 __all__ = [
@@ -54,9 +57,10 @@ __all__ = [
     "SyntheticSpec",
     "default_dataset_root",
     "ensure_synthetic",
-    "main",
+    "check_args",
     "make_synthetic_imagenet",
     "oddity_positions",
+    "read_manifest",
 ]
 
 FORMAT_VERSION = 1  # bump when the generated pixels change
@@ -66,13 +70,6 @@ NUM_FAMILIES = 10
 MAX_CLASSES = NUM_FAMILIES * NUM_FAMILIES
 _SPLIT_IDS = {"train": 0, "val": 1}
 
-# The embedded set of the project's default run (conf/data/embedded.yaml writes the same
-# values): resnet10t at 32 px reaches 91.7-93.5% best val top-1 over seeds 0-2 in fp32 and bf16
-# (README "What the default run does").
-DEFAULT_CLASSES = 10
-DEFAULT_TRAIN_PER_CLASS = 520
-DEFAULT_VAL_PER_CLASS = 100
-DEFAULT_IMAGE_SIZE = 48
 
 
 class SyntheticSpec(dict):
@@ -95,8 +92,9 @@ class SyntheticSpec(dict):
         return hashlib.sha256(json.dumps(self, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _check_args(num_classes: int, train_per_class: int, val_per_class: int, image_size: int,
-                seed: int) -> None:
+def check_args(num_classes: int, train_per_class: int, val_per_class: int, image_size: int,
+               seed: int) -> None:
+    """Raise ``UsageError`` naming the first argument of the generator out of its range."""
     if not 1 <= num_classes <= MAX_CLASSES:
         raise UsageError(f"num_classes must be in 1..{MAX_CLASSES}, got {num_classes}")
     if train_per_class < 1:
@@ -260,7 +258,8 @@ def _write_class(jobs: list) -> int:
 # the tree on disk
 
 
-def _read_manifest(root: Path) -> dict | None:
+def read_manifest(root: Path) -> dict | None:
+    """The manifest a generated tree at ``root`` carries (spec and file counts), or None."""
     try:
         return json.loads((root / MANIFEST_NAME).read_text())
     except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
@@ -271,7 +270,7 @@ def _existing(root: Path, spec: SyntheticSpec) -> bool:
     """True if ``root`` already holds this data set; raise if it holds something else."""
     if not root.exists():
         return False
-    manifest = _read_manifest(root)
+    manifest = read_manifest(root)
     if manifest is not None and manifest.get("spec") == spec:
         return True
     if manifest is not None:
@@ -310,7 +309,7 @@ def make_synthetic_imagenet(
     the arguments. A second call with the same arguments returns at once; other arguments
     into the same root raise ``ValueError``.
     """
-    _check_args(num_classes, train_per_class, val_per_class, image_size, seed)
+    check_args(num_classes, train_per_class, val_per_class, image_size, seed)
     root = Path(root).expanduser().absolute()
     spec = SyntheticSpec.of(num_classes, train_per_class, val_per_class, image_size, seed)
     if _existing(root, spec):
@@ -400,46 +399,3 @@ def ensure_synthetic(
         root = default_dataset_root(**args)
     return make_synthetic_imagenet(root, workers=workers, **args)
 
-
-# ---------------------------------------------------------------------------------------
-# console entry: largebatch-make-synthetic
-
-
-class _ArgumentParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit code 2
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``largebatch-make-synthetic``: write the generated data set and say where."""
-    parser = _ArgumentParser(prog="largebatch-make-synthetic", description=__doc__.split("\n")[0])
-    parser.add_argument("--root", default=None,
-                        help="target folder (default: the cache, $LARGEBATCH_CACHE or ~/.cache/largebatch)")
-    parser.add_argument("--classes", type=int, default=DEFAULT_CLASSES)
-    parser.add_argument("--train-per-class", type=int, default=DEFAULT_TRAIN_PER_CLASS)
-    parser.add_argument("--val-per-class", type=int, default=DEFAULT_VAL_PER_CLASS)
-    parser.add_argument("--image-size", type=int, default=DEFAULT_IMAGE_SIZE)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1))
-    args = parser.parse_args(argv)
-    try:
-        _check_args(args.classes, args.train_per_class, args.val_per_class, args.image_size, args.seed)
-        if args.workers < 0:
-            raise ValueError(f"workers must be >= 0, got {args.workers}")
-        root = ensure_synthetic(
-            args.root, num_classes=args.classes, train_per_class=args.train_per_class,
-            val_per_class=args.val_per_class, image_size=args.image_size, seed=args.seed,
-            workers=args.workers,
-        )
-    except ValueError as err:
-        parser.error(str(err))
-    except OSError as err:  # e.g. no permission to write there
-        parser.exit(1, f"{parser.prog}: error: cannot write the data set: {err}\n")
-    counts = _read_manifest(root)["counts"]
-    print(f"synthetic ImageNet at {root}: {args.classes} classes, "
-          f"{counts['train']} train + {counts['val']} val files")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,6 +9,9 @@ Modes (``model.compile``), those of ``torch.compile``:
   the per-kernel launch cost that dominates small per-GPU batches);
 * ``max-autotune``: both.
 
+The vocabulary and its parser live in :mod:`largebatch.engine.compile_modes` (no torch), so the
+config checks it at compose time; they are re-exported here.
+
 A compiled module keeps the eager one as ``_orig_mod``, so its ``state_dict()`` keys gain an
 ``_orig_mod.`` prefix; checkpoints are written from :func:`unwrap_model` (no prefix, the same
 file with or without compile) and :func:`strip_compile_prefixes` reads older ones.
@@ -21,7 +24,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from largebatch.errors import UsageError
+from largebatch.engine.compile_modes import COMPILE_MODES, parse_compile_mode
 
 __all__ = [
     "COMPILE_MODES",
@@ -31,19 +34,6 @@ __all__ = [
     "unwrap_model",
     "uses_cuda_graphs",
 ]
-
-COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
-_ALIASES = {"false": "none", "true": "default"}
-
-
-def parse_compile_mode(value: Any) -> str:
-    """The canonical compile mode of a config value (``true``/``false`` mean default/none)."""
-    text = str(value).strip().lower()
-    mode = _ALIASES.get(text, text)
-    if mode not in COMPILE_MODES:
-        raise UsageError(f"model.compile={value!r} is not a compile mode; use one of "
-                         f"{', '.join(COMPILE_MODES)} (or true/false)")
-    return mode
 
 
 def compile_model(model: nn.Module, mode: str) -> nn.Module:

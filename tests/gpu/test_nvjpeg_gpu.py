@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 from largebatch.cli import main
-from largebatch.data import make_synthetic_imagenet
 from largebatch.data.nvjpeg import build_nvjpeg_loaders
+from largebatch.data.synthetic import make_synthetic_imagenet
 
 pytestmark = pytest.mark.gpu
 
