@@ -25,6 +25,7 @@ import pytest
 from largebatch.cli import main
 from largebatch.errors import EXIT_PREEMPTED
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
+from tests.signals import wait_for_checkpoint
 
 FAST = [
     "debug=smoke",
@@ -103,14 +104,6 @@ def _start(run: Path, moment: str, sig: str, overrides: list[str]) -> subprocess
     )
 
 
-def _wait_for_checkpoint(directory: Path, proc: subprocess.Popen, timeout_s: float = 120) -> None:
-    deadline = time.time() + timeout_s
-    while not list_checkpoints(directory):
-        assert proc.poll() is None, f"training ended before it was signalled: {proc.communicate()}"
-        assert time.time() < deadline, "no checkpoint appeared"
-        time.sleep(0.02)
-
-
 def _assert_group_gone(pgid: int, timeout_s: float = 20) -> None:
     """No process of the run's group survives it (orphaned workers would)."""
     deadline = time.time() + timeout_s
@@ -127,7 +120,7 @@ def _run_signalled(run: Path, moment: str, sig: str, overrides: list[str]) -> tu
     proc = _start(run, moment, sig, overrides)
     try:
         if moment == "mid-epoch":
-            _wait_for_checkpoint(run / "checkpoints", proc)  # training is under way
+            wait_for_checkpoint(run / "checkpoints", proc)  # training is under way
             os.killpg(proc.pid, getattr(signal, sig))
         out, err = proc.communicate(timeout=180)
     finally:

@@ -14,6 +14,7 @@ from pathlib import Path
 from largebatch.cli import main
 from largebatch.errors import EXIT_PREEMPTED
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
+from tests.signals import wait_for_checkpoint
 
 FAST = [
     "debug=smoke",
@@ -29,21 +30,13 @@ FAST = [
 ]
 
 
-def _wait_for_checkpoint(directory: Path, proc: subprocess.Popen, timeout_s: float = 120) -> None:
-    deadline = time.time() + timeout_s
-    while not list_checkpoints(directory):
-        assert proc.poll() is None, f"training ended before it was signalled: {proc.communicate()}"
-        assert time.time() < deadline, "no checkpoint appeared"
-        time.sleep(0.05)
-
-
 def test_sigterm_saves_exits_75_and_resume_finishes(tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "largebatch.train", *FAST, f"run_dir={run}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
     )
-    _wait_for_checkpoint(run / "checkpoints", proc)  # training is under way
+    wait_for_checkpoint(run / "checkpoints", proc)  # training is under way
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == EXIT_PREEMPTED == 75, (out, err)

@@ -9,7 +9,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import pytest
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
 from largebatch.errors import EXIT_PREEMPTED
 from largebatch.multirun import resume_command
+from tests.signals import wait_for_checkpoint
 
 SWEEP = [
     "debug=smoke", "progress=false", "tensorboard=false", "data.workers=0", "backend=cpu",
@@ -40,11 +40,7 @@ def test_a_signal_stops_the_sweep_after_the_running_jobs_checkpoint(tmp_path: Pa
     sweep = tmp_path / "sweep"
     args = ["-m", *SWEEP, f"hydra.sweep.dir={sweep}", "seed=0,1,2"]
     proc = _start(args, tmp_path)
-    deadline = time.time() + 180
-    while not list_checkpoints(sweep / "0" / "checkpoints"):
-        assert proc.poll() is None, f"the sweep ended before it was signalled: {proc.communicate()}"
-        assert time.time() < deadline, "job 0 wrote no checkpoint"
-        time.sleep(0.05)
+    wait_for_checkpoint(sweep / "0" / "checkpoints", proc)
     os.killpg(proc.pid, sig)
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == EXIT_PREEMPTED, (out, err)

@@ -13,12 +13,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
+from tests.signals import wait_for_checkpoint
 
 LAUNCH = Path(__file__).resolve().parents[2] / "launch"
 
@@ -38,11 +38,7 @@ def test_a_group_signal_to_a_torchrun_launch_saves_one_step_and_exits_75(tmp_pat
     env.pop("LB_DRY_RUN", None)
     proc = subprocess.Popen(["bash", str(LAUNCH / "torchrun.sh"), *ARGS, f"run_dir={run}"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.time() + 240
-    while not list_checkpoints(run / "checkpoints"):
-        assert proc.poll() is None, f"the launch ended before it was signalled: {proc.communicate()}"
-        assert time.time() < deadline, "no checkpoint appeared"
-        time.sleep(0.05)
+    wait_for_checkpoint(run / "checkpoints", proc)
     os.killpg(proc.pid, sig)  # the launch's whole group, as SLURM or kill -- -PGID does
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 75, (out[-3000:], err[-3000:])
