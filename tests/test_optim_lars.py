@@ -311,3 +311,13 @@ def test_cuda_default_path_matches_cpu_and_never_syncs(options: dict) -> None:
             torch.cuda.set_sync_debug_mode("default")
     for a, b in zip(cpu, params):
         torch.testing.assert_close(a, b.detach().cpu(), rtol=1e-5, atol=1e-5)
+
+
+def test_add_param_group_with_invalid_value_raises_and_keeps_no_group() -> None:
+    opt = LARS([torch.nn.Parameter(torch.ones(2))])
+    extra = torch.nn.Parameter(torch.ones(3))
+    with pytest.raises(ValueError, match="LARS param group 1: invalid lr"):
+        opt.add_param_group({"params": [extra], "lr": -1.0})
+    assert len(opt.param_groups) == 1
+    opt.add_param_group({"params": [extra]})  # the parameter was not left registered by the failed call
+    assert len(opt.param_groups) == 2
