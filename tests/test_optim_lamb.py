@@ -261,3 +261,33 @@ def test_add_param_group_with_invalid_value_raises_and_keeps_no_group() -> None:
     assert len(opt.param_groups) == 1
     opt.add_param_group({"params": [extra]})  # the parameter was not left registered by the failed call
     assert len(opt.param_groups) == 2
+
+
+@BOTH_PATHS
+def test_complex_parameters_update_as_their_real_view(foreach: bool) -> None:
+    """As torch's Adam: a complex tensor is optimised as its real view (real and imaginary parts are two
+    coordinates), so the result equals that of the same optimizer on ``torch.view_as_real`` copies."""
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(6, 4, 2), (5, 2), (3, 2)]  # the last dim holds (real, imaginary)
+    real = [torch.nn.Parameter(torch.randn(s, dtype=torch.float64, generator=gen)) for s in shapes]
+    cplx = [torch.nn.Parameter(torch.view_as_complex(p.detach().clone())) for p in real]
+    cplx[1] = torch.nn.Parameter(cplx[1].real.clone())  # a real tensor in the same group as complex ones
+
+    def groups(ps: list) -> list[dict]:
+        return [{"params": ps[:2], "weight_decay": 1e-2}, {"params": ps[2:], "lars_exclude": True}]
+
+    opt_real = LAMB(groups(real), lr=0.05, foreach=foreach)
+    opt_cplx = LAMB(groups(cplx), lr=0.05, foreach=foreach)
+    for _ in range(5):
+        for r, c in zip(real, cplx):
+            r.grad = torch.randn(r.shape, dtype=torch.float64, generator=gen)
+            c.grad = torch.view_as_complex(r.grad.clone()) if c.is_complex() else r.grad[..., 0].clone()
+        real[1].grad[..., 1] = 0.0  # the real tensor's stand-in has no imaginary part
+        with torch.no_grad():
+            real[1][..., 1] = 0.0
+        opt_real.step()
+        opt_cplx.step()
+    for r, c in zip(real, cplx):
+        got = torch.view_as_real(c.detach()) if c.is_complex() else c.detach()
+        want = r.detach() if c.is_complex() else r.detach()[..., 0]
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

@@ -44,6 +44,9 @@ class LAMB(Optimizer):
         u = (m / (1 - beta1 ** t)) / (sqrt(v / (1 - beta2 ** t)) + eps) + weight_decay * w
         w = w - lr * (||w|| / ||u||) * u                  (ratio 1 if ||w|| or ||u|| is 0)
 
+    A complex parameter is optimised as its real view (``torch.view_as_real``), as torch's Adam does: its
+    real and imaginary parts are separate coordinates of ``m``, ``v`` and the norms.
+
     A group with ``lars_exclude=True`` (BN and bias parameters, see :func:`largebatch.optim.param_groups`)
     gets the plain Adam update ``w = w - lr * u`` without the decay term (its ``weight_decay`` is ignored)
     and without the trust ratio. Exclusion is this explicit flag: a non-excluded group with
@@ -124,10 +127,14 @@ class LAMB(Optimizer):
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["step"] += 1
-                params.append(p)
-                grads.append(p.grad)
-                exp_avgs.append(state["exp_avg"])
-                exp_avg_sqs.append(state["exp_avg_sq"])
+                tensors = (p, p.grad, state["exp_avg"], state["exp_avg_sq"])
+                if torch.is_complex(p):
+                    # as torch's Adam: real and imaginary parts are two coordinates (g * g would be complex)
+                    tensors = tuple(torch.view_as_real(t) for t in tensors)
+                params.append(tensors[0])
+                grads.append(tensors[1])
+                exp_avgs.append(tensors[2])
+                exp_avg_sqs.append(tensors[3])
                 steps.append(state["step"])
             if not params:
                 continue
@@ -167,6 +174,7 @@ def lamb(
     """Functional LAMB update of one parameter group, in place; see :class:`LAMB` for the rule.
 
     ``steps`` holds each tensor's step number, already counting this step. Gradients are not modified.
+    Tensors are real: pass a complex parameter and its state as ``torch.view_as_real`` views.
     """
     func = _multi_tensor_lamb if _use_foreach(foreach, params) else _single_tensor_lamb
     func(
