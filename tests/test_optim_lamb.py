@@ -291,3 +291,51 @@ def test_complex_parameters_update_as_their_real_view(foreach: bool) -> None:
         got = torch.view_as_real(c.detach()) if c.is_complex() else c.detach()
         want = r.detach() if c.is_complex() else r.detach()[..., 0]
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@BOTH_PATHS
+def test_compiled_step_does_not_recompile_as_steps_go_by(foreach: bool) -> None:
+    """Dynamo guards on Python numbers read in step() (a Python-int step count recompiled every step
+    until the recompile limit, then ran eagerly). After the first two steps (state creation) the graphs
+    are reused. The eager backend keeps this to a second: the guards are dynamo's, not the compiler's."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    params = _random_params()
+    opt = LAMB(_groups(params), lr=0.01, foreach=foreach)
+    step = torch.compile(opt.step, backend="eager")
+    graphs = []
+    for _ in range(6):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        step()
+        graphs.append(counters["stats"]["unique_graphs"])
+    torch._dynamo.reset()
+    assert graphs[1] > 0 and graphs[2:] == [graphs[1]] * 4, graphs
+
+
+@BOTH_PATHS
+def test_state_dict_with_integer_step_counts_still_loads(foreach: bool) -> None:
+    """Checkpoints written while ``state['step']`` was a Python int load and continue the same run."""
+    params = _random_params()
+    opt = LAMB(_groups(params), lr=0.01, foreach=foreach)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen)
+        opt.step()
+    old = copy.deepcopy(opt.state_dict())
+    for s in old["state"].values():
+        s["step"] = int(s["step"])
+    twin = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    resumed = LAMB(_groups(twin), lr=0.01, foreach=foreach)
+    resumed.load_state_dict(old)
+    for p, q in zip(params, twin):
+        p.grad = torch.randn(p.shape, generator=gen)
+        q.grad = p.grad.clone()
+    opt.step()
+    resumed.step()
+    for p, q in zip(params, twin):
+        torch.testing.assert_close(q, p, rtol=0, atol=0)
+    assert all(torch.is_tensor(s["step"]) and s["step"].item() == 4 for s in resumed.state.values())
