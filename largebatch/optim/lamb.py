@@ -18,7 +18,6 @@ No host reads and no Python branch on a tensor value inside ``step()``: the trus
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Iterable, Optional
 
 import torch
@@ -43,6 +42,9 @@ class LAMB(Optimizer):
         v = beta2 * v + (1 - beta2) * g * g
         u = (m / (1 - beta1 ** t)) / (sqrt(v / (1 - beta2 ** t)) + eps) + weight_decay * w
         w = w - lr * (||w|| / ||u||) * u                  (ratio 1 if ||w|| or ||u|| is 0)
+
+    A complex parameter is optimised as its real view (``torch.view_as_real``), as torch's Adam does: its
+    real and imaginary parts are separate coordinates of ``m``, ``v`` and the norms.
 
     A group with ``lars_exclude=True`` (BN and bias parameters, see :func:`largebatch.optim.param_groups`)
     gets the plain Adam update ``w = w - lr * u`` without the decay term (its ``weight_decay`` is ignored)
@@ -82,14 +84,21 @@ class LAMB(Optimizer):
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        # validate the group as it will be (defaults filled in) before torch appends it: a group that
+        # raises must not stay in param_groups
+        group = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
+        _check_lamb_group(group, where=f"LAMB param group {len(self.param_groups)}")
         super().add_param_group(param_group)
-        _check_lamb_group(self.param_groups[-1], where=f"LAMB param group {len(self.param_groups) - 1}")
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         for group in self.param_groups:  # checkpoints written before an option existed
             group.setdefault("lars_exclude", False)
             group.setdefault("foreach", None)
+        for p, state in self.state.items():
+            step = state.get("step")
+            if step is not None:  # a Python int before the step count became a tensor
+                state["step"] = _step_tensor(p, step)
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
@@ -108,7 +117,7 @@ class LAMB(Optimizer):
             grads: list[Tensor] = []
             exp_avgs: list[Tensor] = []
             exp_avg_sqs: list[Tensor] = []
-            steps: list[int] = []
+            steps: list[Tensor] = []
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -116,18 +125,24 @@ class LAMB(Optimizer):
                     raise RuntimeError("LAMB does not support sparse gradients")
                 state = self.state[p]
                 if not state:
-                    # the step count is a Python int: bias corrections never need a read from the device
-                    state["step"] = 0
+                    # a tensor on the parameter's device, as torch's Adam with capturable=True: a Python
+                    # number would be guarded on by torch.compile (a recompile every step), and the bias
+                    # corrections computed from it stay on the device without a host read
+                    state["step"] = _step_tensor(p, 0)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                params.append(p)
-                grads.append(p.grad)
-                exp_avgs.append(state["exp_avg"])
-                exp_avg_sqs.append(state["exp_avg_sq"])
+                tensors = (p, p.grad, state["exp_avg"], state["exp_avg_sq"])
+                if torch.is_complex(p):
+                    # as torch's Adam: real and imaginary parts are two coordinates (g * g would be complex)
+                    tensors = tuple(torch.view_as_real(t) for t in tensors)
+                params.append(tensors[0])
+                grads.append(tensors[1])
+                exp_avgs.append(tensors[2])
+                exp_avg_sqs.append(tensors[3])
                 steps.append(state["step"])
             if not params:
                 continue
+            torch._foreach_add_(steps, 1)
             beta1, beta2 = group["betas"]
             lamb(
                 params,
@@ -151,7 +166,7 @@ def lamb(
     grads: list[Tensor],
     exp_avgs: list[Tensor],
     exp_avg_sqs: list[Tensor],
-    steps: list[int],
+    steps: list[Tensor],
     *,
     lr: float,
     beta1: float,
@@ -163,7 +178,9 @@ def lamb(
 ) -> None:
     """Functional LAMB update of one parameter group, in place; see :class:`LAMB` for the rule.
 
-    ``steps`` holds each tensor's step number, already counting this step. Gradients are not modified.
+    ``steps`` holds each tensor's step number as a 0-dim floating tensor on its device, already counting
+    this step. Gradients are not modified. Tensors are real: pass a complex parameter and its state as
+    ``torch.view_as_real`` views.
     """
     func = _multi_tensor_lamb if _use_foreach(foreach, params) else _single_tensor_lamb
     func(
@@ -193,16 +210,34 @@ def _check_lamb_group(group: dict[str, Any], where: str) -> None:
         raise UsageError(f"{where}: invalid weight_decay {group['weight_decay']!r}, must be >= 0")
 
 
-def _bias_corrections(step: int, beta1: float, beta2: float, eps: float) -> tuple[float, float]:
-    """(scale, eps') such that m_hat / (sqrt(v_hat) + eps) == scale * m / (sqrt(v) + eps').
+def _step_tensor(p: Tensor, step: Any) -> Tensor:
+    """The step count of ``p`` as a 0-dim tensor on its device, float32 (float64 for float64 parameters)."""
+    dtype = torch.promote_types(p.dtype.to_real(), torch.float32)
+    if torch.is_tensor(step):
+        return step.to(device=p.device, dtype=dtype)
+    return torch.tensor(float(step), dtype=dtype, device=p.device)
 
-    Folding the bias corrections into two Python scalars saves two passes over every tensor.
+
+def _bias_corrections(
+    steps: list[Tensor], beta1: float, beta2: float, eps: float, lr: float
+) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+    """Per tensor, 0-dim (scale, eps', -lr * scale), where m_hat / (sqrt(v_hat) + eps) equals
+    scale * m / (sqrt(v) + eps').
+
+    Folding the bias corrections into scalars saves two passes over every tensor; they are computed on the
+    device from the step tensors, a handful of ops per group.
     """
-    bc2_sqrt = math.sqrt(1.0 - beta2**step)
-    return bc2_sqrt / (1.0 - beta1**step), eps * bc2_sqrt
+
+    def fn(t: Tensor) -> list[Tensor]:
+        bc2_sqrt = torch.sqrt(1.0 - beta2**t)
+        scale = bc2_sqrt / (1.0 - beta1**t)
+        return [scale, eps * bc2_sqrt, -lr * scale]
+
+    scales, eps_ts, neg_steps = _stacked(fn, steps)
+    return scales, eps_ts, neg_steps
 
 
-def _lamb_step_size(w_sq: Tensor, u_sq: Tensor, lr: float, unit: float) -> Tensor:
+def _lamb_step_size(w_sq: Tensor, u_sq: Tensor, lr: float, unit: float | Tensor) -> Tensor:
     """-lr * trust ratio, for an update stored as ``u_stored`` with ``u = unit * u_stored``.
 
     ratio = ||w|| / ||u|| applied to u equals sqrt(w_sq / u_sq) applied to u_stored (``unit`` cancels);
@@ -216,7 +251,7 @@ def _single_tensor_lamb(
     grads: list[Tensor],
     exp_avgs: list[Tensor],
     exp_avg_sqs: list[Tensor],
-    steps: list[int],
+    steps: list[Tensor],
     *,
     lr: float,
     beta1: float,
@@ -225,20 +260,23 @@ def _single_tensor_lamb(
     weight_decay: float,
     exclude: bool,
 ) -> None:
-    for p, g, m, v, step in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
-        scale, eps_t = _bias_corrections(step, beta1, beta2, eps)
+    scales, eps_ts, neg_steps = _bias_corrections(steps, beta1, beta2, eps, lr)
+    for p, g, m, v, scale, eps_t, neg_step in zip(params, grads, exp_avgs, exp_avg_sqs, scales, eps_ts, neg_steps):
         m.lerp_(g, 1.0 - beta1)
         v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
-        denom = v.sqrt().add_(eps_t)
+        denom = v.sqrt()
         if exclude:
-            p.addcdiv_(m, denom, value=-lr * scale)
+            p.addcmul_(torch.div(m, denom.add_(eps_t), out=denom), neg_step)
             continue
         if weight_decay != 0:
-            # u = scale * m / denom + wd * w = wd * u_stored, one pass, written over denom
-            u = torch.addcdiv(p, m, denom, value=scale / weight_decay, out=denom)
-            unit = weight_decay
+            # u = scale * m / denom + wd * w = wd * (w + m / (denom * wd / scale)) = wd * u_stored, with
+            # denom * wd / scale in one pass and u_stored in one more, written over denom
+            k = weight_decay / scale
+            torch.addcmul(eps_t * k, denom, k, out=denom)
+            u = torch.addcdiv(p, m, denom, out=denom)
+            unit: float | Tensor = weight_decay
         else:
-            u = torch.div(m, denom, out=denom)
+            u = torch.div(m, denom.add_(eps_t), out=denom)
             unit = scale
         p.addcmul_(u, _lamb_step_size(_sq_norm(p), _sq_norm(u), lr, unit))
 
@@ -248,7 +286,7 @@ def _multi_tensor_lamb(
     grads: list[Tensor],
     exp_avgs: list[Tensor],
     exp_avg_sqs: list[Tensor],
-    steps: list[int],
+    steps: list[Tensor],
     *,
     lr: float,
     beta1: float,
@@ -257,15 +295,16 @@ def _multi_tensor_lamb(
     weight_decay: float,
     exclude: bool,
 ) -> None:
-    corrections = [_bias_corrections(step, beta1, beta2, eps) for step in steps]
-    scales = [c[0] for c in corrections]
+    scales, eps_ts, neg_steps = _bias_corrections(steps, beta1, beta2, eps, lr)
     torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
     torch._foreach_mul_(exp_avg_sqs, beta2)
     torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
     denoms = torch._foreach_sqrt(exp_avg_sqs)
-    torch._foreach_add_(denoms, [c[1] for c in corrections])
+    torch._foreach_add_(denoms, eps_ts)
     if exclude:
-        torch._foreach_addcdiv_(params, exp_avgs, denoms, [-lr * s for s in scales])
+        updates = torch._foreach_div(exp_avgs, denoms)
+        torch._foreach_mul_(updates, neg_steps)
+        torch._foreach_add_(params, updates)
         return
     updates = torch._foreach_div(exp_avgs, denoms)
     torch._foreach_mul_(updates, scales)

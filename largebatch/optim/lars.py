@@ -91,8 +91,11 @@ class LARS(Optimizer):
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        # validate the group as it will be (defaults filled in) before torch appends it: a group that
+        # raises must not stay in param_groups
+        group = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
+        _check_lars_group(group, where=f"LARS param group {len(self.param_groups)}")
         super().add_param_group(param_group)
-        _check_lars_group(self.param_groups[-1], where=f"LARS param group {len(self.param_groups) - 1}")
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
