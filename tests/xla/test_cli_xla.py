@@ -34,10 +34,16 @@ def test_cli_trains_the_embedded_data_with_backend_xla(tmp_path: Path, monkeypat
     assert [e["total"] for e in evals if e["kind"] == "eval"] == [32]
 
 
-def test_xla_launcher_runs_the_cli(tmp_path: Path) -> None:
-    pytest.importorskip("torch_xla")
+def _one_xla_cpu_device_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a launcher subprocess: one XLA:CPU device, its own data cache."""
     env = dict(os.environ, PJRT_DEVICE="CPU", LARGEBATCH_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="2")
     env.pop("CPU_NUM_DEVICES", None)
+    return env
+
+
+def test_xla_launcher_runs_the_cli(tmp_path: Path) -> None:
+    pytest.importorskip("torch_xla")
+    env = _one_xla_cpu_device_env(tmp_path)
     run = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "largebatch.launch.xla", *SMOKE, "max_steps=2", f"run_dir={run}"],
@@ -65,8 +71,7 @@ sys.exit(main(sys.argv[1:]))
 def test_xla_launcher_a_replicas_failed_checkpoint_write_exits_74_with_one_line(tmp_path: Path) -> None:
     """Mapped by ``largebatch.errors.exit_code`` (before: a replica's CheckpointSaveError was a traceback)."""
     pytest.importorskip("torch_xla")
-    env = dict(os.environ, PJRT_DEVICE="CPU", LARGEBATCH_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="2")
-    env.pop("CPU_NUM_DEVICES", None)
+    env = _one_xla_cpu_device_env(tmp_path)
     run = tmp_path / "run"
     # The embedded set is generated before the limit applies: its files are small anyway.
     proc = subprocess.run(
