@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from largebatch.comm import H100_LINKS, RESNET50_GRAD_BYTES, estimate_allreduce, make_comm_state
+from largebatch.comm.reducers import destroy_process_groups
 
 RESNET50_PARAMS = RESNET50_GRAD_BYTES // 4
 CASES = [(a, c) for a in ("flat", "hierarchical", "torus2d") for c in ("none", "bf16", "fp16")]
@@ -69,7 +70,7 @@ def _rank(rank: int, world: int, ranks_per_node: int, numel: int, reps: int, wor
         if rank == 0:
             _print_measured(rows, world, ranks_per_node, numel, reps)
     finally:
-        dist.destroy_process_group()
+        destroy_process_groups()
 
 
 def _print_measured(rows, world: int, ranks_per_node: int, numel: int, reps: int) -> None:

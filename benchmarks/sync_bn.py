@@ -23,7 +23,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from largebatch.nn import GroupSyncBatchNorm, LocalReducer, convert_group_sync_batchnorm, process_group_reducer
+from largebatch.nn import (
+    GroupSyncBatchNorm,
+    LocalReducer,
+    convert_group_sync_batchnorm,
+    destroy_process_groups,
+    process_group_reducer,
+)
 
 
 class CountingReducer:
@@ -94,7 +100,7 @@ def _rank(rank: int, world: int, workdir: str, args: argparse.Namespace, queue) 
             rows.append((part, label, statistics.median(ts), calls, kib))
     if rank == 0:
         queue.put(rows)
-    dist.destroy_process_group()
+    destroy_process_groups()
 
 
 def main() -> None:

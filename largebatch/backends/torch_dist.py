@@ -7,7 +7,6 @@ LOCAL_WORLD_SIZE); without it the run is a single process and no process group i
 from __future__ import annotations
 
 import datetime
-import gc
 import os
 from typing import Any, Optional
 
@@ -17,7 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from largebatch.backends.base import Backend
-from largebatch.comm.reducers import process_group_reducer, release_subgroups
+from largebatch.comm.reducers import destroy_process_groups, process_group_reducer
 
 __all__ = ["TorchDistributedBackend"]
 
@@ -91,25 +90,15 @@ class TorchDistributedBackend(Backend):
             self._owns_group = True
 
     def shutdown(self) -> None:
-        """Destroy the process groups, joining their worker threads, while Python is still alive.
+        """Destroy the process groups this backend created, while Python is still alive.
 
-        ``destroy_process_group`` only forgets the groups; each one lives on while anything
-        references it (DDP's reducer, the BN subgroup cache). A gloo group left alive into
-        interpreter exit races it: the worker thread that ran the last collective frees that
-        work's tensors just after the caller's ``wait()`` returned, which needs the GIL; if
-        the interpreter is finalizing by then the thread is force-exited inside a noexcept
-        destructor and the process dies with ``terminate called without an active
-        exception`` (SIGABRT) after a finished run. So drop our references, collect the
-        cycles the caller's model and hooks leave behind (the caller releases them first,
-        as ``largebatch.run.run`` does), then destroy: the last reference goes and
-        ``~ProcessGroupGloo`` joins the threads here.
+        Drops the backend's own reducers, then :func:`destroy_process_groups` (which says why
+        a gloo group must not live into interpreter exit). The caller releases its model and
+        hooks first, as ``largebatch.run.run`` does.
         """
         if self._owns_group and dist.is_initialized():
             self._reducers.clear()
-            release_subgroups()
-            gc.collect()
-            dist.destroy_process_group()
-            gc.collect()
+            destroy_process_groups()
             self._owns_group = False
 
     # -- collectives ---------------------------------------------------------------------

@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from largebatch.comm.reducers import destroy_process_groups
+
 __all__ = ["run_ranks"]
 
 
@@ -29,8 +31,9 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, workdir: str, arg
     try:
         result = fn(rank, world_size, *args)
         torch.save(result, os.path.join(workdir, f"result_{rank}.pt"))
+        del result
     finally:
-        dist.destroy_process_group()
+        destroy_process_groups()  # not dist.destroy_process_group(): see its docstring
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any) -> list[Any]:
