@@ -276,6 +276,8 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
 
     backend = build_backend(cfg.backend.name, timeout_s=cfg.backend.timeout_s)
     backend.start()
+    if getattr(backend, "kind", None) == "cuda":
+        torch.backends.cudnn.benchmark = bool(cfg.backend.cudnn_benchmark)
     try:
         return _run_job(cfg, raw_cfg, backend)
     except BaseException as err:

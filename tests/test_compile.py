@@ -17,6 +17,7 @@ from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
 from largebatch.engine.compile import compile_model, parse_compile_mode, strip_compile_prefixes, unwrap_model
 from largebatch.engine.hooks import CheckpointHook
 from largebatch.engine.loop import Trainer
+from largebatch.errors import UsageError
 
 
 @pytest.mark.parametrize("value,mode", [
@@ -103,3 +104,45 @@ def test_a_checkpoint_with_compile_prefixes_still_resumes(tmp_path: Path, monkey
     save_checkpoint(state, path.parent, path.name)
     assert main([*args, "resume=auto", "max_steps=3"]) == 0
     assert load_checkpoint(list_checkpoints(run / "checkpoints")[-1])["train_state"]["step"] == 3
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_cuda_graphs_with_accumulation_is_refused_at_compose_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture, mode: str
+) -> None:
+    """Each CUDA-graph replay reuses the previous replay's buffers, .grad included (pytorch
+    issue 169545), so accumulated gradients would be overwritten: one line, exit 2, no run dir."""
+    with pytest.raises(ConfigError, match=rf"^model.compile={mode} \(CUDA graphs\) cannot be combined with "
+                                          r"accumulation_steps=2"):
+        compose_config([f"model.compile={mode}", "accumulation_steps=2"])
+    run = tmp_path / "run"
+    assert main(["debug=smoke", "progress=false", f"run_dir={run}", f"model.compile={mode}",
+                 "accumulation_steps=4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "model.compile" in err and "accumulation_steps=4" in err and not run.exists()
+    # either key alone, or accumulation with a mode without CUDA graphs, composes
+    compose_config([f"model.compile={mode}", "accumulation_steps=1"])
+    compose_config(["model.compile=max-autotune-no-cudagraphs", "accumulation_steps=2"])
+
+
+def test_trainer_refuses_cuda_graph_steps_with_accumulation() -> None:
+    """The same rule for the Trainer used as a library (no config in between)."""
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [(torch.randn(2, 2), torch.tensor([0, 1]))] * 4
+    kwargs = dict(model=model, optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+                  train_loader=batches, backend=TorchDistributedBackend("cpu"), epochs=1, global_batch_size=4)
+    with pytest.raises(UsageError, match="cannot accumulate gradients over 2 micro-steps"):
+        Trainer(**kwargs, accumulation_steps=2, cuda_graph_steps=True)
+    Trainer(**kwargs, accumulation_steps=2)
+    Trainer(**kwargs, accumulation_steps=1, cuda_graph_steps=True)
+
+
+def test_cudnn_benchmark_is_a_backend_key_left_alone_off_cuda(tmp_path: Path) -> None:
+    """On by default; a CPU run does not touch torch's flag (tests/gpu checks CUDA sets it)."""
+    assert to_train_config(compose_config([])).backend.cudnn_benchmark is True
+    assert to_train_config(compose_config(["backend.cudnn_benchmark=false"])).backend.cudnn_benchmark is False
+    before = torch.backends.cudnn.benchmark
+    assert main(["debug=smoke", "progress=false", "precision=fp32", "max_steps=1", "backend=cpu",
+                 f"run_dir={tmp_path / 'run'}"]) == 0
+    assert torch.backends.cudnn.benchmark is before

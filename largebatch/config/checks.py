@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from largebatch.engine.compile_modes import parse_compile_mode
+from largebatch.engine.compile_modes import CUDA_GRAPH_MODES, parse_compile_mode
 from largebatch.errors import ConfigError, UsageError
 
 __all__ = ["canonicalise_choices", "check_ranges"]
@@ -121,3 +121,12 @@ def canonicalise_choices(cfg: Any) -> None:
         cfg["model"]["compile"] = parse_compile_mode(_get(cfg, "model.compile"))
     except UsageError as err:
         raise ConfigError(str(err)) from None
+    mode, accumulation = cfg["model"]["compile"], _get(cfg, "accumulation_steps")
+    if mode in CUDA_GRAPH_MODES and accumulation > 1:
+        # Each micro-step's replay reuses the buffers of the previous replay, .grad included
+        # (pytorch issue 169545): accumulated gradients would be overwritten, silently.
+        raise ConfigError(
+            f"model.compile={mode} (CUDA graphs) cannot be combined with accumulation_steps="
+            f"{accumulation}: each replay overwrites the gradients of the previous micro-step; "
+            "use model.compile=max-autotune-no-cudagraphs (or default), or accumulation_steps=1"
+        )

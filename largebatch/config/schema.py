@@ -181,6 +181,10 @@ class PrecisionConfig:
 class BackendConfig:
     name: BackendName = MISSING
     timeout_s: int = 1800  # collective timeout
+    # CUDA only: cuDNN times its convolution algorithms on the first step of each shape and
+    # keeps the fastest (fixed image size: a few slow first steps, then faster ones);
+    # benchmarks/throughput.py measures with it on, so its numbers transfer to training.
+    cudnn_benchmark: bool = True
 
 
 @dataclass

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from largebatch.engine.compile_modes import COMPILE_MODES, parse_compile_mode
+from largebatch.engine.compile_modes import COMPILE_MODES, CUDA_GRAPH_MODES, parse_compile_mode
 
 __all__ = [
     "COMPILE_MODES",
@@ -46,7 +46,7 @@ def compile_model(model: nn.Module, mode: str) -> nn.Module:
 
 def uses_cuda_graphs(mode: str) -> bool:
     """True for the modes whose compiled step replays CUDA graphs."""
-    return parse_compile_mode(mode) in ("reduce-overhead", "max-autotune")
+    return parse_compile_mode(mode) in CUDA_GRAPH_MODES
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:

@@ -10,9 +10,10 @@ from typing import Any
 
 from largebatch.errors import UsageError
 
-__all__ = ["COMPILE_MODES", "parse_compile_mode"]
+__all__ = ["COMPILE_MODES", "CUDA_GRAPH_MODES", "parse_compile_mode"]
 
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # their compiled step replays CUDA graphs
 _ALIASES = {"false": "none", "true": "default"}
 
 

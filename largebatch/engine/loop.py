@@ -120,6 +120,14 @@ class Trainer:
         self.hooks = list(hooks)
         for h in self.hooks:
             h.trainer = self
+        if cuda_graph_steps and accumulation_steps > 1:
+            # Each replay reuses the previous replay's buffers, .grad included (pytorch
+            # issue 169545): the accumulated gradients would be overwritten, silently.
+            raise UsageError(
+                f"a model compiled with CUDA graphs cannot accumulate gradients over "
+                f"{accumulation_steps} micro-steps; compile without CUDA graphs "
+                "(max-autotune-no-cudagraphs) or use accumulation_steps=1"
+            )
         self.steps_per_epoch = len(train_loader) // accumulation_steps
         if self.steps_per_epoch == 0:
             raise UsageError(

@@ -59,3 +59,13 @@ def test_torchrun_two_gpus_nccl(cache: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len([p for p in out.iterdir() if p.is_dir()]) == 1
+
+
+def test_training_sets_cudnn_benchmark_from_the_config(cache: Path) -> None:
+    """backend.cudnn_benchmark (default true) reaches torch.backends.cudnn.benchmark on CUDA,
+    as benchmarks/throughput.py sets it, so its numbers transfer to training."""
+    torch.backends.cudnn.benchmark = False
+    assert main([*TINY, "max_steps=1", f"output_root={cache / 'on'}"]) == 0
+    assert torch.backends.cudnn.benchmark is True
+    assert main([*TINY, "max_steps=1", "backend.cudnn_benchmark=false", f"output_root={cache / 'off'}"]) == 0
+    assert torch.backends.cudnn.benchmark is False
