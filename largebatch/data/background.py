@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from typing import Any, Callable, Iterator, Optional, TypeVar
@@ -13,19 +14,41 @@ __all__ = ["in_background"]
 T = TypeVar("T")
 
 
+def _record_stream(item: Any, stream: "torch.cuda.Stream") -> None:
+    """Tell the caching allocator that ``stream`` uses each CUDA tensor of ``item``."""
+    if isinstance(item, torch.Tensor):
+        if item.is_cuda:
+            item.record_stream(stream)
+    elif isinstance(item, (tuple, list)):
+        for part in item:
+            _record_stream(part, stream)
+    elif isinstance(item, dict):
+        for part in item.values():
+            _record_stream(part, stream)
+
+
 def in_background(produce: Callable[[], Iterator[T]], depth: int, *, device: Optional[torch.device] = None,
                   name: str = "background-iterator") -> Iterator[T]:
     """Iterate ``produce()`` in a thread that runs up to ``depth`` items ahead of the consumer.
 
     Why: torchvision's GPU decode blocks the calling thread until nvJPEG has finished (it
     synchronises its own stream); in a thread of its own, the training thread keeps queueing
-    the step's kernels meanwhile. Work the thread queues goes to the device's current stream
-    (the training thread's too), so stream order keeps each batch ready before its step. An
-    exception in the thread is raised in the consumer; closing the iterator stops the thread.
+    the step's kernels meanwhile. An exception in the thread is raised in the consumer;
+    closing the iterator stops the thread.
+
+    On a CUDA ``device`` the thread queues its work on a stream of its own, never the
+    consumer's, and hands each item over with an event: the consumer's current stream waits
+    on it (on the device, not the host) and each CUDA tensor of the item is
+    ``record_stream``-ed on that stream, so the allocator does not hand its memory back to the
+    producer before the consumer's queued kernels have read it. Blocks the training stream
+    frees are never given to the producer's stream (the caching allocator keeps them per
+    stream), which is what nvJPEG's own stream needs (see ``nvjpeg.decode_images``).
     """
     items: queue.Queue = queue.Queue(maxsize=max(1, depth))
     stop = threading.Event()
     done = object()
+    cuda = device is not None and torch.device(device).type == "cuda"
+    stream = torch.cuda.Stream(device) if cuda else None
 
     def put(item: Any) -> bool:
         while not stop.is_set():
@@ -39,26 +62,35 @@ def in_background(produce: Callable[[], Iterator[T]], depth: int, *, device: Opt
     def work() -> None:
         if device is not None and device.type != "cpu" and device.index is not None:
             torch.accelerator.set_device_index(device.index)  # a new thread starts on device 0
-        source = produce()
-        try:
-            for item in source:
-                if not put((item, None)):
-                    return
-            put((done, None))
-        except BaseException as err:  # noqa: BLE001 - handed to the consumer
-            put((None, err))
-        finally:
-            getattr(source, "close", lambda: None)()
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            source = produce()
+            try:
+                for item in source:
+                    ready = None
+                    if stream is not None:
+                        ready = torch.cuda.Event()
+                        ready.record(stream)
+                    if not put((item, ready, None)):
+                        return
+                put((done, None, None))
+            except BaseException as err:  # noqa: BLE001 - handed to the consumer
+                put((None, None, err))
+            finally:
+                getattr(source, "close", lambda: None)()
 
     thread = threading.Thread(target=work, name=name, daemon=True)
     thread.start()
     try:
         while True:
-            item, err = items.get()
+            item, ready, err = items.get()
             if err is not None:
                 raise err
             if item is done:
                 return
+            if ready is not None:
+                consumer = torch.cuda.current_stream(device)
+                consumer.wait_event(ready)
+                _record_stream(item, consumer)
             yield item
     finally:
         stop.set()

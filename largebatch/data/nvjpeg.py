@@ -184,6 +184,21 @@ def _as_list(batch: list[EncodedSample]) -> list[EncodedSample]:
 # what the main process does: decode on the device, crop, resize, flip, normalise
 
 
+def _finish_stream(device: torch.device) -> None:
+    """On CUDA, wait (in this thread only) until the current stream has run all it queued.
+
+    decode_jpeg allocates its outputs on the current stream, but nvJPEG writes them from its
+    own stream, which does not wait on ours (torchvision PR 9606: corrupted outputs on an
+    H100). Finishing this stream first means no kernel queued on it (the previous batch's
+    augmentation, a failed decode) still uses a block the outputs are given. The wait is the
+    decode thread's; the training thread keeps queueing its step meanwhile.
+    """
+    if device.type == "cuda":
+        finished = torch.cuda.Event()
+        finished.record(torch.cuda.current_stream(device))
+        finished.synchronize()
+
+
 def decode_images(data: Sequence[torch.Tensor], device: torch.device) -> list[Optional[torch.Tensor]]:
     """Decode JPEG byte tensors to RGB uint8 ``(3, H, W)`` on ``device``; None where it fails.
 
@@ -192,12 +207,15 @@ def decode_images(data: Sequence[torch.Tensor], device: torch.device) -> list[Op
     """
     if not data:
         return []
+    device = torch.device(device)
+    _finish_stream(device)
     try:
         return list(decode_jpeg(list(data), mode=ImageReadMode.RGB, device=device))
     except RuntimeError:
         pass
     out: list[Optional[torch.Tensor]] = []
     for d in data:
+        _finish_stream(device)
         try:
             out.append(decode_jpeg(d, mode=ImageReadMode.RGB, device=device))
         except RuntimeError:
@@ -306,6 +324,8 @@ class NvjpegLoader(LoaderView):
             if reason is not None:
                 self._report(s.path, "decoding %s on the CPU: %s", reason)
                 self.cpu_decoded += 1
+                if self.device.type == "cuda":
+                    image = image.pin_memory()  # else the copy below waits for the device
                 image = image.to(self.device, non_blocking=True)
             out.append((s.index, s.label, image))
         return out

@@ -10,6 +10,7 @@ stopped; the pixels are then cut and resized on the images' device.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from typing import Sequence
@@ -103,8 +104,21 @@ def augment_batch(
     return torch.cat(out)
 
 
+@functools.lru_cache(maxsize=16)
+def _normalise_constants(device: torch.device, mean: tuple[float, ...],
+                         std: tuple[float, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-channel scale and shift on ``device``, built once per device and statistics.
+
+    ``torch.tensor(values, device=cuda)`` is a copy from pageable host memory, which waits for
+    the device: made every batch it would keep the decode thread from running ahead of the
+    step. The cached tensors are only ever read, so any stream may use them.
+    """
+    scale = torch.tensor([1 / (255 * s) for s in std]).view(1, -1, 1, 1)
+    shift = torch.tensor([-m / s for m, s in zip(mean, std)]).view(1, -1, 1, 1)
+    return scale.to(device), shift.to(device)
+
+
 def normalise(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
     """``(images / 255 - mean) / std`` per channel, in place, as one multiply and one add."""
-    scale = torch.tensor([1 / (255 * s) for s in std], device=images.device).view(1, -1, 1, 1)
-    shift = torch.tensor([-m / s for m, s in zip(mean, std)], device=images.device).view(1, -1, 1, 1)
+    scale, shift = _normalise_constants(images.device, tuple(map(float, mean)), tuple(map(float, std)))
     return images.mul_(scale).add_(shift)

@@ -1,0 +1,128 @@
+"""No host synchronisation in the input hand-over or the training step, outside log steps.
+
+A few real training steps (nvjpeg loader with its background decode thread, DDP-less torch
+backend, LARS, the Trainer) run in the training thread under a counter of every operation
+that reads a tensor back to the host (``.item()``, ``.tolist()``, ``.cpu()``, ``.numpy()``,
+tensor-to-bool/float/int, ``nonzero``). On a CUDA GPU the same run is made under
+``torch.cuda.set_sync_debug_mode("error")``, which raises on any synchronising call.
+
+The count is per step: steps that are not log steps must read nothing; log steps read the
+logged loss (and the non-finite counters), and those reads are counted, so the counter is
+shown to see what it must catch. The decode thread is outside the count: it waits for its
+own stream by design (``nvjpeg.decode_images``), which never stalls the training thread.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from largebatch.backends.torch_dist import TorchDistributedBackend
+from largebatch.data.nvjpeg import build_nvjpeg_loaders
+from largebatch.data.synthetic import make_synthetic_imagenet
+from largebatch.engine.loop import Trainer
+from largebatch.optim import LARS, param_groups
+
+HOST_READS = {"item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__", "nonzero"}
+LOG_EVERY = 3
+STEPS = 6
+
+
+class HostReads(TorchFunctionMode):
+    """Counts tensor-to-host reads made by this thread (torch function modes are per thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+        self.names: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = getattr(func, "__name__", "")
+        if name in HOST_READS:
+            self.count += 1
+            self.names.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+class PerStep:
+    """A Trainer hook that takes the read count after every step and after every log."""
+
+    def __init__(self, reads: HostReads) -> None:
+        self.reads = reads
+        self.trainer: Any = None
+        self.by_step: dict[int, int] = {}
+        self._mark = 0
+
+    def after_step(self) -> None:
+        step = self.trainer.state.step
+        self.by_step[step] = self.reads.count - self._mark
+        self._mark = self.reads.count
+
+    def after_log(self, metrics: dict) -> None:
+        step = self.trainer.state.step
+        self.by_step[step] += self.reads.count - self._mark  # the log's reads belong to its step
+        self._mark = self.reads.count
+
+    def __getattr__(self, event: str) -> Any:
+        return lambda *args: None
+
+
+def _steps(tmp_path: Path, device: str, hook_type: type = PerStep) -> dict[int, int]:
+    root = make_synthetic_imagenet(tmp_path / "ds", num_classes=3, train_per_class=12, val_per_class=2,
+                                   image_size=40)
+    train, _, _ = build_nvjpeg_loaders(root, image_size=24, batch_size=4, workers=1, device=device,
+                                       prefetch_batches=2)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(8, 3)).to(device)
+    opt = LARS(param_groups(model, weight_decay=1e-4), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    backend = TorchDistributedBackend(device)
+    reads = HostReads()
+    hook = hook_type(reads)
+    trainer = Trainer(model=model, optimizer=opt, scheduler=sched, train_loader=train, backend=backend,
+                      epochs=1, global_batch_size=4, hooks=[hook], log_every=LOG_EVERY, max_steps=STEPS)
+    with reads:
+        trainer.train()
+    return hook.by_step
+
+
+def test_no_host_read_outside_log_steps_on_cpu(tmp_path: Path) -> None:
+    by_step = _steps(tmp_path, "cpu")
+    assert sorted(by_step) == list(range(1, STEPS + 1))
+    quiet = {step: n for step, n in by_step.items() if step % LOG_EVERY}
+    logged = {step: n for step, n in by_step.items() if step % LOG_EVERY == 0}
+    assert all(n == 0 for n in quiet.values()), f"host reads at steps that do not log: {quiet}"
+    assert all(n > 0 for n in logged.values()), f"the counter saw no read at a log step: {logged}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_no_synchronising_cuda_call_outside_log_steps(tmp_path: Path) -> None:
+    """CUDA's own detector: any synchronising call in the training thread raises, except at log
+    steps, where the mode is lowered for the one read-back (PerStep counts them)."""
+    reads_at_log: list[int] = []
+
+    class Strict(PerStep):
+        def after_step(self) -> None:
+            super().after_step()
+            if self.trainer.state.step % LOG_EVERY == 0:
+                torch.cuda.set_sync_debug_mode("default")  # the log step's read-back follows
+
+        def after_log(self, metrics: dict) -> None:
+            super().after_log(metrics)
+            reads_at_log.append(self.by_step[self.trainer.state.step])
+            torch.cuda.set_sync_debug_mode("error")
+
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        by_step = _steps(tmp_path, "cuda", Strict)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(n == 0 for step, n in by_step.items() if step % LOG_EVERY), by_step
+    assert reads_at_log and all(n > 0 for n in reads_at_log)
