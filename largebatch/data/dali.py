@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from largebatch.data.folder import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, DataError
+from largebatch.data.folder import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, DataError, list_class_images
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
 from largebatch.errors import UsageError
 
@@ -177,7 +177,7 @@ def _val_images(encoded: Any, *, gpu: bool, image_size: int, val_crop_ratio: flo
 
 def list_image_folder(split_dir: str | os.PathLike) -> tuple[list[str], list[str], list[int]]:
     """``(classes, paths, labels)`` of an ImageFolder tree, in torchvision's order and labels."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+    from torchvision.datasets.folder import find_classes
 
     split_dir = os.fspath(split_dir)
     if not os.path.isdir(split_dir):
@@ -187,7 +187,7 @@ def list_image_folder(split_dir: str | os.PathLike) -> tuple[list[str], list[str
         classes, class_to_idx = find_classes(split_dir)
     except FileNotFoundError as err:
         raise DataError(f"data folder {split_dir} has no class sub-folders ({err})") from None
-    samples = make_dataset(split_dir, class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
+    samples = list_class_images(split_dir, class_to_idx)
     return classes, [p for p, _ in samples], [t for _, t in samples]
 
 

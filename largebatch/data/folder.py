@@ -57,6 +57,7 @@ __all__ = [
     "build_train_transform",
     "build_val_transform",
     "collate_skipping",
+    "list_class_images",
     "load_rgb",
     "sample_seed",
 ]
@@ -134,6 +135,56 @@ def load_rgb(path: str) -> Image.Image:
         return img.convert("RGB")
 
 
+def list_class_images(
+    split_dir: str | os.PathLike, class_to_idx: dict[str, int], extensions: tuple[str, ...] = IMG_EXTENSIONS
+) -> list[tuple[str, int]]:
+    """``(path, label)`` of every image under each class folder: torchvision's order and labels.
+
+    Written here instead of torchvision's ``make_dataset`` because that one walks with
+    ``os.walk(followlinks=True)`` and no guard: a link such as ``train/a/up -> ..`` is
+    followed ~40 levels deep and lists every other class's images again, labelled ``a``,
+    without a word. Here each directory is entered once (by its real path), and a directory
+    link that loops back to a folder above it or leaves its class folder is refused with a
+    ``DataError`` naming it; a folder that cannot be read is named too. Links to files and a
+    class folder that is itself a link (datasets assembled from links) are followed.
+    """
+    split_dir = os.fspath(split_dir)
+    samples: list[tuple[str, int]] = []
+    for cls in sorted(class_to_idx):
+        class_dir = os.path.join(split_dir, cls)
+        class_real = os.path.realpath(class_dir)
+        seen = {class_real}
+
+        def unreadable(err: OSError) -> None:
+            raise DataError(f"cannot read folder {err.filename}: {err.strerror}; make it readable "
+                            f"or move it out of {split_dir}")
+
+        found = []
+        for here, dirs, files in os.walk(class_dir, onerror=unreadable, followlinks=True):
+            here_real = os.path.realpath(here)
+            for name in list(dirs):
+                path = os.path.join(here, name)
+                real = os.path.realpath(path)
+                if os.path.islink(path):
+                    if here_real == real or here_real.startswith(real + os.sep):
+                        raise DataError(f"{path} links to {real}, a folder above it (a loop): "
+                                        f"remove the link")
+                    if real != class_real and not real.startswith(class_real + os.sep):
+                        raise DataError(f"{path} links to {real}, outside its class folder "
+                                        f"{class_dir}: its images would be labelled {cls!r}; "
+                                        f"remove the link or link the files one by one")
+                if real in seen:
+                    dirs.remove(name)  # reached twice (two links, or a link and the folder)
+                else:
+                    seen.add(real)
+            found.append((here, sorted(files)))
+        for here, files in sorted(found):
+            for name in files:
+                if name.lower().endswith(extensions):  # a broken link is listed, then reported unreadable
+                    samples.append((os.path.join(here, name), class_to_idx[cls]))
+    return samples
+
+
 class RobustImageFolder(ImageFolder):
     """ImageFolder that decodes every image to RGB and skips unreadable files.
 
@@ -167,6 +218,12 @@ class RobustImageFolder(ImageFolder):
             )
         self._reported: set[str] = set()
         self.seed = seed
+
+    @staticmethod
+    def make_dataset(directory: str, class_to_idx: dict[str, int], extensions: Any = None,
+                     is_valid_file: Any = None, allow_empty: bool = False) -> list[tuple[str, int]]:
+        """torchvision's hook for the sample list: :func:`list_class_images` (loop-safe)."""
+        return list_class_images(directory, class_to_idx)
 
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[Any, int] | Unreadable:
         index, epoch = key if isinstance(key, tuple) else (key, None)
