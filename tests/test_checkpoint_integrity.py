@@ -1,7 +1,9 @@
-"""A checkpoint whose bytes changed is refused, naming the file."""
+"""A checkpoint whose bytes changed is refused, naming the file; a rollback's abandoned
+timeline is set aside so that ``resume=auto`` continues the run the user last made."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -103,3 +105,29 @@ def test_resume_from_a_pre_checksum_checkpoint_runs(tmp_path: Path) -> None:
     assert len(lines) == 1 and str(path) in lines[0], lines
     assert load_checkpoint(list_checkpoints(run / "checkpoints")[-1])["train_state"]["step"] == 3
 
+
+def _steps(directory: Path) -> list[int]:
+    return [load_checkpoint(p)["train_state"]["step"] for p in list_checkpoints(directory)]
+
+
+def test_resume_auto_after_a_rollback_continues_the_new_timeline(tmp_path: Path) -> None:
+    """Run to step 12 (checkpoints 4, 8, 12; keep=3), roll back to step 4 and stop at 7:
+    the checkpoints 8 and 12 of the abandoned timeline are set aside (not deleted), step 4
+    (resumed from) stays, and ``resume=auto`` continues from 7, not from 12."""
+    run = tmp_path / "run"
+    ckpts = run / "checkpoints"
+    args = [*EXACT, f"run_dir={run}", "epochs=4", "checkpoint.keep=3"]
+    assert main([*args, "max_steps=12"]) == 0
+    assert _steps(ckpts) == [4, 8, 12]
+    step_4 = list_checkpoints(ckpts)[0]
+    assert main([*args, f"resume={step_4}", "max_steps=7"]) == 0
+    assert _steps(ckpts) == [4, 7]  # the one resumed from was not pruned
+    aside = [p for p in ckpts.iterdir() if p.is_dir()]
+    assert len(aside) == 1 and aside[0].name.startswith("abandoned-"), aside
+    assert _steps(aside[0]) == [8, 12]
+    log_text = (run / "train.log").read_text()
+    assert re.search(rf"moved 2 newer checkpoint\(s\) .*\(steps 8-12\).* to {re.escape(str(aside[0]))}", log_text)
+    assert main([*args, "resume=auto", "max_steps=9"]) == 0
+    assert f"resumed from {ckpts / checkpoint_name(1, 7)}" in (run / "train.log").read_text()
+    assert _steps(ckpts) == [7, 8, 9] and _steps(aside[0]) == [8, 12]
+    assert json.loads((run / "summary.json").read_text())["steps"] == 9

@@ -39,6 +39,7 @@ import signal
 import struct
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -52,6 +53,7 @@ __all__ = [
     "CheckpointSaveError",
     "capture_rng_state",
     "checkpoint_name",
+    "checkpoint_step",
     "is_readable",
     "verify_checksum",
     "list_checkpoints",
@@ -60,6 +62,7 @@ __all__ = [
     "remove_orphaned_temp_files",
     "restore_rng_state",
     "save_checkpoint",
+    "set_aside_newer",
     "to_plain",
 ]
 
@@ -291,6 +294,38 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
         if m:
             found.append((int(m.group(2)), int(m.group(1)), p))
     return [p for _, _, p in sorted(found)]
+
+
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """The step in a checkpoint's file name (-1 for a name ``checkpoint_name`` never makes)."""
+    m = _NAME.match(Path(path).name)
+    return int(m.group(2)) if m else -1
+
+
+def set_aside_newer(directory: str | os.PathLike, step: int) -> Optional[tuple[Path, list[Path]]]:
+    """Move the checkpoints of ``directory`` past ``step`` into ``abandoned-<time>/`` there.
+
+    Returns ``(folder, moved files)``, or None when no checkpoint is newer than ``step``.
+    Call only while no other process writes to ``directory`` (the run-directory lock).
+    """
+    directory = Path(directory)
+    newer = [p for p in list_checkpoints(directory) if checkpoint_step(p) > step]
+    if not newer:
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    folder, n = directory / f"abandoned-{stamp}", 1
+    while folder.exists():
+        n += 1
+        folder = directory / f"abandoned-{stamp}-{n}"
+    folder.mkdir()
+    for path in newer:
+        os.rename(path, folder / path.name)
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return folder, newer
 
 
 def _torch_load(path: str | os.PathLike, **kwargs: Any) -> Any:
