@@ -12,8 +12,15 @@ strings, None; the RNG states are stored as tensors and int tuples), so it is re
 ``torch.load(weights_only=True)``: a file that holds anything else (a crafted pickle with a
 ``__reduce__`` payload, say) is refused without running any of it.
 
+Each checkpoint carries the SHA-256 of the bytes ``torch.save`` wrote, hashed as they are
+written, in the zip comment of the file (so the file stays a plain zip archive that
+``torch.load`` and ``unzip`` read as before). Loading hashes the file again and refuses one
+whose digest differs: a flipped bit in a tensor would otherwise load silently and surface
+steps later as a non-finite loss. Checkpoints written before checksums load unverified, with
+one log line.
+
 ``load_latest`` walks the checkpoints newest first and skips (and reports) one that cannot be
-read. Pruning (``keep``) counts readable checkpoints only, so damaged files never push a good
+read or fails its checksum. Pruning (``keep``) counts readable checkpoints only, so damaged files never push a good
 one out, and the only good one is never deleted.
 """
 
@@ -22,14 +29,17 @@ from __future__ import annotations
 import contextlib
 import enum
 import errno as errno_codes
+import hashlib
 import logging
 import os
 import pickle
 import random
 import re
 import signal
+import struct
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -43,13 +53,16 @@ __all__ = [
     "CheckpointSaveError",
     "capture_rng_state",
     "checkpoint_name",
+    "checkpoint_step",
     "is_readable",
+    "verify_checksum",
     "list_checkpoints",
     "load_checkpoint",
     "load_latest",
     "remove_orphaned_temp_files",
     "restore_rng_state",
     "save_checkpoint",
+    "set_aside_newer",
     "to_plain",
 ]
 
@@ -57,6 +70,15 @@ log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)\.pt$")
 _TEMP_GLOB = ".ckpt-*.tmp"
+
+# The zip comment that carries the checksum: a fixed marker and the hex SHA-256 of the bytes
+# torch.save wrote (whose end-of-central-directory record says "no comment").
+_CHECKSUM_MARKER = b"largebatch-sha256:"
+_CHECKSUM_LEN = len(_CHECKSUM_MARKER) + 64
+_EOCD_SIGNATURE = b"PK\x05\x06"
+_EOCD_SIZE = 22  # the record without its comment; its last 2 bytes are the comment length
+_HASH_CHUNK = 8 << 20
+_unverified_reported: set[str] = set()
 
 
 def checkpoint_name(epoch: int, step: int) -> str:
@@ -126,6 +148,67 @@ def _os_error(e: BaseException) -> Optional[OSError]:
     return None
 
 
+class _HashingWriter:
+    """A write-only file that hashes what passes through it and keeps the last record."""
+
+    def __init__(self, file: Any) -> None:
+        self.file = file
+        self.sha256 = hashlib.sha256()
+        self.tail = b""
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.sha256.update(view)
+        self.tail = (self.tail + bytes(view[-_EOCD_SIZE:]))[-_EOCD_SIZE:]
+        return self.file.write(view)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def _write_with_checksum(state: dict[str, Any], f: Any) -> None:
+    """``torch.save`` into ``f``, then append the SHA-256 of those bytes as the zip comment."""
+    writer = _HashingWriter(f)
+    torch.save(state, writer)
+    if not (writer.tail.startswith(_EOCD_SIGNATURE) and writer.tail[-2:] == b"\0\0"):
+        raise RuntimeError("torch.save did not end its file with an end-of-central-directory record")
+    comment = _CHECKSUM_MARKER + writer.sha256.hexdigest().encode()
+    f.seek(-2, os.SEEK_END)
+    f.write(struct.pack("<H", len(comment)) + comment)
+
+
+def verify_checksum(path: str | os.PathLike) -> Optional[bool]:
+    """True when ``path``'s bytes match the SHA-256 written with them; None when it carries
+    none (written before checksums). A mismatch raises :class:`CheckpointError` naming the file."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size < _EOCD_SIZE + _CHECKSUM_LEN:
+            return None
+        f.seek(size - 2 - _CHECKSUM_LEN)
+        trailer = f.read(2 + _CHECKSUM_LEN)
+        comment = trailer[2:]
+        if struct.unpack("<H", trailer[:2])[0] != _CHECKSUM_LEN or not comment.startswith(_CHECKSUM_MARKER):
+            return None
+        digest = hashlib.sha256()
+        f.seek(0)
+        left = size - 2 - _CHECKSUM_LEN
+        buffer = bytearray(min(_HASH_CHUNK, max(left, 1)))
+        while left > 0:
+            n = f.readinto(memoryview(buffer)[: min(left, len(buffer))])
+            if not n:
+                break
+            digest.update(memoryview(buffer)[:n])
+            left -= n
+        digest.update(b"\0\0")  # the comment length as torch.save wrote it
+    if digest.hexdigest().encode() != comment[len(_CHECKSUM_MARKER):]:
+        raise CheckpointError(
+            f"checkpoint {path} is damaged: its bytes do not match the SHA-256 written with it "
+            f"(changed on disk or in a copy); it was not loaded: resume from another checkpoint "
+            f"(resume=auto skips damaged ones)"
+        )
+    return True
+
+
 def save_checkpoint(state: dict[str, Any], directory: str | os.PathLike, name: str, *, keep: int = 0) -> Path:
     """Atomically write ``state`` to ``directory/name``; keep the newest ``keep`` readable (0: all).
 
@@ -139,7 +222,7 @@ def save_checkpoint(state: dict[str, Any], directory: str | os.PathLike, name: s
             directory.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
             with os.fdopen(fd, "wb") as f:
-                torch.save(state, f)
+                _write_with_checksum(state, f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, final)
@@ -213,6 +296,38 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
     return [p for _, _, p in sorted(found)]
 
 
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """The step in a checkpoint's file name (-1 for a name ``checkpoint_name`` never makes)."""
+    m = _NAME.match(Path(path).name)
+    return int(m.group(2)) if m else -1
+
+
+def set_aside_newer(directory: str | os.PathLike, step: int) -> Optional[tuple[Path, list[Path]]]:
+    """Move the checkpoints of ``directory`` past ``step`` into ``abandoned-<time>/`` there.
+
+    Returns ``(folder, moved files)``, or None when no checkpoint is newer than ``step``.
+    Call only while no other process writes to ``directory`` (the run-directory lock).
+    """
+    directory = Path(directory)
+    newer = [p for p in list_checkpoints(directory) if checkpoint_step(p) > step]
+    if not newer:
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    folder, n = directory / f"abandoned-{stamp}", 1
+    while folder.exists():
+        n += 1
+        folder = directory / f"abandoned-{stamp}-{n}"
+    folder.mkdir()
+    for path in newer:
+        os.rename(path, folder / path.name)
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return folder, newer
+
+
 def _torch_load(path: str | os.PathLike, **kwargs: Any) -> Any:
     return torch.load(path, map_location="cpu", weights_only=True, **kwargs)
 
@@ -230,10 +345,13 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Load a checkpoint onto the CPU (data only: nothing in the file is executed).
 
     A damaged file, or one holding Python objects a checkpoint never holds, raises
-    ``CheckpointError``.
+    ``CheckpointError``, and so does one whose bytes differ from the checksum written with it.
     """
     try:
+        verified = verify_checksum(path)
         state = _torch_load(path)
+    except CheckpointError:
+        raise
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path} does not exist") from None
     except pickle.UnpicklingError as e:
@@ -249,6 +367,10 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path} is damaged or truncated ({type(e).__name__}: {first})") from None
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path} is not a largebatch checkpoint (no model state)")
+    if verified is None and os.fspath(path) not in _unverified_reported:
+        _unverified_reported.add(os.fspath(path))
+        log.warning("checkpoint %s carries no checksum (written before largebatch stored one); "
+                    "loaded without verifying its bytes", path)
     return state
 
 

@@ -5,6 +5,11 @@ was made with the same model, optimizer, global batch and epoch length; anything
 with one line naming what differs (a silent resume with another optimizer would apply state
 meant for another update rule). ``resume=auto`` with checkpoint files present but none
 readable is an error, not a fresh start.
+
+A resume from an older checkpoint than the newest in the run (a rollback) starts a new
+timeline: rank 0 moves the newer checkpoints aside (``checkpoints/abandoned-<time>/``), so
+``resume=auto`` later continues this run, not the one given up, and pruning never trades the
+checkpoint resumed from for one of them.
 """
 
 from __future__ import annotations
@@ -13,10 +18,17 @@ import logging
 from pathlib import Path
 from typing import Any, Optional
 
-from largebatch.engine.checkpoint import CheckpointError, load_checkpoint, load_latest, restore_rng_state
+from largebatch.engine.checkpoint import (
+    CheckpointError,
+    checkpoint_step,
+    load_checkpoint,
+    load_latest,
+    restore_rng_state,
+    set_aside_newer,
+)
 from largebatch.engine.compile import strip_compile_prefixes
 
-__all__ = ["check_fits", "find_checkpoint", "resume_run"]
+__all__ = ["check_fits", "find_checkpoint", "resume_run", "set_aside_abandoned"]
 
 log = logging.getLogger("largebatch")
 
@@ -42,6 +54,28 @@ def find_checkpoint(resume: str, ckpt_dir: Path, backend: Any) -> Optional[Path]
     if error:
         raise CheckpointError(error)
     return Path(path) if path else None
+
+
+def set_aside_abandoned(ckpt_dir: Path, step: int, backend: Any) -> None:
+    """Rank 0 moves the checkpoints newer than ``step`` (the abandoned timeline) aside."""
+    error: Optional[str] = None
+    if backend.is_main:
+        try:
+            moved = set_aside_newer(ckpt_dir, step)
+        except OSError as e:
+            error = (f"cannot move the checkpoints newer than step {step} aside in {ckpt_dir} "
+                     f"({e.strerror}: {e.filename}); move them out of that folder by hand and resume again")
+        else:
+            if moved:
+                folder, files = moved
+                steps = sorted(checkpoint_step(f) for f in files)
+                log.warning(
+                    "resumed from step %d, older than the newest checkpoint: moved %d newer "
+                    "checkpoint(s) of the abandoned timeline (steps %d-%d) to %s; resume=auto "
+                    "continues this run", step, len(files), steps[0], steps[-1], folder)
+    error = backend.broadcast_object(error)
+    if error:
+        raise CheckpointError(error)
 
 
 def _saved_optimizer(ckpt: dict[str, Any]) -> Optional[str]:
@@ -142,4 +176,5 @@ def resume_run(
             saved_world, world_size, per_device, global_batch_size,
         )
     log.info("resumed from %s (epoch %d, step %d)", path, state.epoch, state.step)
+    set_aside_abandoned(ckpt_dir, state.step, backend)
     return path
