@@ -10,8 +10,18 @@ and writes three PNG plots to ``--out`` (default ``./report``): ``top1_vs_wall.p
 ``top1_vs_epoch.png`` and ``lr_vs_step.png``, one line per run. The plots need matplotlib
 (``pip install 'largebatch[report]'``); ``--no-plots`` prints the table without it.
 
-A path that is not a run directory, or a file that cannot be parsed, ends with one line on
-stderr naming it, and exit code 2.
+The status column says how a run ended (:func:`run_status`): ``success`` (reached its
+target), ``finished`` (ran its planned epochs or ``max_steps``; no target, or the target not
+reached), ``preempted``, ``failed`` (an error ended it), ``stopped`` (another stop reason),
+``unfinished`` (no end was logged and its metrics stop short of the plan in ``config.yaml``:
+killed, or still running) or ``unknown`` (no end logged and no plan to compare with). A run
+whose ``summary.json`` is missing is judged from ``mlperf_log.jsonl``'s ``run_stop`` and from
+its metrics against ``config.yaml``.
+
+A path that is not a run directory, or a file in it that is damaged (not UTF-8, not JSON,
+JSON of the wrong shape), gets one line on stderr naming the path and what is wrong. The
+other runs are still reported (table and plots); the exit code is 2 if any run could not be
+read, so a script notices.
 """
 
 from __future__ import annotations
@@ -23,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from largebatch.errors import ReportError
+from largebatch.errors import EXIT_OK, EXIT_USAGE, ReportError
 
-__all__ = ["ReportError", "Run", "format_table", "load_run", "main", "write_plots"]
+__all__ = ["ReportError", "Run", "format_table", "load_run", "main", "run_status", "write_plots"]
 
 RUN_FILES = ("summary.json", "metrics.jsonl", "mlperf_log.jsonl")
 PLOTS = ("top1_vs_wall.png", "top1_vs_epoch.png", "lr_vs_step.png")
@@ -40,7 +50,11 @@ class Run:
     summary: dict[str, Any] = field(default_factory=dict)
     evals: list[dict[str, Any]] = field(default_factory=list)  # epoch, top1, wall_s
     train: list[dict[str, Any]] = field(default_factory=list)  # step, lr, loss, img_per_s
-    status: Optional[str] = None  # mlperf run_stop status; None: no run_stop logged
+    run_stop: Optional[dict[str, Any]] = None  # mlperf run_stop metadata; None: no run_stop logged
+    last_epoch: Optional[int] = None  # the highest epoch any metrics record reached
+    last_step: Optional[int] = None  # the highest step any metrics record reached
+    logged_target: Optional[float] = None  # mlperf target_accuracy, in percent
+    planned: tuple[Optional[int], Optional[int]] = (None, None)  # config.yaml's (epochs, max_steps)
 
     @property
     def best_top1(self) -> Optional[float]:
@@ -49,28 +63,128 @@ class Run:
         return max((e["top1"] for e in self.evals), default=None)
 
     @property
+    def status(self) -> str:
+        """How the run ended (:func:`run_status`)."""
+        return run_status(self)
+
+    @property
+    def target_top1(self) -> Optional[float]:
+        """The target in percent: ``summary.json``'s, else the one ``mlperf_log.jsonl`` logged."""
+        if self.summary.get("target_top1") is not None:
+            return float(self.summary["target_top1"])
+        return self.logged_target
+
+    @property
     def time_to_target_s(self) -> Optional[float]:
         if "time_to_target_s" in self.summary:
             return self.summary["time_to_target_s"]
-        target = self.summary.get("target_top1")
+        target = self.target_top1
         hit = [e["wall_s"] for e in self.evals if target is not None and e["top1"] >= target]
         return hit[0] if hit else None
 
 
+DAMAGED = "restore it, or move it out of the run directory to report what the other files hold"
+
+
+def _read_text(path: Path) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ReportError(f"{path} is damaged: not UTF-8 text (byte {data[e.start]:#04x} at offset "
+                          f"{e.start}); {DAMAGED}") from None
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     records = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(_read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ReportError(f"{path}: line {n} is not JSON ({e.msg})") from None
+            raise ReportError(f"{path}: line {n} is not JSON ({e.msg}); {DAMAGED}") from None
+        if not isinstance(record, dict):
+            raise ReportError(f"{path}: line {n} is JSON but not an object ({type(record).__name__}); {DAMAGED}")
+        records.append(record)
     return records
 
 
+def _fields(path: Path, n: int, record: dict[str, Any], numbers: Sequence[str],
+            optional: Sequence[str] = ()) -> dict[str, Any]:
+    """``record``'s ``numbers`` (required) and ``optional`` fields, each a number (optional: or null)."""
+    out = {}
+    for key in (*numbers, *optional):
+        value = record.get(key)
+        if value is None and key in optional:
+            out[key] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            what = "missing" if key not in record else f"{value!r}, not a number"
+            raise ReportError(f"{path}: line {n}: '{key}' is {what}; {DAMAGED}")
+        out[key] = value
+    return out
+
+
+# summary.json keys the report reads, each a number or null
+SUMMARY_NUMBERS = ("best_top1", "time_to_target_s", "target_top1", "img_per_s", "epochs", "steps",
+                   "global_batch_size", "world_size")
+
+
+def _read_summary(path: Path) -> dict[str, Any]:
+    try:
+        summary = json.loads(_read_text(path))
+    except json.JSONDecodeError as e:
+        raise ReportError(f"{path} is not JSON ({e.msg}); {DAMAGED}") from None
+    if not isinstance(summary, dict):
+        raise ReportError(f"{path} is damaged: a JSON {type(summary).__name__}, not the object "
+                          f"largebatch-train writes; {DAMAGED}")
+    for key in SUMMARY_NUMBERS:
+        value = summary.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ReportError(f"{path} is damaged: '{key}' is {value!r}, not a number; {DAMAGED}")
+    reason = summary.get("stop_reason")
+    if reason is not None and not isinstance(reason, str):
+        raise ReportError(f"{path} is damaged: 'stop_reason' is {reason!r}, not a string; {DAMAGED}")
+    return summary
+
+
+def _read_metrics(run: Run, path: Path) -> None:
+    for n, r in enumerate(_read_jsonl(path), 1):
+        kind = r.get("kind")
+        if kind == "eval":
+            f = _fields(path, n, r, ("epoch", "top1"), ("wall_s", "time_s"))
+            wall = f["wall_s"] if f["wall_s"] is not None else f["time_s"]
+            if wall is None:
+                raise ReportError(f"{path}: line {n}: an eval record without 'wall_s' or 'time_s'; {DAMAGED}")
+            run.evals.append({"epoch": f["epoch"], "top1": f["top1"], "wall_s": wall})
+        elif kind == "train":
+            f = _fields(path, n, r, ("step", "lr"), ("loss", "img_per_s"))
+            run.train.append({"step": f["step"], "lr": f["lr"], "loss": f["loss"], "img_per_s": f["img_per_s"]})
+        if kind in ("train", "eval", "epoch"):
+            f = _fields(path, n, r, (), ("epoch", "step"))
+            if f["epoch"] is not None and kind != "train":  # a train record's epoch is the one in progress
+                run.last_epoch = max(run.last_epoch or 0, int(f["epoch"]))
+            if f["step"] is not None:
+                run.last_step = max(run.last_step or 0, int(f["step"]))
+
+
+def _read_mlperf(run: Run, path: Path) -> None:
+    for n, r in enumerate(_read_jsonl(path), 1):
+        if r.get("key") == "run_stop":
+            meta = r.get("metadata")
+            if not isinstance(meta, dict):
+                raise ReportError(f"{path}: line {n}: run_stop has no metadata object; {DAMAGED}")
+            if not isinstance(meta.get("stop_reason"), (str, type(None))):
+                raise ReportError(f"{path}: line {n}: run_stop's 'stop_reason' is {meta['stop_reason']!r}, "
+                                  f"not a string; {DAMAGED}")
+            run.run_stop = meta
+        elif r.get("key") == "target_accuracy":
+            run.logged_target = round(100.0 * _fields(path, n, r, ("value",))["value"], 4)
+
+
 def load_run(path: str | Path) -> Run:
-    """Read one run directory, or raise ``ReportError`` saying why it is not one."""
+    """Read one run directory, or raise ``ReportError`` saying why it is not one or what is damaged."""
     p = Path(path)
     if not p.is_dir():
         raise ReportError(f"{p} is not a directory; pass run directories (made by largebatch-train)")
@@ -78,23 +192,64 @@ def load_run(path: str | Path) -> Run:
         raise ReportError(f"{p} is not a run directory: it has none of {', '.join(RUN_FILES)}")
     run = Run(name=p.resolve().name, path=p)
     if (p / "summary.json").is_file():
-        try:
-            run.summary = json.loads((p / "summary.json").read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ReportError(f"{p / 'summary.json'} is not JSON ({e.msg})") from None
+        run.summary = _read_summary(p / "summary.json")
     if (p / "metrics.jsonl").is_file():
-        for r in _read_jsonl(p / "metrics.jsonl"):
-            if r.get("kind") == "eval":
-                run.evals.append({"epoch": r["epoch"], "top1": r["top1"], "wall_s": r.get("wall_s", r["time_s"])})
-            elif r.get("kind") == "train":
-                run.train.append({"step": r["step"], "lr": r["lr"], "loss": r["loss"], "img_per_s": r["img_per_s"]})
+        _read_metrics(run, p / "metrics.jsonl")
     if (p / "mlperf_log.jsonl").is_file():
-        for r in _read_jsonl(p / "mlperf_log.jsonl"):
-            if r.get("key") == "run_stop":
-                run.status = r.get("metadata", {}).get("status")
-            elif r.get("key") == "target_accuracy" and "target_top1" not in run.summary:
-                run.summary["target_top1"] = round(100.0 * r["value"], 4)
+        _read_mlperf(run, p / "mlperf_log.jsonl")
+    if not run.summary and run.run_stop is None:  # no end logged: compare the metrics with the plan
+        run.planned = _planned_end(p / "config.yaml")
     return run
+
+
+def _planned_end(path: Path) -> tuple[Optional[int], Optional[int]]:
+    """``(epochs, max_steps)`` from a run's ``config.yaml``; ``(None, None)`` without one."""
+    if not path.is_file():
+        return None, None
+    import yaml
+
+    try:
+        cfg = yaml.safe_load(_read_text(path))
+    except yaml.YAMLError as e:
+        raise ReportError(f"{path} is not YAML ({str(e).splitlines()[0]}); {DAMAGED}") from None
+    if not isinstance(cfg, dict):
+        raise ReportError(f"{path} is damaged: a YAML {type(cfg).__name__}, not the run's config; {DAMAGED}")
+    plan = []
+    for key in ("epochs", "max_steps"):
+        value = cfg.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ReportError(f"{path} is damaged: '{key}' is {value!r}, not an integer; {DAMAGED}")
+        plan.append(value)
+    return plan[0], plan[1]
+
+
+def run_status(run: Run) -> str:
+    """How the run ended: success, finished, preempted, failed, stopped, unfinished or unknown.
+
+    The end is what ``summary.json`` or ``run_stop`` (in ``mlperf_log.jsonl``) says; a run
+    with neither is ``finished`` when its metrics reached the ``epochs`` or ``max_steps`` of
+    its ``config.yaml``, else ``unfinished``, or ``unknown`` without a config to compare with.
+    MLPerf's own ``aborted`` (target not reached) is not used: the target columns say it.
+    """
+    stop = run.run_stop or {}
+    if stop.get("error"):
+        return "failed"
+    ended = bool(run.summary) or run.run_stop is not None
+    reason = run.summary.get("stop_reason", stop.get("stop_reason"))
+    if isinstance(reason, str) and reason.startswith("preempted"):
+        return "preempted"
+    if run.target_top1 is not None and run.time_to_target_s is not None:
+        return "success"
+    if ended:
+        # the loop ends without a stop reason only after its last epoch
+        return "finished" if reason is None or reason.startswith("max_steps") else "stopped"
+    epochs, max_steps = run.planned
+    if epochs is None and max_steps is None:
+        return "unknown"
+    if (epochs is not None and (run.last_epoch or 0) >= epochs) or (
+            max_steps is not None and (run.last_step or 0) >= max_steps):
+        return "finished"
+    return "unfinished"
 
 
 def _fmt(value: Any, spec: str = "", missing: str = "-") -> str:
@@ -108,7 +263,7 @@ def format_table(runs: Sequence[Run], *, markdown: bool = False) -> str:
     rows = []
     for r in runs:
         s = r.summary
-        target = s.get("target_top1")
+        target = r.target_top1
         ttt = r.time_to_target_s
         if target is None:
             ttt_text = "no target"
@@ -116,9 +271,9 @@ def format_table(runs: Sequence[Run], *, markdown: bool = False) -> str:
             ttt_text = "not reached"
         else:
             ttt_text = f"{ttt:.1f} s"
-        epochs = s.get("epochs", max((e["epoch"] for e in r.evals), default=None))
+        epochs = s.get("epochs", max((e["epoch"] for e in r.evals), default=r.last_epoch))
         rows.append([
-            r.name, r.status or ("finished" if s else "no summary"), _fmt(target, "g"), ttt_text,
+            r.name, r.status, _fmt(target, "g"), ttt_text,
             _fmt(r.best_top1, ".2f"), _fmt(epochs), _fmt(s.get("img_per_s"), ".0f"),
             _fmt(s.get("global_batch_size")), _fmt(s.get("world_size")),
         ])
@@ -152,7 +307,7 @@ def write_plots(runs: Sequence[Run], out: Path) -> list[Path]:
             if xs:
                 ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, label=r.name)
         if ylabel.startswith("val"):
-            targets = {r.summary.get("target_top1") for r in runs} - {None}
+            targets = {r.target_top1 for r in runs} - {None}
             for t in sorted(targets):
                 ax.axhline(t, color="grey", linestyle="--", linewidth=0.8)
         ax.set_xlabel(xlabel)
@@ -174,6 +329,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--no-plots", action="store_true", help="print the table only (no matplotlib needed)")
     p.add_argument("--markdown", action="store_true", help="print the table as markdown")
     args = p.parse_args(argv)
+    failed = False
     try:
         if not args.no_plots:
             try:
@@ -182,16 +338,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise ReportError(
                     "the plots need matplotlib: pip install 'largebatch[report]' (or pass --no-plots)"
                 ) from None
-        runs = [load_run(r) for r in args.runs]
-        print(format_table(runs, markdown=args.markdown))
-        if not args.no_plots:
+        runs = []
+        for path in args.runs:  # a damaged run is named; the others are still reported
+            try:
+                runs.append(load_run(path))
+            except (ReportError, OSError) as e:
+                print(f"largebatch-report: error: {e}", file=sys.stderr, flush=True)
+                failed = True
+        if runs:
+            print(format_table(runs, markdown=args.markdown), flush=True)
+        if runs and not args.no_plots:
             paths = write_plots(runs, args.out)
             print(f"plots: {', '.join(str(x) for x in paths)}")
     except (ReportError, OSError) as e:
         print(f"largebatch-report: error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
+        return EXIT_USAGE
+    return EXIT_USAGE if failed else EXIT_OK
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -193,3 +193,34 @@ def test_version(capsys: pytest.CaptureFixture) -> None:
 
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"largebatch {__version__}"
+
+
+def _train_subprocess(args: list[str], cache: Path, *, shell_tail: str = "") -> subprocess.CompletedProcess:
+    """``python -m largebatch.train ARGS``; ``shell_tail`` is appended as the shell would read it."""
+    env = dict(os.environ, LARGEBATCH_CACHE=str(cache / "cache"), PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    if shell_tail:
+        import shlex
+
+        command = shlex.join([sys.executable, "-m", "largebatch.train", *args]) + " " + shell_tail
+        return subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run([sys.executable, "-m", "largebatch.train", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one_argv_element", "split_by_the_shell"])
+def test_value_hydra_cannot_parse_says_how_to_quote_it_and_that_works(cache: Path, split: bool) -> None:
+    """`run_dir=/tmp/ü n i` unquoted: Hydra's lexer rejects `ü`; the error shows the quoted form, which runs."""
+    run_dir = cache / "ü n i"
+    args = [f"run_dir={cache}/ü", "n", "i"] if split else [f"run_dir={run_dir}"]
+    proc = _train_subprocess([*TINY, "epochs=1", "max_steps=1", *args], cache)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and "\n" not in err and "Traceback" not in err, proc
+    assert err.startswith("largebatch: error:")
+    assert ("override 'n' is not of the form key=value" if split else "token recognition error at: 'ü'") in err
+    quoted = f"""'run_dir="{run_dir}"'"""
+    assert err.endswith(f": {quoted}"), err
+    assert not run_dir.exists()
+    # the form the error shows, pasted into a shell, runs
+    proc = _train_subprocess([*TINY, "epochs=1", "max_steps=1"], cache, shell_tail=quoted)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (run_dir / "summary.json").is_file()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import shlex
 from contextlib import contextmanager
 from enum import Enum
 from typing import Any, Iterable, Iterator, Sequence
@@ -40,14 +41,55 @@ def config_keys() -> list[str]:
     return keys
 
 
+def _quoted(key: str, value: str) -> str | None:
+    """``key="value"`` quoted for Hydra's grammar and then for the shell; None if Hydra would not read ``value`` back."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    if '"' not in value:
+        override = f'{key}="{value}"'
+    elif "'" not in value:
+        override = f"{key}='{value}'"
+    else:
+        override = key + '="' + value.replace('"', '\\"') + '"'
+    try:
+        if OverridesParser.create().parse_override(override).value() != value:
+            return None
+    except HydraException:
+        return None
+    return shlex.quote(override)
+
+
+def _check_grammar(override: str) -> None:
+    """Hydra's override grammar accepts ``override``, or the error says how to quote its value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        OverridesParser.create().parse_override(override)
+    except HydraException as e:
+        key, value = override.split("=", 1)
+        quoted = _quoted(key, value)
+        hint = f"; quote the value, for Hydra and for the shell: {quoted}" if quoted else ""
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]  # "token recognition error at: 'ü'"
+        raise ConfigError(f"Hydra cannot parse the override {override!r} ({reason}){hint}") from None
+
+
 def check_overrides(overrides: Iterable[str]) -> None:
-    """Every override names a schema key, a config group or a Hydra setting (else: the closest key)."""
+    """Every override parses, and names a schema key, a config group or a Hydra setting (else: the closest key).
+
+    A value Hydra's grammar rejects (``run_dir=/tmp/ü n i``), or one the shell split at its
+    spaces (``run_dir=/tmp/ü``, ``n``, ``i``), gets the quoted form that works.
+    """
+    overrides = list(overrides)
     known = set(config_keys())
+    for i, o in enumerate(overrides):  # first: a value the shell split reads best as a whole
+        if _is_stray_word(o):
+            raise ConfigError(f"override {o!r} is not of the form key=value{_split_hint(overrides, i)}")
     for o in overrides:
         if o.startswith("~") and o[1:].split("=")[0] in GROUPS:
             continue  # Hydra's deletion of a defaults entry, e.g. ~experiment
-        if "=" not in o:
-            raise ConfigError(f"override {o!r} is not of the form key=value")
+        _check_grammar(o)
         key = o.split("=", 1)[0].strip()
         key = key.lstrip("+~")
         if key.startswith(("hydra.", "hydra/")) or key.split("@")[0] in GROUPS:
@@ -56,6 +98,26 @@ def check_overrides(overrides: Iterable[str]) -> None:
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise ConfigError(f"unknown config key '{key}'{hint}; see conf/ and largebatch/config/schema.py")
+
+
+def _is_stray_word(override: str) -> bool:
+    """Neither ``key=value`` nor the deletion of a defaults entry (``~experiment``)."""
+    return "=" not in override and not (override.startswith("~") and override[1:] in GROUPS)
+
+
+def _split_hint(overrides: Sequence[str], i: int) -> str:
+    """For words without ``=`` right after a ``key=value``: the shell split a value; quote it whole."""
+    start = i
+    while start > 0 and _is_stray_word(overrides[start - 1]):
+        start -= 1
+    if start == 0 or "=" not in overrides[start - 1]:
+        return ""
+    end = i
+    while end + 1 < len(overrides) and _is_stray_word(overrides[end + 1]):
+        end += 1
+    key, value = overrides[start - 1].split("=", 1)
+    quoted = _quoted(key, " ".join([value, *overrides[start:end + 1]]))
+    return f"; if the shell split a value at its spaces, quote it whole: {quoted}" if quoted else ""
 
 
 def _first_line(e: BaseException) -> str:
