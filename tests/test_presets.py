@@ -19,6 +19,8 @@ Pinned commits (git show <commit>:<path>):
       efficientnet/ main.py, utils.py, efficientnet_builder.py, lars_optimizer.py;
   tensorflow/tensorflow 66bb198acad21260038805e02960b791cb467177: tensorflow/contrib/opt/python/
       training/lars_optimizer.py (tf.contrib.opt.LARSOptimizer);
+  tensorflow/tensorflow d7cae7ec0b489510d447d205417c1a914f72867d: tensorflow/python/keras/
+      backend_config.py (_EPSILON = 1e-7);
   mlcommons/training 3c81f6f9559547ae18e2739c775b1264b317c077 (2024-08-01): retired_benchmarks/
       resnet-tf2/ README.md and tensorflow2/ lars_util.py, lars_optimizer.py, common.py,
       resnet_runnable.py, resnet_model.py.
