@@ -1,26 +1,48 @@
 """Each paper preset resolves to its source's numbers.
 
 The expected values are written here as constants citing where they come from (paper, or the
-authors' reference code), not read back from the YAML: the test composes the preset and builds
-what the trainer builds from it (``largebatch.lr.scale_lr``, ``schedule_factors`` and the
-scheduler on a dummy optimizer, ``largebatch.optim`` on a small model with BN and biases), then
-compares the resolved peak lr, warmup length, start and end lr, decay power, weight decay and
-excluded parameters with the source.
+authors' reference code at a pinned commit, the same the preset header names), not read back
+from the YAML: the test composes the preset and builds what the trainer builds from it
+(``largebatch.lr.scale_lr``, ``schedule_factors`` and the scheduler on a dummy optimizer; the
+real timm model with ``largebatch.models.build_model`` and the optimizer on it as
+``largebatch.run`` does), then compares the resolved peak lr, warmup length, start and end lr,
+decay power, weight decay, momentum, Nesterov, LARS eta and epsilon, label smoothing, BN group,
+precision, image size, dropout and drop-path, zero-init, evaluation cadence and the excluded
+parameters with the source.
+
+Pinned commits (git show <commit>:<path>):
+  tensorflow/tpu b13e6b6d19ba633e4f55f7ab5910f675d203e38a (2018-12-03): models/official/resnet/
+      lars_util.py, resnet_main.py, resnet_model.py;
+  tensorflow/tpu 8055210d965130ded71d06ea4cc59c2e82e65b15 (2019-04-09): models/official/resnet/
+      configs/cloud/v3-2048.yaml;
+  tensorflow/tpu e380f765021a8853abfbfd53af727604039a7d8c (2020-11-12): models/official/
+      efficientnet/ main.py, utils.py, efficientnet_builder.py, lars_optimizer.py;
+  tensorflow/tensorflow 66bb198acad21260038805e02960b791cb467177: tensorflow/contrib/opt/python/
+      training/lars_optimizer.py (tf.contrib.opt.LARSOptimizer);
+  tensorflow/tensorflow d7cae7ec0b489510d447d205417c1a914f72867d: tensorflow/python/keras/
+      backend_config.py (_EPSILON = 1e-7);
+  mlcommons/training 3c81f6f9559547ae18e2739c775b1264b317c077 (2024-08-01): retired_benchmarks/
+      resnet-tf2/ README.md and tensorflow2/ lars_util.py, lars_optimizer.py, common.py,
+      resnet_runnable.py, resnet_model.py.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import pytest
 import torch
 import torch.nn as nn
+from timm.layers import DropPath
 
 from largebatch.config import compose_config, to_train_config
 from largebatch.lr import build_lr_scheduler, scale_lr, schedule_factors
+from largebatch.models import build_model
 from largebatch.optim import build_optimizer
+from largebatch.run import _optimizer as trainer_optimizer  # the optimizer exactly as a run builds it
 
-IMAGENET_TRAIN = 1_281_167  # images in the ILSVRC-2012 train split (resnet_config.py num_train_images)
+IMAGENET_TRAIN = 1_281_167  # images in the ILSVRC-2012 train split (resnet_main.py num_train_images)
 
 
 @dataclass(frozen=True)
@@ -37,31 +59,65 @@ class Reference:
     weight_decay: float
     epochs: float
     optimizer: str
-    eps: float | None = None  # LARS epsilon
+    eps: float | None = None  # LARS epsilon (None: the optimizer has none)
+    momentum: float = 0.9
+    nesterov: bool = False
+    eta: float | None = None  # LARS trust coefficient (None: not LARS)
+    label_smoothing: float = 0.0
+    bn_group_size: int = 1  # replicas per BN group
+    precision: str = "fp32"
+    model: str = "resnet50"
+    image_size: int = 224
+    drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    zero_init_last_bn: bool = True
+    eval_every: int = 1  # epochs
 
 
+_RN50_LARS = dict(eta=0.001, decay="poly", start_lr=0.0, end_lr=1e-4, power=2.0, optimizer="lars")
+_EFFNET = dict(eta=0.001, decay="poly", start_lr=0.0, end_lr=0.1, power=2.0, optimizer="lars", eps=0.0,
+               weight_decay=2e-5, epochs=350, warmup_epochs=5, label_smoothing=0.1, precision="bf16",
+               drop_path_rate=0.2, zero_init_last_bn=False)
 REFERENCES = {
-    # Goyal et al. 2017 (arXiv 1706.02677) sec. 5.1: kn = 8k, eta = 0.1 * kn / 256, weight decay
-    # 1e-4, 90 epochs, /10 at 30, 60, 80; sec. 2.2: warmup over 5 epochs from eta to k * eta.
-    "goyal2017_rn50_8k": Reference(8192, 0.1 * 8192 / 256, 5, 0.1, "step", 0.0, 0.0, 1e-4, 90, "sgd"),
-    # tensorflow/tpu models/official/resnet: lars_util.py poly_rate_schedule (32,768: plr 34,
-    # w_epochs 12, warmup from 0, tf.train.polynomial_decay power 2, default end 1e-4),
-    # configs/resnet_config.py weight_decay 1e-4, configs/cloud/v3-1024.yaml 3,558 steps at 32,768
-    # (= 91.0 epochs), LARSOptimizer epsilon 0.
-    "ying2018_rn50_32k_tpu": Reference(32768, 34.0, 12, 0.0, "poly", 1e-4, 2.0, 1e-4, 91, "lars", 0.0),
-    # Jia et al. 2018: batch 64K, 90 epochs (abstract); the LARS schedule is the 65,536 row of the
-    # same tensorflow/tpu lars_util.py (plr 41, 16 warmup epochs), chosen as the preset says.
-    "jia2018_rn50_64k": Reference(65536, 41.0, 16, 0.0, "poly", 1e-4, 2.0, 1e-4, 90, "lars", 0.0),
-    # mlcommons/training image_classification/tensorflow2: lars_util.py PolynomialDecayWithWarmup
-    # (batch < 16,384: 10.0, 5 warmup epochs, from 0; end_learning_rate 1e-4; power 2.0),
-    # define_lars_flags lars_epsilon 0, run_and_time.sh --weight_decay=0.0002 --train_epochs=41.
-    "mlperf_rn50": Reference(3072, 10.0, 5, 0.0, "poly", 1e-4, 2.0, 2e-4, 41, "lars", 0.0),
-    # tensorflow/tpu models/official/efficientnet: main.py scaled_lr = base_learning_rate *
+    # Goyal et al. 2017 (arXiv 1706.02677) sec. 5.1: kn = 8k, eta = 0.1 * kn / 256, momentum 0.9,
+    # Nesterov, weight decay 1e-4, 90 epochs, /10 at 30, 60, 80, per-worker BN over 32 images,
+    # zero-init last BN gamma; sec. 2.2: warmup over 5 epochs from eta to k * eta. Not in the
+    # paper, chosen by the preset: fp32, no label smoothing, evaluation every epoch.
+    "goyal2017_rn50_8k": Reference(8192, 0.1 * 8192 / 256, 5, 0.1, "step", 0.0, 0.0, 1e-4, 90, "sgd",
+                                   nesterov=True),
+    # tensorflow/tpu @b13e6b6 models/official/resnet: lars_util.py poly_rate_schedule (32,768:
+    # plr 34, w_epochs 12, warmup from 0, tf.train.polynomial_decay power 2, default end 1e-4);
+    # resnet_main.py --momentum 0.9, weight decay 1e-4 twice (loss L2 + LARS) = 2e-4;
+    # resnet_model.py init_zero; LARSOptimizer eeta 0.001, epsilon 0, no Nesterov;
+    # @8055210 configs/cloud/v3-2048.yaml 3,558 steps at 32,768 (= 91.0 epochs), label smoothing
+    # 0.1. Chosen by the preset: BN over 4 replicas, evaluation every epoch. The paper: bf16.
+    "ying2018_rn50_32k_tpu": Reference(32768, 34.0, 12, weight_decay=2e-4, epochs=91, eps=0.0,
+                                       label_smoothing=0.1, bn_group_size=4, precision="bf16", **_RN50_LARS),
+    # Jia et al. 2018: batch 64K, 90 epochs, fp16 (abstract); the LARS schedule is the 65,536 row
+    # of tensorflow/tpu lars_util.py @b13e6b6 (plr 35, 34 warmup epochs), chosen as the preset
+    # says, with that reference's momentum, eta, epsilon and weight decay (2e-4, as Ying).
+    "jia2018_rn50_64k": Reference(65536, 35.0, 34, weight_decay=2e-4, epochs=90, eps=0.0,
+                                  precision="fp16", **_RN50_LARS),
+    # mlcommons/training @3c81f6f retired_benchmarks/resnet-tf2: README GPU-V100-8 command
+    # (--batch_size=1024 x --num_accumulation_steps=2, --base_learning_rate=8.5, --warmup_epochs=5,
+    # --momentum=0.9, --label_smoothing=0.1, --weight_decay=0.0002, --train_epochs=41,
+    # --epochs_between_evals=4); lars_util.py PolynomialDecayWithWarmup (from 0, power 2, end
+    # 1e-4); lars_optimizer.py epsilon = 0 or backend_config.epsilon() = 1e-7, eeta 0.001, no
+    # Nesterov; resnet_model.py: no zero-init. Chosen by the preset: precision auto.
+    "mlperf_rn50": Reference(2048, 8.5, 5, weight_decay=2e-4, epochs=41, eps=1e-7, label_smoothing=0.1,
+                             precision="auto", zero_init_last_bn=False, eval_every=4, **_RN50_LARS),
+    # tensorflow/tpu @e380f76 models/official/efficientnet: main.py scaled_lr = base_learning_rate *
     # batch / 256 (base lr chosen 0.1, see the preset), --lr_warmup_epochs 5 from 0,
     # utils.build_learning_rate poly end_learning_rate=0.1 power 2, weight decay 1e-5 in the loss
-    # + --lars_weight_decay 1e-5, --lars_epsilon 0, 350 epochs. Batch: the paper (B2 32,768; B5 65,536).
-    "wongpanich2020_effnet_b2": Reference(32768, 0.1 * 32768 / 256, 5, 0.0, "poly", 0.1, 2.0, 2e-5, 350, "lars", 0.0),
-    "wongpanich2020_effnet_b5": Reference(65536, 0.1 * 65536 / 256, 5, 0.0, "poly", 0.1, 2.0, 2e-5, 350, "lars", 0.0),
+    # + --lars_weight_decay 1e-5, --lars_epsilon 0, LARSOptimizer eeta 0.001, utils.build_optimizer
+    # momentum 0.9, 350 epochs, --label_smoothing 0.1, --batch_norm_batch_size 128,
+    # efficientnet_builder.py (b2: 260 px, dropout 0.3; b5: 456 px, 0.4; survival_prob 0.8), no
+    # zero-init, bf16 (--use_bfloat16). Batch: the paper (B2 32,768; B5 65,536), hence BN groups of
+    # 4 and 2 replicas at 32 and 64 images per replica on 1,024 cores.
+    "wongpanich2020_effnet_b2": Reference(32768, 0.1 * 32768 / 256, model="efficientnet_b2", image_size=260,
+                                          drop_rate=0.3, bn_group_size=4, **_EFFNET),
+    "wongpanich2020_effnet_b5": Reference(65536, 0.1 * 65536 / 256, model="efficientnet_b5", image_size=456,
+                                          drop_rate=0.4, bn_group_size=2, **_EFFNET),
 }
 # Top-1 at which each preset stops the time-to-accuracy clock: MLPerf's 75.90% for ResNet-50,
 # except Jia et al., who report 75.8% (abstract); Wongpanich et al.: B2 79.7%, B5 83% (the paper).
@@ -137,7 +193,95 @@ def test_lookup_presets_keep_their_peak_when_the_batch_changes() -> None:
     assert scale_lr(cfg.optimizer.lr, 16384, cfg.base_batch_size, cfg.lr_scaling) == 34.0
 
 
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_preset_run_settings(name: str) -> None:
+    """What the run does around the optimizer: loss, BN groups, precision, input, model, evaluation."""
+    ref, cfg = REFERENCES[name], _cfg(name)
+    assert cfg.label_smoothing == ref.label_smoothing
+    assert cfg.bn.group_size == ref.bn_group_size
+    assert cfg.precision.name == ref.precision
+    assert cfg.data.image_size == ref.image_size
+    assert cfg.model.name == ref.model
+    assert cfg.model.drop_rate == ref.drop_rate and cfg.model.drop_path_rate == ref.drop_path_rate
+    assert cfg.model.zero_init_last_bn is ref.zero_init_last_bn
+    assert cfg.eval_every == ref.eval_every
+
+
+@functools.lru_cache(maxsize=None)
+def _model(name: str, zero_init: bool, drop_rate: float, drop_path_rate: float) -> nn.Module:
+    """The timm model as ``largebatch.run`` builds it (from scratch, on the CPU, nothing downloaded)."""
+    return build_model(name, 1000, zero_init_last_bn_gamma=zero_init, drop_rate=drop_rate,
+                       drop_path_rate=drop_path_rate)
+
+
+def _preset_model(cfg) -> nn.Module:
+    m = cfg.model
+    return _model(m.name, m.zero_init_last_bn, m.drop_rate, m.drop_path_rate)
+
+
+def _bn_and_bias(model: nn.Module) -> tuple[set[int], set[int]]:
+    """(BN gammas/betas and conv/linear biases, conv/linear weights), by module type: the
+    references' skip_list ['batch_normalization', 'bias'] (ResNet) and ['batch_normalization',
+    'bias', 'beta', 'gamma'] (EfficientNet), and Goyal sec. 5.1 (no decay on BN gamma/beta)."""
+    skipped, adapted = set(), set()
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            skipped |= {id(p) for p in module.parameters(recurse=False)}
+        elif isinstance(module, (nn.Conv2d, nn.Linear)):
+            adapted.add(id(module.weight))
+            if module.bias is not None:
+                skipped.add(id(module.bias))
+    assert skipped | adapted == {id(p) for p in model.parameters()}, "a parameter of another kind"
+    return skipped, adapted
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_preset_optimizer_on_the_real_model(name: str) -> None:
+    """The optimizer a run builds on the preset's real model: every group's momentum, Nesterov,
+    LARS eta and epsilon, and which tensors are decayed and adapted (BN and bias excluded)."""
+    ref, cfg = REFERENCES[name], _cfg(name)
+    model = _preset_model(cfg)
+    opt = trainer_optimizer(cfg, model, lr=1.0)
+    for group in opt.param_groups:
+        assert group["momentum"] == ref.momentum
+        assert group["nesterov"] is ref.nesterov
+        if ref.eta is not None:
+            assert group["trust_coefficient"] == ref.eta
+            assert group["eps"] == pytest.approx(ref.eps, rel=1e-9, abs=0.0)
+    skipped, adapted = _bn_and_bias(model)
+    excluded = {id(p) for g in opt.param_groups if g["weight_decay"] == 0.0 and g.get("lars_exclude")
+                for p in g["params"]}
+    decayed = {id(p) for g in opt.param_groups
+               if g["weight_decay"] == pytest.approx(ref.weight_decay) and not g.get("lars_exclude")
+               for p in g["params"]}
+    assert excluded == skipped and decayed == adapted
+    if ref.model == "resnet50":  # 53 convolutions and the fc layer
+        assert len(adapted) == 54
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_preset_model_surgery(name: str) -> None:
+    """Zero-init of each residual block's last BN gamma, dropout before the classifier and the
+    drop-path (stochastic depth) rate, on the model the preset builds."""
+    ref, cfg = REFERENCES[name], _cfg(name)
+    model = _preset_model(cfg)
+    if ref.model == "resnet50":
+        last_bns = [block.bn3.weight for block in model.modules() if hasattr(block, "bn3")]
+        assert len(last_bns) == 16  # bottleneck blocks 3 + 4 + 6 + 3
+        assert all(bool((w == 0).all()) is ref.zero_init_last_bn for w in last_bns)
+    else:  # the EfficientNet reference keeps every BN gamma at 1
+        assert not ref.zero_init_last_bn
+        gammas = [m.weight for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        assert all(bool((w == 1).all()) for w in gammas)
+    assert model.drop_rate == ref.drop_rate
+    # timm and the reference both grow the rate linearly with the block index to rate * (n-1)/n
+    drop_path = [m.drop_prob for m in model.modules() if isinstance(m, DropPath)]
+    assert max(drop_path, default=0.0) == pytest.approx(ref.drop_path_rate, rel=0.06)
+
+
 class _Tiny(nn.Module):
+    """A model with one tensor of each kind, so the exclusion test names them one by one."""
+
     def __init__(self) -> None:
         super().__init__()
         self.conv = nn.Conv2d(3, 4, 3)
@@ -145,16 +289,11 @@ class _Tiny(nn.Module):
         self.fc = nn.Linear(4, 2)
 
 
-@pytest.mark.parametrize("name", sorted(REFERENCES))
-def test_preset_excludes_bn_and_bias(name: str) -> None:
-    """BN and bias get no weight decay and (LARS) no trust ratio: lars_util.init_lars_optimizer
-    skip_list ['batch_normalization', 'bias']; Goyal sec. 5.1 (no decay on BN gamma/beta)."""
-    cfg = _cfg(name)
+@pytest.mark.parametrize("optimizer", ["sgd", "lars"])
+def test_exclusion_names_each_tensor(optimizer: str) -> None:
+    """What ``_bn_and_bias`` calls skipped is what ``exclude_bn_bias`` excludes, tensor by tensor."""
     model = _Tiny()
-    opt = build_optimizer(cfg.optimizer.name, model, lr=1.0, weight_decay=cfg.optimizer.weight_decay,
-                          exclude_bn_bias=cfg.optimizer.exclude_bn_bias)
+    opt = build_optimizer(optimizer, model, lr=1.0, weight_decay=1e-4, exclude_bn_bias=True)
     excluded = {id(p) for g in opt.param_groups if g["weight_decay"] == 0.0 and g.get("lars_exclude") for p in g["params"]}
-    decayed = {id(p) for g in opt.param_groups if g["weight_decay"] == pytest.approx(REFERENCES[name].weight_decay)
-               for p in g["params"]}
     assert excluded == {id(model.conv.bias), id(model.bn.weight), id(model.bn.bias), id(model.fc.bias)}
-    assert decayed == {id(model.conv.weight), id(model.fc.weight)}
+    assert _bn_and_bias(model) == (excluded, {id(model.conv.weight), id(model.fc.weight)})
