@@ -91,8 +91,9 @@ KINDS: dict[str, Kind] = {
     "grayscale_jpeg": Kind(False, "single-channel JPEG, as in ImageNet",
                            "decoded to RGB (gray replicated), like Pillow",
                            "none needed; " + _REENCODE + " if other tools need 3 channels"),
-    "huge_image": Kind(False, "an image over Pillow's decompression-bomb limit",
-                       "decoded, at the cost of memory", "downscale it"),
+    "huge_image": Kind(True, "an image over Pillow's decompression-bomb limit (a few bytes can "
+                       "claim 30000x30000 pixels)", "decoded, at the cost of its whole size in memory; "
+                       "the torchvision and nvjpeg loaders skip it", "downscale it, or delete it"),
 }
 
 # Leading bytes of the formats DALI's image decoders read, and of some they do not.

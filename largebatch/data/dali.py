@@ -408,6 +408,17 @@ def _file_samples(root: str, split: str, file_list: str | os.PathLike | None
     if not os.path.isfile(file_list):
         raise DataError(f"file list {file_list} does not exist: run largebatch-check-data {root}")
     paths, labels = read_file_list(file_list, root)
+    split_dir = os.path.join(root, split)
+    if split == "train" and os.path.isdir(split_dir):  # the other loaders' rule, at build time here
+        classes = sorted(e.name for e in os.scandir(split_dir) if e.is_dir())
+        missing = sorted(set(range(len(classes))) - set(labels))
+        if missing:
+            name = classes[missing[0]]
+            raise DataError(
+                f"class {name!r} has no readable training image: the data check left every file "
+                f"of {os.path.join(split_dir, name)} out of {file_list} (its report names them); "
+                f"replace them or remove the class folder from train/ and val/"
+            )
     return paths, labels, None
 
 

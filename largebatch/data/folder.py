@@ -56,7 +56,9 @@ __all__ = [
     "build_loaders",
     "build_train_transform",
     "build_val_transform",
+    "UnreadableTally",
     "collate_skipping",
+    "decompression_bomb_limit",
     "list_class_images",
     "load_rgb",
     "sample_seed",
@@ -318,6 +320,55 @@ class LoaderView:
             return iter(self.loader)
 
 
+def decompression_bomb_limit() -> int | None:
+    """The most pixels an image may have: Pillow's ``Image.open`` refuses more than twice
+    ``Image.MAX_IMAGE_PIXELS`` (a 600-byte JPEG can claim 30000x30000); None if unlimited."""
+    return None if Image.MAX_IMAGE_PIXELS is None else 2 * Image.MAX_IMAGE_PIXELS
+
+
+class UnreadableTally:
+    """The unreadable files one loader has met, each counted once, and the rule every loader
+    applies to them: a training class whose every file is unreadable stops the run.
+
+    ``classes`` and ``targets`` are the data set's (ImageFolder's attributes), ``root`` its
+    folder. :meth:`add` returns True the first time a sample index is added.
+    """
+
+    def __init__(self, classes: Sequence[str], targets: Sequence[int], root: str, *,
+                 require_every_class: bool) -> None:
+        self.classes, self.root = list(classes), root
+        self.require_every_class = require_every_class
+        self._targets = targets
+        self._sizes: list[int] | None = None
+        self._seen: set[int] = set()
+        self._per_class: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def add(self, index: int, target: int) -> bool:
+        if index in self._seen:
+            return False
+        self._seen.add(index)
+        self._per_class[target] = self._per_class.get(target, 0) + 1
+        if self.require_every_class:
+            self._check_class(target)
+        return True
+
+    def _check_class(self, target: int) -> None:
+        if self._sizes is None:
+            self._sizes = [0] * len(self.classes)
+            for t in self._targets:
+                self._sizes[t] += 1
+        if self._per_class[target] == self._sizes[target]:
+            name = self.classes[target]
+            raise DataError(
+                f"class {name!r} has no readable training image: all {self._sizes[target]} "
+                f"file(s) in {os.path.join(self.root, name)} are unreadable (named above in the "
+                f"log); replace them or remove the class folder from train/ and val/"
+            )
+
+
 class SkipCountingLoader(LoaderView):
     """A DataLoader whose batches are ``(images, labels)``; ``skipped`` counts bad files.
 
@@ -330,41 +381,24 @@ class SkipCountingLoader(LoaderView):
     def __init__(self, loader: DataLoader, *, require_every_class: bool = False) -> None:
         self.loader = loader
         self.require_every_class = require_every_class
-        self._unreadable: set[int] = set()
         self._unknown = 0  # skipped samples without a record (a dataset returning None)
-        self._bad_per_class: dict[int, int] = {}
-        self._class_sizes: list[int] | None = None
+        self._tally: UnreadableTally | None = None
 
     @property
     def skipped(self) -> int:
         """Distinct unreadable files seen by this process (each counted once)."""
-        return len(self._unreadable) + self._unknown
+        return (len(self._tally) if self._tally is not None else 0) + self._unknown
 
     def _record(self, skipped: Sequence[Unreadable | None]) -> None:
         for rec in skipped:
             if rec is None:
                 self._unknown += 1
                 continue
-            if rec.index in self._unreadable:
-                continue
-            self._unreadable.add(rec.index)
-            self._bad_per_class[rec.target] = self._bad_per_class.get(rec.target, 0) + 1
-            if self.require_every_class:
-                self._check_class(rec.target)
-
-    def _check_class(self, target: int) -> None:
-        dataset = self.loader.dataset
-        if self._class_sizes is None:
-            self._class_sizes = [0] * len(dataset.classes)
-            for t in dataset.targets:
-                self._class_sizes[t] += 1
-        if self._bad_per_class[target] == self._class_sizes[target]:
-            name = dataset.classes[target]
-            raise DataError(
-                f"class {name!r} has no readable training image: all {self._class_sizes[target]} "
-                f"file(s) in {os.path.join(dataset.root, name)} are unreadable (named above in the "
-                f"log); replace them or remove the class folder from train/ and val/"
-            )
+            if self._tally is None:
+                dataset = self.loader.dataset
+                self._tally = UnreadableTally(dataset.classes, dataset.targets, dataset.root,
+                                              require_every_class=self.require_every_class)
+            self._tally.add(rec.index, rec.target)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for images, labels, skipped in self._loader_pass():

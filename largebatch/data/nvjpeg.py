@@ -50,7 +50,9 @@ from largebatch.data.folder import (
     DataError,
     LoaderView,
     RobustImageFolder,
+    UnreadableTally,
     _check_same_classes,
+    decompression_bomb_limit,
     _split_folder,
     load_rgb,
 )
@@ -150,10 +152,17 @@ class EncodedSample(NamedTuple):
 
 
 class EncodedImageFolder(Dataset):
-    """``(path, label)`` samples read as :class:`EncodedSample`: bytes, no decode on the host."""
+    """``(path, label)`` samples read as :class:`EncodedSample`: bytes, no decode on the host.
 
-    def __init__(self, samples: Sequence[tuple[str, int]]) -> None:
+    ``classes`` and ``root`` are those of the ImageFolder the samples come from (the
+    unreadable-class rule names them); ``targets`` are the samples' labels.
+    """
+
+    def __init__(self, samples: Sequence[tuple[str, int]], classes: Sequence[str] = (), root: str = "") -> None:
         self.samples = list(samples)
+        self.targets = [label for _, label in self.samples]
+        self.classes = list(classes) or [str(c) for c in range(max(self.targets, default=-1) + 1)]
+        self.root = root
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -167,6 +176,13 @@ class EncodedImageFolder(Dataset):
             return EncodedSample(index, label, path, None, error=str(err))
         if not data:
             return EncodedSample(index, label, path, None, error="empty file")
+        frame = jpeg_frame(data) if data.startswith(b"\xff\xd8\xff") else None
+        limit = decompression_bomb_limit()
+        if frame is not None and limit is not None and frame[0] * frame[1] > limit:
+            # Pillow (the torchvision loader) refuses it at open; nvJPEG would decode it all
+            return EncodedSample(index, label, path, None,
+                                 error=f"its header says {frame[1]}x{frame[0]} = {frame[0] * frame[1]} pixels, "
+                                       f"over Pillow's decompression-bomb limit of {limit}")
         reason = cpu_decode_reason(data)
         if reason is None:
             return EncodedSample(index, label, path, torch.frombuffer(bytearray(data), dtype=torch.uint8))
@@ -264,10 +280,23 @@ class NvjpegLoader(LoaderView):
         self.dtype = dtype
         self.channels_last = channels_last
         self.epoch = 0
-        self.skipped = 0  # unreadable files skipped by this process since the loader was built
-        self.cpu_decoded = 0  # files decoded on the CPU because nvJPEG could not take them
+        dataset = loader.dataset
+        # unreadable files skipped by this process since the loader was built, each once
+        self._unreadable = UnreadableTally(dataset.classes, dataset.targets, dataset.root,
+                                           require_every_class=train)
+        self._cpu_decoded: set[int] = set()
         self._reported: set[str] = set()
         self._active: Optional[weakref.ref[Generator[tuple[torch.Tensor, torch.Tensor], None, None]]] = None
+
+    @property
+    def skipped(self) -> int:
+        """Distinct unreadable files met by this process (each counted once, over all epochs)."""
+        return len(self._unreadable)
+
+    @property
+    def cpu_decoded(self) -> int:
+        """Distinct files decoded on the CPU because nvJPEG could not take them."""
+        return len(self._cpu_decoded)
 
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
         """Use epoch ``epoch``'s shuffle and crops and skip its first ``skip_batches`` batches."""
@@ -319,11 +348,11 @@ class NvjpegLoader(LoaderView):
                     error = f"{reason}; Pillow: {err}"
             if error is not None:
                 self._report(s.path, "skipping unreadable image %s: %s", error)
-                self.skipped += 1
+                self._unreadable.add(s.index, s.label)  # raises for a class left without images
                 continue
             if reason is not None:
                 self._report(s.path, "decoding %s on the CPU: %s", reason)
-                self.cpu_decoded += 1
+                self._cpu_decoded.add(s.index)
                 if self.device.type == "cuda":
                     image = image.pin_memory()  # else the copy below waits for the device
                 image = image.to(self.device, non_blocking=True)
@@ -401,12 +430,14 @@ def build_nvjpeg_loaders(
         # Workers outlive a SIGTERM/SIGINT sent to the whole job until this process has saved.
         common.update(prefetch_factor=2, worker_init_fn=ignoring_stop_signals())
     train = DataLoader(
-        EncodedImageFolder(train_set.samples), batch_size=batch_size, drop_last=True,
+        EncodedImageFolder(train_set.samples, train_set.classes, train_set.root), batch_size=batch_size,
+        drop_last=True,
         sampler=ShardedSampler(len(train_set), rank=rank, world_size=world_size, batch_size=batch_size, seed=seed),
         **common,
     )
     val = DataLoader(
-        EncodedImageFolder(val_set.samples), batch_size=val_batch_size or batch_size, drop_last=False,
+        EncodedImageFolder(val_set.samples, val_set.classes, val_set.root),
+        batch_size=val_batch_size or batch_size, drop_last=False,
         sampler=ExactShardSampler(len(val_set), rank=rank, world_size=world_size), **common,
     )
     options: dict[str, Any] = dict(

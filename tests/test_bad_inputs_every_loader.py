@@ -1,0 +1,129 @@
+"""One table of bad inputs, run against every loader: the same files are skipped (each counted
+once over all epochs and workers), decoded, or refused with one line.
+
+Loaders: ``data.loader=torchvision`` (Pillow in workers), ``nvjpeg`` (bytes in workers,
+decode in the main process; here on the CPU) and ``dali`` (which reads the file lists the
+data check writes: a file the check leaves out is DALI's "skip"). Links that loop are in
+tests/test_data_links.py; they are refused by the same listing for all three.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from PIL import Image
+
+from largebatch.data.folder import DataError, build_loaders
+from largebatch.data.nvjpeg import build_nvjpeg_loaders
+from largebatch.data.synthetic import make_synthetic_imagenet
+
+EPOCHS = 3
+WORKERS = 2
+
+
+def _jpeg(mode: str = "RGB", size: tuple[int, int] = (40, 32)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", size, (90, 160, 30)).convert(mode).save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+def _bomb() -> bytes:
+    """A valid ~600-byte JPEG whose frame header claims 30000x30000 pixels."""
+    data = bytearray(_jpeg(size=(8, 8)))
+    i = 2
+    while data[i + 1] not in (0xC0, 0xC2):
+        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+    data[i + 5 : i + 9] = (30000).to_bytes(2, "big") * 2
+    return bytes(data)
+
+
+def _png() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 32), (10, 20, 30)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+# case -> (what to write into the first N training files, N, outcome)
+SKIPPED, DECODED = "skipped", "decoded"
+CASES: dict[str, tuple[Callable[[bytes], bytes], int, str]] = {
+    "truncated": (lambda good: good[: len(good) // 2], 2, SKIPPED),
+    "not-an-image": (lambda good: b"<html>404 Not Found</html>\n", 1, SKIPPED),
+    "empty-file": (lambda good: b"", 2, SKIPPED),
+    "decompression-bomb": (lambda good: _bomb(), 1, SKIPPED),
+    "png-named-jpeg": (lambda good: _png(), 1, DECODED),
+    "cmyk-jpeg": (lambda good: _jpeg("CMYK"), 1, DECODED),
+    "grayscale-jpeg": (lambda good: _jpeg("L"), 1, DECODED),
+}
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_synthetic_imagenet(tmp_path_factory.mktemp("bad") / "ds", num_classes=3, train_per_class=6,
+                                   val_per_class=2, image_size=32)
+
+
+@pytest.fixture
+def data(clean: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(clean, tmp_path / "ds"))
+
+
+def _train_files(root: Path) -> list[Path]:
+    return sorted((root / "train").rglob("*.JPEG"))
+
+
+def _epochs(loader) -> int:  # type: ignore[no-untyped-def]
+    seen = 0
+    for epoch in range(EPOCHS):
+        loader.set_epoch(epoch)
+        seen += sum(len(labels) for _, labels, *_ in loader)
+    return seen
+
+
+def _torchvision(root: Path) -> int:
+    train, _, _ = build_loaders(root, image_size=16, batch_size=3, workers=WORKERS)
+    _epochs(train)
+    return train.skipped
+
+
+def _nvjpeg(root: Path) -> int:
+    train, _, _ = build_nvjpeg_loaders(root, image_size=16, batch_size=3, workers=WORKERS, device="cpu")
+    _epochs(train)
+    return train.skipped
+
+
+def _dali(root: Path) -> int:
+    pytest.importorskip("nvidia.dali")
+    from largebatch.data.check import check_dataset, require_checked
+    from largebatch.data.dali import build_dali_loaders
+
+    report = check_dataset(root, workers=WORKERS, splits=("train", "val"))
+    lists = {split: require_checked(root, split) for split in ("train", "val")}
+    train, _, _ = build_dali_loaders(root, image_size=16, batch_size=3, workers=1, file_list=lists)
+    _epochs(train)
+    return len([p for p in report.problems if p.fatal])
+
+
+LOADERS = {"torchvision": _torchvision, "nvjpeg": _nvjpeg, "dali": _dali}
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+@pytest.mark.parametrize("case", CASES)
+def test_every_loader_treats_a_bad_file_alike(data: Path, case: str, loader: str) -> None:
+    make, count, outcome = CASES[case]
+    for path in _train_files(data)[:count]:
+        path.write_bytes(make(path.read_bytes()))
+    skipped = LOADERS[loader](data)
+    assert skipped == (count if outcome == SKIPPED else 0), f"{case} on {loader}: {skipped} skipped"
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+def test_every_loader_refuses_a_class_without_one_readable_image(data: Path, loader: str) -> None:
+    victim = sorted(p for p in (data / "train").iterdir() if p.is_dir())[1]
+    for path in victim.glob("*.JPEG"):
+        path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(DataError, match=f"^class '{victim.name}' has no readable training image: "):
+        LOADERS[loader](data)
