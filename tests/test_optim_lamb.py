@@ -117,6 +117,36 @@ def test_matches_timm_lamb_without_its_gradient_clipping() -> None:
 
 
 @BOTH_PATHS
+def test_trust_clip_matches_timm_lambc(foreach: bool) -> None:
+    """``trust_clip=True`` is timm's LAMBC (``Lamb(trust_clip=True)``, ratio capped at 1), here with timm's
+    gradient clipping off; the cap changes the result, so it is exercised."""
+    ours = _train(lambda g: LAMB(g, lr=0.01, trust_clip=True, foreach=foreach))
+    theirs = _train(lambda g: timm.optim.Lamb(g, lr=0.01, trust_clip=True, max_grad_norm=None))
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    unclipped = _train(lambda g: LAMB(g, lr=0.01, foreach=foreach))
+    assert not torch.allclose(ours[0], unclipped[0])
+
+
+@BOTH_PATHS
+@pytest.mark.parametrize("weight_decay", [0.0, 0.5])
+def test_trust_clip_caps_the_ratio_at_one(foreach: bool, weight_decay: float) -> None:
+    """||w|| = 50 against a first Adam step of norm about sqrt(2): ratio about 35 unclipped, 1 clipped, so
+    the step is lr * u exactly; a ratio below 1 is left alone."""
+    lr, eps = 0.1, 1e-6
+    big = _param([30.0, 40.0], [0.5, -2.0])
+    small = _param([0.003, 0.004], [0.5, -2.0])  # ||w|| = 0.005: ratio well below 1, unchanged by the cap
+    opt = LAMB([big, small], lr=lr, eps=eps, weight_decay=weight_decay, trust_clip=True, foreach=foreach)
+    opt.step()
+    # first step: m_hat = g, v_hat = g * g, so the Adam direction is g / (|g| + eps)
+    for p, w in ((big, [30.0, 40.0]), (small, [0.003, 0.004])):
+        u = [gi / (abs(gi) + eps) + weight_decay * wi for gi, wi in zip([0.5, -2.0], w)]
+        ratio = min(_norm(w) / _norm(u), 1.0)
+        want = [wi - lr * ratio * ui for wi, ui in zip(w, u)]
+        torch.testing.assert_close(p.detach(), torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+
+
+@BOTH_PATHS
 def test_excluded_group_is_plain_adam(foreach: bool) -> None:
     """Excluded tensors see neither decay (even with a group weight_decay) nor the trust ratio."""
 
@@ -227,10 +257,11 @@ def test_invalid_arguments_raise(kwargs: dict, message: str) -> None:
 def test_setstate_backfills_new_defaults() -> None:
     opt = LAMB([torch.nn.Parameter(torch.ones(2))])
     state = copy.deepcopy(opt.__getstate__())
-    for key in ("lars_exclude", "foreach"):
+    for key in ("trust_clip", "lars_exclude", "foreach"):
         del state["param_groups"][0][key]
     opt.__setstate__(state)
-    assert (opt.param_groups[0]["lars_exclude"], opt.param_groups[0]["foreach"]) == (False, None)
+    group = opt.param_groups[0]
+    assert (group["trust_clip"], group["lars_exclude"], group["foreach"]) == (False, False, None)
 
 
 @pytest.mark.gpu

@@ -2,9 +2,10 @@
 
 Based on You et al. 2019, "Large Batch Optimization for Deep Learning: Training BERT in 76 minutes"
 (arXiv 1904.00962), Algorithm 2: Adam moments with bias correction, weight decay added to the Adam
-direction (decoupled from the moments, as in AdamW), and a per-tensor trust ratio ``||w|| / ||update||``.
-Unlike timm's ``Lamb`` and apex's ``FusedLAMB`` there is no gradient clipping inside the optimizer: clip
-in the training loop if you want it, once.
+direction (decoupled from the moments, as in AdamW), and a per-tensor trust ratio ``||w|| / ||update||``;
+``trust_clip=True`` caps the ratio at 1 (LAMBC, timm's ``lambc``). Unlike timm's ``Lamb`` and apex's
+``FusedLAMB`` there is no gradient clipping inside the optimizer: clip in the training loop if you want
+it, once.
 
 Two implementations of the same update, chosen by ``foreach``:
 
@@ -26,6 +27,7 @@ from torch.optim import Optimizer
 
 from largebatch.errors import UsageError
 from .lars import _sq_norm, _stacked, _use_foreach
+from .timm_names import LAMB_TIMM_NAMES, from_timm_names
 
 __all__ = ["LAMB", "lamb"]
 
@@ -41,7 +43,9 @@ class LAMB(Optimizer):
         m = beta1 * m + (1 - beta1) * g
         v = beta2 * v + (1 - beta2) * g * g
         u = (m / (1 - beta1 ** t)) / (sqrt(v / (1 - beta2 ** t)) + eps) + weight_decay * w
-        w = w - lr * (||w|| / ||u||) * u                  (ratio 1 if ||w|| or ||u|| is 0)
+        ratio = ||w|| / ||u||                              (1 if ||w|| or ||u|| is 0)
+        ratio = min(ratio, 1)                              (only with trust_clip: LAMBC)
+        w = w - lr * ratio * u
 
     A complex parameter is optimised as its real view (``torch.view_as_real``), as torch's Adam does: its
     real and imaginary parts are separate coordinates of ``m``, ``v`` and the norms.
@@ -58,8 +62,12 @@ class LAMB(Optimizer):
         betas: coefficients of the running averages of the gradient and its square (default: (0.9, 0.999)).
         eps: added to the denominator of the Adam direction (default: 1e-6).
         weight_decay: decoupled weight decay, added to the Adam direction (default: 0.01).
+        trust_clip: LAMBC, the trust ratio capped at 1 (timm's ``trust_clip``) (default: False).
         foreach: True for the multi-tensor path, False for the per-tensor path, None to pick the faster for
             the device (multi-tensor off CPU, per-tensor on CPU) (default: None).
+        **timm_options: timm's ``Lamb`` names with our meaning, here and in param groups:
+            ``always_adapt=True``, ``max_grad_norm=None``, ``bias_correction=True`` (what ours does); other
+            values are refused with what to use instead (see :mod:`largebatch.optim.timm_names`).
     """
 
     def __init__(
@@ -70,13 +78,19 @@ class LAMB(Optimizer):
         eps: float = 1e-6,
         weight_decay: float = 0.01,
         *,
+        trust_clip: bool = False,
         foreach: Optional[bool] = None,
+        **timm_options: Any,
     ) -> None:
+        unknown = sorted(from_timm_names(timm_options, LAMB_TIMM_NAMES, cls="LAMB", where="LAMB"))
+        if unknown:
+            raise TypeError(f"LAMB got unexpected keyword argument(s) {', '.join(map(repr, unknown))}")
         defaults = dict(
             lr=lr,
             betas=tuple(betas),
             eps=eps,
             weight_decay=weight_decay,
+            trust_clip=trust_clip,
             lars_exclude=False,
             foreach=foreach,
         )
@@ -86,13 +100,16 @@ class LAMB(Optimizer):
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         # validate the group as it will be (defaults filled in) before torch appends it: a group that
         # raises must not stay in param_groups
+        where = f"LAMB param group {len(self.param_groups)}"
+        param_group = from_timm_names(param_group, LAMB_TIMM_NAMES, cls="LAMB", where=where)
         group = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
-        _check_lamb_group(group, where=f"LAMB param group {len(self.param_groups)}")
+        _check_lamb_group(group, where=where)
         super().add_param_group(param_group)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         for group in self.param_groups:  # checkpoints written before an option existed
+            group.setdefault("trust_clip", False)
             group.setdefault("lars_exclude", False)
             group.setdefault("foreach", None)
         for p, state in self.state.items():
@@ -155,6 +172,7 @@ class LAMB(Optimizer):
                 beta2=beta2,
                 eps=group["eps"],
                 weight_decay=group["weight_decay"],
+                trust_clip=group["trust_clip"],
                 exclude=group["lars_exclude"],
                 foreach=group["foreach"],
             )
@@ -174,6 +192,7 @@ def lamb(
     eps: float,
     weight_decay: float,
     exclude: bool,
+    trust_clip: bool = False,
     foreach: Optional[bool] = None,
 ) -> None:
     """Functional LAMB update of one parameter group, in place; see :class:`LAMB` for the rule.
@@ -194,6 +213,7 @@ def lamb(
         beta2=beta2,
         eps=eps,
         weight_decay=weight_decay,
+        trust_clip=trust_clip,
         exclude=exclude,
     )
 
@@ -237,13 +257,17 @@ def _bias_corrections(
     return scales, eps_ts, neg_steps
 
 
-def _lamb_step_size(w_sq: Tensor, u_sq: Tensor, lr: float, unit: float | Tensor) -> Tensor:
-    """-lr * trust ratio, for an update stored as ``u_stored`` with ``u = unit * u_stored``.
+def _lamb_step_size(w_sq: Tensor, u_sq: Tensor, lr: float, unit: float | Tensor, trust_clip: bool) -> Tensor:
+    """-lr * trust ratio * unit, for an update stored as ``u_stored`` with ``u = unit * u_stored`` (unit > 0).
 
     ratio = ||w|| / ||u|| applied to u equals sqrt(w_sq / u_sq) applied to u_stored (``unit`` cancels);
-    where a norm is 0 the ratio is 1 and the step is -lr * unit on u_stored.
+    LAMBC's min(ratio, 1) is then min(sqrt(w_sq / u_sq), unit). Where a norm is 0 the ratio is 1 and the
+    step is -lr * unit on u_stored.
     """
-    return torch.where(torch.minimum(w_sq, u_sq) > 0, torch.sqrt(w_sq / u_sq) * -lr, -lr * unit)
+    ratio_unit = torch.sqrt(w_sq / u_sq)
+    if trust_clip:
+        ratio_unit = torch.clamp(ratio_unit, max=unit)
+    return torch.where(torch.minimum(w_sq, u_sq) > 0, ratio_unit * -lr, -lr * unit)
 
 
 def _single_tensor_lamb(
@@ -259,6 +283,7 @@ def _single_tensor_lamb(
     eps: float,
     weight_decay: float,
     exclude: bool,
+    trust_clip: bool,
 ) -> None:
     scales, eps_ts, neg_steps = _bias_corrections(steps, beta1, beta2, eps, lr)
     for p, g, m, v, scale, eps_t, neg_step in zip(params, grads, exp_avgs, exp_avg_sqs, scales, eps_ts, neg_steps):
@@ -278,7 +303,7 @@ def _single_tensor_lamb(
         else:
             u = torch.div(m, denom.add_(eps_t), out=denom)
             unit = scale
-        p.addcmul_(u, _lamb_step_size(_sq_norm(p), _sq_norm(u), lr, unit))
+        p.addcmul_(u, _lamb_step_size(_sq_norm(p), _sq_norm(u), lr, unit, trust_clip))
 
 
 def _multi_tensor_lamb(
@@ -294,6 +319,7 @@ def _multi_tensor_lamb(
     eps: float,
     weight_decay: float,
     exclude: bool,
+    trust_clip: bool,
 ) -> None:
     scales, eps_ts, neg_steps = _bias_corrections(steps, beta1, beta2, eps, lr)
     torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
@@ -312,7 +338,7 @@ def _multi_tensor_lamb(
         torch._foreach_add_(updates, params, alpha=weight_decay)
 
     def step_size_fn(w_norm: Tensor, u_norm: Tensor) -> list[Tensor]:
-        return [_lamb_step_size(w_norm.square(), u_norm.square(), lr, 1.0)]
+        return [_lamb_step_size(w_norm.square(), u_norm.square(), lr, 1.0, trust_clip)]
 
     (step_sizes,) = _stacked(step_size_fn, torch._foreach_norm(params), torch._foreach_norm(updates))
     torch._foreach_addcmul_(params, updates, step_sizes)

@@ -25,8 +25,11 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from largebatch.errors import UsageError
+from .timm_names import LARS_TIMM_NAMES, from_timm_names
 
 __all__ = ["LARS", "lars"]
+
+_TRUST_COEFFICIENT = 0.001
 
 
 class LARS(Optimizer):
@@ -61,6 +64,9 @@ class LARS(Optimizer):
         trust_clip: LARC clipping, ratio replaced by min(ratio / lr, 1) (default: False).
         foreach: True for the multi-tensor path, False for the per-tensor path, None to pick the faster for
             the device (multi-tensor off CPU, per-tensor on CPU) (default: None).
+        **timm_options: timm's ``Lars`` names, here and in param groups: ``trust_coeff`` (our
+            ``trust_coefficient``), ``always_adapt=True`` and ``dampening=0`` (what ours does); other values
+            are refused with what to use instead (see :mod:`largebatch.optim.timm_names`).
     """
 
     def __init__(
@@ -71,17 +77,23 @@ class LARS(Optimizer):
         weight_decay: float = 0.0,
         *,
         nesterov: bool = False,
-        trust_coefficient: float = 0.001,
+        trust_coefficient: Optional[float] = None,
         eps: float = 1e-8,
         trust_clip: bool = False,
         foreach: Optional[bool] = None,
+        **timm_options: Any,
     ) -> None:
+        ours = {} if trust_coefficient is None else {"trust_coefficient": trust_coefficient}
+        options = from_timm_names({**timm_options, **ours}, LARS_TIMM_NAMES, cls="LARS", where="LARS")
+        unknown = sorted(set(options) - {"trust_coefficient"})
+        if unknown:
+            raise TypeError(f"LARS got unexpected keyword argument(s) {', '.join(map(repr, unknown))}")
         defaults = dict(
             lr=lr,
             momentum=momentum,
             weight_decay=weight_decay,
             nesterov=nesterov,
-            trust_coefficient=trust_coefficient,
+            trust_coefficient=options.get("trust_coefficient", _TRUST_COEFFICIENT),
             eps=eps,
             trust_clip=trust_clip,
             lars_exclude=False,
@@ -93,15 +105,17 @@ class LARS(Optimizer):
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         # validate the group as it will be (defaults filled in) before torch appends it: a group that
         # raises must not stay in param_groups
+        where = f"LARS param group {len(self.param_groups)}"
+        param_group = from_timm_names(param_group, LARS_TIMM_NAMES, cls="LARS", where=where)
         group = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
-        _check_lars_group(group, where=f"LARS param group {len(self.param_groups)}")
+        _check_lars_group(group, where=where)
         super().add_param_group(param_group)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         for group in self.param_groups:  # checkpoints written before an option existed
             group.setdefault("nesterov", False)
-            group.setdefault("trust_coefficient", 0.001)
+            group.setdefault("trust_coefficient", _TRUST_COEFFICIENT)
             group.setdefault("eps", 1e-8)
             group.setdefault("trust_clip", False)
             group.setdefault("lars_exclude", False)
