@@ -19,7 +19,7 @@ from largebatch.data.background import in_background
 from largebatch.data.folder import build_loaders
 from largebatch.data.nvjpeg import build_nvjpeg_loaders, cpu_decode_reason, jpeg_frame
 from largebatch.data.synthetic import make_synthetic_imagenet
-from largebatch.data.tensor_augment import centre_crop_box, random_resized_crop_box, sample_rng
+from largebatch.data.augment import centre_crop_box, random_resized_crop_box, sample_rng
 from largebatch.errors import DataError
 
 SMALL = dict(num_classes=3, train_per_class=8, val_per_class=3, image_size=40)

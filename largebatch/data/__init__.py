@@ -7,11 +7,11 @@ A map of the package; importing it loads no module of the package (nor torch), s
 module                 what it holds
 =====================  =================================================================
 ``build``              the pipeline of a run: where the data is, which loader reads it
-``folder``             the torchvision loader (``build_loaders``), its transforms,
+``folder``             the torchvision loader (``build_loaders``),
                        ``RobustImageFolder`` and ``SkipCountingLoader``
 ``nvjpeg``             workers read bytes, torchvision's nvJPEG decodes on the GPU
 ``dali``               NVIDIA DALI: image folders, file lists or packed shards
-``tensor_augment``     the ImageNet augmentation as tensor ops (nvjpeg's)
+``augment``            the ImageNet augmentation: PIL transforms and tensor ops, one recipe
 ``samplers``           ``ShardedSampler`` (training), ``ExactShardSampler`` (evaluation)
 ``background``         an iterator run a few items ahead in a thread
 ``worker_signals``     loader workers outlive a group SIGTERM/SIGINT
@@ -33,14 +33,14 @@ from typing import Any
 
 # name -> the module under largebatch.data that defines it
 _EXPORTS = {
-    "IMAGENET_DEFAULT_MEAN": "folder",
-    "IMAGENET_DEFAULT_STD": "folder",
+    "IMAGENET_DEFAULT_MEAN": "augment",
+    "IMAGENET_DEFAULT_STD": "augment",
     "DataError": "folder",
     "RobustImageFolder": "folder",
     "SkipCountingLoader": "folder",
     "build_loaders": "folder",
-    "build_train_transform": "folder",
-    "build_val_transform": "folder",
+    "build_train_transform": "augment",
+    "build_val_transform": "augment",
     "ExactShardSampler": "samplers",
     "ShardedSampler": "samplers",
     "default_dataset_root": "synthetic",

@@ -46,7 +46,14 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from largebatch.data.folder import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, DataError, list_class_images
+from largebatch.data.augment import (
+    IMAGENET_DEFAULT_MEAN,
+    IMAGENET_DEFAULT_STD,
+    TRAIN_CROP_RATIO,
+    TRAIN_CROP_SCALE,
+    VAL_CROP_RATIO,
+)
+from largebatch.data.folder import DataError, list_class_images
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
 from largebatch.errors import UsageError
 
@@ -63,7 +70,7 @@ __all__ = [
     "require_dali",
 ]
 
-TRAIN_ASPECT_RATIO = (3 / 4, 4 / 3)  # torchvision RandomResizedCrop's default ratio
+TRAIN_ASPECT_RATIO = TRAIN_CROP_RATIO  # the name tests and older callers use
 # Share of JPEGs sent to the hardware decoder (A100/H100 NVJPG engines); the rest go to the
 # CUDA nvJPEG decoder. NVIDIA's ResNet-50 example uses 0.65 on A100; see the benchmark.
 DEFAULT_HW_DECODER_LOAD = 0.65
@@ -106,8 +113,8 @@ def decode_random_crop(
     encoded: Any,
     *,
     gpu: bool,
-    crop_scale: Sequence[float] = (0.08, 1.0),
-    crop_ratio: Sequence[float] = TRAIN_ASPECT_RATIO,
+    crop_scale: Sequence[float] = TRAIN_CROP_SCALE,
+    crop_ratio: Sequence[float] = TRAIN_CROP_RATIO,
     hw_decoder_load: float = DEFAULT_HW_DECODER_LOAD,
 ) -> Any:
     """Decode a random crop of each encoded image, as torchvision's RandomResizedCrop picks it.
@@ -438,8 +445,8 @@ def build_dali_loaders(
     rank: int = 0,
     world_size: int = 1,
     seed: int = 0,
-    crop_scale: Sequence[float] = (0.08, 1.0),
-    val_crop_ratio: float = 0.875,
+    crop_scale: Sequence[float] = TRAIN_CROP_SCALE,
+    val_crop_ratio: float = VAL_CROP_RATIO,
     device_id: int | None = None,
     layout: str = "NCHW",
     dtype: torch.dtype = torch.float32,
@@ -669,8 +676,8 @@ def build_dali_shard_loaders(
     rank: int = 0,
     world_size: int = 1,
     seed: int = 0,
-    crop_scale: Sequence[float] = (0.08, 1.0),
-    val_crop_ratio: float = 0.875,
+    crop_scale: Sequence[float] = TRAIN_CROP_SCALE,
+    val_crop_ratio: float = VAL_CROP_RATIO,
     device_id: int | None = None,
     layout: str = "NCHW",
     dtype: torch.dtype = torch.float32,

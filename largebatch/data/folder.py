@@ -1,8 +1,9 @@
 """The torchvision input pipeline: ImageFolder trees (ImageNet or the embedded set) to batches.
 
-Training augmentation is the standard ImageNet recipe (RandomResizedCrop + horizontal flip,
-as in Goyal et al. 2017 and the torchvision references); evaluation resizes the shorter side
-to ``image_size / crop_ratio`` and takes the centre crop (0.875: 256 -> 224).
+Augmentation is the standard ImageNet recipe of :mod:`largebatch.data.augment` as PIL
+transforms in the workers (RandomResizedCrop + horizontal flip, as in Goyal et al. 2017 and
+the torchvision references; evaluation resizes the shorter side to ``image_size /
+crop_ratio`` and takes the centre crop, 0.875: 256 -> 224).
 
 Batch contract of :func:`build_loaders`:
 
@@ -40,8 +41,16 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
-from torchvision.transforms import v2
 
+from largebatch.data.augment import (  # noqa: F401  (re-exported: tests and monkeypatches use folder's names)
+    IMAGENET_DEFAULT_MEAN,
+    IMAGENET_DEFAULT_STD,
+    TRAIN_CROP_RATIO,
+    TRAIN_CROP_SCALE,
+    VAL_CROP_RATIO,
+    build_train_transform,
+    build_val_transform,
+)
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler, sample_seed
 from largebatch.data.worker_signals import ignoring_stop_signals, stop_signals_blocked
 from largebatch.errors import DataError, UsageError
@@ -65,53 +74,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-# The same values as timm.data.IMAGENET_DEFAULT_MEAN/STD (not imported: timm is heavy).
-IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
-
-
-# ---------------------------------------------------------------------------------------
-# transforms
-
-
-def build_train_transform(
-    image_size: int,
-    *,
-    scale: Sequence[float] = (0.08, 1.0),
-    ratio: Sequence[float] = (3 / 4, 4 / 3),
-    hflip: float = 0.5,
-    mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
-    std: Sequence[float] = IMAGENET_DEFAULT_STD,
-) -> v2.Compose:
-    """RandomResizedCrop to ``image_size`` + horizontal flip (probability ``hflip``) + normalise."""
-    steps: list[Callable] = [
-        v2.RandomResizedCrop(image_size, scale=tuple(scale), ratio=tuple(ratio), antialias=True)
-    ]
-    if hflip > 0:
-        steps.append(v2.RandomHorizontalFlip(hflip))
-    steps += [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
-    return v2.Compose(steps)
-
-
-def build_val_transform(
-    image_size: int,
-    *,
-    crop_ratio: float = 0.875,
-    mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
-    std: Sequence[float] = IMAGENET_DEFAULT_STD,
-) -> v2.Compose:
-    """Resize the shorter side to ``image_size / crop_ratio``, centre-crop ``image_size``."""
-    if not 0 < crop_ratio <= 1:
-        raise UsageError(f"crop_ratio must be in (0, 1], got {crop_ratio}")
-    return v2.Compose([
-        v2.Resize(round(image_size / crop_ratio), antialias=True),
-        v2.CenterCrop(image_size),
-        v2.PILToTensor(),
-        v2.ToDtype(torch.float32, scale=True),
-        v2.Normalize(mean, std),
-    ])
-
 
 # ---------------------------------------------------------------------------------------
 # data set
@@ -439,8 +401,8 @@ def build_loaders(
     rank: int = 0,
     world_size: int = 1,
     seed: int = 0,
-    crop_scale: Sequence[float] = (0.08, 1.0),
-    val_crop_ratio: float = 0.875,
+    crop_scale: Sequence[float] = TRAIN_CROP_SCALE,
+    val_crop_ratio: float = VAL_CROP_RATIO,
     pin_memory: bool = False,
     val_batch_size: int | None = None,
 ) -> tuple[SkipCountingLoader, SkipCountingLoader, int]:

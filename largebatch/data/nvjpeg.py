@@ -6,7 +6,7 @@ batch on ``device`` with ``torchvision.io.decode_jpeg(list_of_byte_tensors, devi
 so the host CPUs no longer limit the input rate (Ying et al. 2018, sec. 4: the input pipeline
 is what limits accelerators at large batch).
 
-Augmentation (:mod:`largebatch.data.tensor_augment`) is the recipe of
+Augmentation (:mod:`largebatch.data.augment`, tensor ops) is the recipe of
 :mod:`largebatch.data.folder`: training takes a random-resized crop (area ``crop_scale``,
 aspect ratio 3/4..4/3, torchvision's sampling rule), a horizontal flip with probability 1/2
 and the ImageNet mean/std; evaluation resizes the shorter side to ``image_size /
@@ -45,8 +45,6 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from largebatch.data.folder import (
-    IMAGENET_DEFAULT_MEAN,
-    IMAGENET_DEFAULT_STD,
     DataError,
     LoaderView,
     RobustImageFolder,
@@ -58,7 +56,15 @@ from largebatch.data.folder import (
 )
 from largebatch.data.background import in_background
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
-from largebatch.data.tensor_augment import augment_batch, normalise
+from largebatch.data.augment import (
+    IMAGENET_DEFAULT_MEAN,
+    IMAGENET_DEFAULT_STD,
+    TRAIN_CROP_RATIO,
+    TRAIN_CROP_SCALE,
+    VAL_CROP_RATIO,
+    augment_batch,
+    normalise,
+)
 from largebatch.data.worker_signals import ignoring_stop_signals
 
 __all__ = [
@@ -396,8 +402,8 @@ def build_nvjpeg_loaders(
     rank: int = 0,
     world_size: int = 1,
     seed: int = 0,
-    crop_scale: Sequence[float] = (0.08, 1.0),
-    val_crop_ratio: float = 0.875,
+    crop_scale: Sequence[float] = TRAIN_CROP_SCALE,
+    val_crop_ratio: float = VAL_CROP_RATIO,
     pin_memory: bool = False,
     val_batch_size: int | None = None,
     prefetch_batches: int = 1,
@@ -442,7 +448,7 @@ def build_nvjpeg_loaders(
     )
     options: dict[str, Any] = dict(
         device=torch.device(device), image_size=image_size, seed=seed, crop_scale=crop_scale,
-        crop_ratio=(3 / 4, 4 / 3), hflip=0.5, val_crop_ratio=val_crop_ratio, mean=IMAGENET_DEFAULT_MEAN,
+        crop_ratio=TRAIN_CROP_RATIO, hflip=0.5, val_crop_ratio=val_crop_ratio, mean=IMAGENET_DEFAULT_MEAN,
         std=IMAGENET_DEFAULT_STD, dtype=dtype, channels_last=channels_last, prefetch_batches=prefetch_batches,
     )
     return NvjpegLoader(train, train=True, **options), NvjpegLoader(val, train=False, **options), len(train_set.classes)

@@ -41,7 +41,7 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 
     SplitMix64 chained over the three (a few microseconds; numpy's SeedSequence costs ~60).
     Both loaders key their augmentation on it: the torchvision data set seeds torch's CPU
-    generator with it, the nvjpeg path a :class:`random.Random` (``tensor_augment.sample_rng``).
+    generator with it, the nvjpeg path a :class:`random.Random` (``augment.sample_rng``).
     """
     h = _splitmix64(seed & _MASK64)
     h = _splitmix64(h ^ (epoch & _MASK64))

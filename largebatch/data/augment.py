@@ -1,11 +1,20 @@
-"""ImageNet augmentation as tensor ops on any device, one generator per sample.
+"""The ImageNet augmentation recipe, twice side by side: PIL transforms and tensor ops.
 
-The recipe of :mod:`largebatch.data.folder` (torchvision's ``RandomResizedCrop`` sampling
-rule, horizontal flip, ``Resize`` + ``CenterCrop`` for evaluation, ImageNet mean/std), applied
-to decoded uint8 ``(3, H, W)`` images of different sizes where they lie (a GPU after nvJPEG).
-Crop and flip parameters are drawn on the host from :func:`sample_rng` ``(seed, epoch,
-index)``, so a batch does not depend on how many workers made it or on where a run was
-stopped; the pixels are then cut and resized on the images' device.
+One recipe, its constants written once below (timm's and torchvision's defaults):
+
+* training: a random-resized crop of area ``TRAIN_CROP_SCALE`` (``data.crop_scale``) and aspect
+  ratio ``TRAIN_CROP_RATIO`` (torchvision's ``RandomResizedCrop`` sampling rule), a horizontal
+  flip with probability 1/2, the ImageNet mean/std;
+* evaluation: the shorter side resized to ``image_size / VAL_CROP_RATIO`` (0.875: 256 -> 224)
+  and the centre ``image_size`` square.
+
+:func:`build_train_transform` / :func:`build_val_transform` apply it to PIL images in loader
+workers (``data.loader=torchvision``); :func:`augment_batch` and :func:`normalise` to decoded
+uint8 ``(3, H, W)`` tensors of different sizes where they lie (a GPU after nvJPEG). There the
+crop and flip are drawn on the host from :func:`sample_rng` ``(seed, epoch, index)``, so a
+batch does not depend on how many workers made it or where a run was stopped; the pixels are
+cut and resized on the images' device. DALI builds the same recipe as a graph of its own
+operators (``largebatch.data.dali``) from these constants.
 """
 
 from __future__ import annotations
@@ -13,14 +22,83 @@ from __future__ import annotations
 import functools
 import math
 import random
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+from torchvision.transforms import v2
 
 from largebatch.data.samplers import sample_seed
+from largebatch.errors import UsageError
 
-__all__ = ["augment_batch", "centre_crop_box", "normalise", "random_resized_crop_box", "sample_rng"]
+__all__ = [
+    "IMAGENET_DEFAULT_MEAN",
+    "IMAGENET_DEFAULT_STD",
+    "TRAIN_CROP_RATIO",
+    "TRAIN_CROP_SCALE",
+    "VAL_CROP_RATIO",
+    "augment_batch",
+    "build_train_transform",
+    "build_val_transform",
+    "centre_crop_box",
+    "normalise",
+    "random_resized_crop_box",
+    "sample_rng",
+]
+
+# The same values as timm.data.IMAGENET_DEFAULT_MEAN/STD (not imported: timm is heavy).
+IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
+TRAIN_CROP_SCALE = (0.08, 1.0)  # area fraction of a training crop (data.crop_scale's default)
+TRAIN_CROP_RATIO = (3 / 4, 4 / 3)  # aspect ratio of a training crop (RandomResizedCrop's default)
+VAL_CROP_RATIO = 0.875  # evaluation: centre crop of the image resized to image_size / 0.875
+
+
+# ---------------------------------------------------------------------------------------
+# PIL images, in loader workers (data.loader=torchvision)
+
+
+def build_train_transform(
+    image_size: int,
+    *,
+    scale: Sequence[float] = TRAIN_CROP_SCALE,
+    ratio: Sequence[float] = TRAIN_CROP_RATIO,
+    hflip: float = 0.5,
+    mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
+    std: Sequence[float] = IMAGENET_DEFAULT_STD,
+) -> v2.Compose:
+    """RandomResizedCrop to ``image_size`` + horizontal flip (probability ``hflip``) + normalise."""
+    steps: list[Callable] = [
+        v2.RandomResizedCrop(image_size, scale=tuple(scale), ratio=tuple(ratio), antialias=True)
+    ]
+    if hflip > 0:
+        steps.append(v2.RandomHorizontalFlip(hflip))
+    steps += [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
+    return v2.Compose(steps)
+
+
+def build_val_transform(
+    image_size: int,
+    *,
+    crop_ratio: float = VAL_CROP_RATIO,
+    mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
+    std: Sequence[float] = IMAGENET_DEFAULT_STD,
+) -> v2.Compose:
+    """Resize the shorter side to ``image_size / crop_ratio``, centre-crop ``image_size``."""
+    if not 0 < crop_ratio <= 1:
+        raise UsageError(f"crop_ratio must be in (0, 1], got {crop_ratio}")
+    return v2.Compose([
+        v2.Resize(round(image_size / crop_ratio), antialias=True),
+        v2.CenterCrop(image_size),
+        v2.PILToTensor(),
+        v2.ToDtype(torch.float32, scale=True),
+        v2.Normalize(mean, std),
+    ])
+
+
+# ---------------------------------------------------------------------------------------
+# tensors, where they lie (data.loader=nvjpeg)
+
 
 
 def sample_rng(seed: int, epoch: int, index: int) -> random.Random:
@@ -77,10 +155,10 @@ def augment_batch(
     size: int,
     epoch: int = 0,
     seed: int = 0,
-    crop_scale: Sequence[float] = (0.08, 1.0),
-    crop_ratio: Sequence[float] = (3 / 4, 4 / 3),
+    crop_scale: Sequence[float] = TRAIN_CROP_SCALE,
+    crop_ratio: Sequence[float] = TRAIN_CROP_RATIO,
     hflip: float = 0.5,
-    val_crop_ratio: float = 0.875,
+    val_crop_ratio: float = VAL_CROP_RATIO,
 ) -> torch.Tensor:
     """Crop and resize each image to ``size`` x ``size``: float32 ``(N, 3, size, size)``, 0..255.
 
