@@ -18,7 +18,7 @@ from typing import Callable
 
 import pytest
 
-from largebatch.data.dali import list_image_folder
+from largebatch.data.images import list_split
 from largebatch.data.folder import build_loaders
 from largebatch.data.nvjpeg import build_nvjpeg_loaders
 from largebatch.data.synthetic import make_synthetic_imagenet
@@ -39,7 +39,7 @@ def _nvjpeg(root: Path) -> int:
 
 
 def _dali_listing(root: Path) -> int:  # what the DALI loaders and largebatch-check-data read
-    return len(list_image_folder(root / "train")[1])
+    return len(list_split(root, "train")[1])
 
 
 LISTINGS: dict[str, Callable[[Path], int]] = {"torchvision": _torchvision, "nvjpeg": _nvjpeg,

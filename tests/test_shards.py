@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from largebatch.data.check import check_dataset, require_checked
-from largebatch.data.dali import read_file_list
+from largebatch.data.images import read_file_list
 from largebatch.data.shards import iter_shard_samples, make_shards
 from largebatch.data.synthetic import make_synthetic_imagenet
 from largebatch.tools.make_shards import main

@@ -36,8 +36,8 @@ from typing import NamedTuple, Sequence
 
 from PIL import Image
 
-from largebatch.data.dali import list_image_folder
-from largebatch.data.folder import DataError
+from largebatch.data.images import list_split
+from largebatch.errors import DataError
 
 __all__ = [
     "KINDS",
@@ -278,7 +278,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _split_entries(root: Path, split: str) -> tuple[list[str], list[str], list[int]]:
-    classes, paths, labels = list_image_folder(root / split)
+    classes, paths, labels = list_split(root, split)
     return classes, paths, labels
 
 

@@ -53,9 +53,9 @@ from largebatch.data.augment import (
     TRAIN_CROP_SCALE,
     VAL_CROP_RATIO,
 )
-from largebatch.data.folder import DataError, list_class_images
+from largebatch.data.images import list_split, read_file_list
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
-from largebatch.errors import UsageError
+from largebatch.errors import DataError, UsageError
 
 __all__ = [
     "DEFAULT_HW_DECODER_LOAD",
@@ -65,8 +65,6 @@ __all__ = [
     "build_dali_shard_loaders",
     "dali_available",
     "decode_random_crop",
-    "list_image_folder",
-    "read_file_list",
     "require_dali",
 ]
 
@@ -180,38 +178,6 @@ def _val_images(encoded: Any, *, gpu: bool, image_size: int, val_crop_ratio: flo
 
 # ---------------------------------------------------------------------------------------
 # sample lists
-
-
-def list_image_folder(split_dir: str | os.PathLike) -> tuple[list[str], list[str], list[int]]:
-    """``(classes, paths, labels)`` of an ImageFolder tree, in torchvision's order and labels."""
-    from torchvision.datasets.folder import find_classes
-
-    split_dir = os.fspath(split_dir)
-    if not os.path.isdir(split_dir):
-        raise DataError(f"data folder {split_dir} does not exist: expected "
-                        f"{split_dir}/<class>/*.JPEG")
-    try:
-        classes, class_to_idx = find_classes(split_dir)
-    except FileNotFoundError as err:
-        raise DataError(f"data folder {split_dir} has no class sub-folders ({err})") from None
-    samples = list_class_images(split_dir, class_to_idx)
-    return classes, [p for p, _ in samples], [t for _, t in samples]
-
-
-def read_file_list(path: str | os.PathLike, base: str | os.PathLike) -> tuple[list[str], list[int]]:
-    """Paths (joined to ``base``) and labels of a DALI file list: ``relative/path label`` lines."""
-    paths, labels = [], []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            if not line.strip():
-                continue
-            name, _, label = line.rpartition(" ")
-            if not name or not label.lstrip("-").isdigit():
-                raise DataError(f"{path}:{lineno}: expected 'relative/path label', got {line!r}")
-            paths.append(os.path.join(os.fspath(base), name))
-            labels.append(int(label))
-    return paths, labels
 
 
 def _check_common(image_size: int, batch_size: int, workers: int, layout: str,
@@ -406,11 +372,7 @@ def _file_samples(root: str, split: str, file_list: str | os.PathLike | None
                   ) -> tuple[list[str], list[int], int | None]:
     """Paths, labels and (for a tree) the class count of one split."""
     if file_list is None:
-        classes, paths, labels = list_image_folder(os.path.join(root, split))
-        empty = sorted(set(range(len(classes))) - set(labels))
-        if empty:
-            raise DataError(f"class folder {os.path.join(root, split, classes[empty[0]])} holds "
-                            f"no image ({len(empty)} empty class folder(s))")
+        classes, paths, labels = list_split(root, split)
         return paths, labels, len(classes)
     if not os.path.isfile(file_list):
         raise DataError(f"file list {file_list} does not exist: run largebatch-check-data {root}")

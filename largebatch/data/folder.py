@@ -34,119 +34,33 @@ import functools
 import logging
 import os
 import warnings
-from typing import Any, Callable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
-from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from largebatch.data.augment import (  # noqa: F401  (re-exported: tests and monkeypatches use folder's names)
-    IMAGENET_DEFAULT_MEAN,
-    IMAGENET_DEFAULT_STD,
-    TRAIN_CROP_RATIO,
-    TRAIN_CROP_SCALE,
-    VAL_CROP_RATIO,
-    build_train_transform,
-    build_val_transform,
-)
+from largebatch.data.augment import TRAIN_CROP_SCALE, VAL_CROP_RATIO, build_train_transform, build_val_transform
+from largebatch.data.images import Unreadable, list_folder, load_rgb, split_folder
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler, sample_seed
 from largebatch.data.worker_signals import ignoring_stop_signals, stop_signals_blocked
 from largebatch.errors import DataError, UsageError
 
 __all__ = [
-    "IMAGENET_DEFAULT_MEAN",
-    "IMAGENET_DEFAULT_STD",
     "DataError",
-    "RobustImageFolder",
     "LoaderView",
+    "RobustImageFolder",
     "SkipCountingLoader",
-    "build_loaders",
-    "build_train_transform",
-    "build_val_transform",
     "UnreadableTally",
+    "build_loaders",
     "collate_skipping",
-    "decompression_bomb_limit",
-    "list_class_images",
-    "load_rgb",
-    "sample_seed",
 ]
 
 logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------
 # data set
-
-
-class Unreadable(NamedTuple):
-    """What the data set returns for a file it cannot decode (the collate function counts it)."""
-
-    index: int
-    target: int
-
-
-def load_rgb(path: str) -> Image.Image:
-    """Decode any image Pillow reads (JPEG L/CMYK, PNG, palette, RGBA) into an RGB image.
-
-    The content decides the format, not the name: ImageNet holds a PNG and CMYK JPEGs named
-    ``.JPEG``. Raises ``OSError``/``ValueError`` for a file that is not a whole image.
-    """
-    with Image.open(path) as img:
-        img.load()  # decode now, inside the caller's error handling (truncation shows here)
-        if img.mode == "P" and "transparency" in img.info:
-            img = img.convert("RGBA")  # avoids Pillow's palette-transparency warning
-        return img.convert("RGB")
-
-
-def list_class_images(
-    split_dir: str | os.PathLike, class_to_idx: dict[str, int], extensions: tuple[str, ...] = IMG_EXTENSIONS
-) -> list[tuple[str, int]]:
-    """``(path, label)`` of every image under each class folder: torchvision's order and labels.
-
-    Written here instead of torchvision's ``make_dataset`` because that one walks with
-    ``os.walk(followlinks=True)`` and no guard: a link such as ``train/a/up -> ..`` is
-    followed ~40 levels deep and lists every other class's images again, labelled ``a``,
-    without a word. Here each directory is entered once (by its real path), and a directory
-    link that loops back to a folder above it or leaves its class folder is refused with a
-    ``DataError`` naming it; a folder that cannot be read is named too. Links to files and a
-    class folder that is itself a link (datasets assembled from links) are followed.
-    """
-    split_dir = os.fspath(split_dir)
-    samples: list[tuple[str, int]] = []
-    for cls in sorted(class_to_idx):
-        class_dir = os.path.join(split_dir, cls)
-        class_real = os.path.realpath(class_dir)
-        seen = {class_real}
-
-        def unreadable(err: OSError) -> None:
-            raise DataError(f"cannot read folder {err.filename}: {err.strerror}; make it readable "
-                            f"or move it out of {split_dir}")
-
-        found = []
-        for here, dirs, files in os.walk(class_dir, onerror=unreadable, followlinks=True):
-            here_real = os.path.realpath(here)
-            for name in list(dirs):
-                path = os.path.join(here, name)
-                real = os.path.realpath(path)
-                if os.path.islink(path):
-                    if here_real == real or here_real.startswith(real + os.sep):
-                        raise DataError(f"{path} links to {real}, a folder above it (a loop): "
-                                        f"remove the link")
-                    if real != class_real and not real.startswith(class_real + os.sep):
-                        raise DataError(f"{path} links to {real}, outside its class folder "
-                                        f"{class_dir}: its images would be labelled {cls!r}; "
-                                        f"remove the link or link the files one by one")
-                if real in seen:
-                    dirs.remove(name)  # reached twice (two links, or a link and the folder)
-                else:
-                    seen.add(real)
-            found.append((here, sorted(files)))
-        for here, files in sorted(found):
-            for name in files:
-                if name.lower().endswith(extensions):  # a broken link is listed, then reported unreadable
-                    samples.append((os.path.join(here, name), class_to_idx[cls]))
-    return samples
 
 
 class RobustImageFolder(ImageFolder):
@@ -162,32 +76,22 @@ class RobustImageFolder(ImageFolder):
     """
 
     def __init__(self, root: str | os.PathLike, transform: Callable | None = None, *, seed: int = 0) -> None:
-        root = os.fspath(root)
-        if not os.path.isdir(root):
-            raise DataError(f"data folder {root} does not exist: point data.root at an "
-                            f"ImageFolder tree (<root>/<class>/*.JPEG)")
-        try:
-            super().__init__(root, transform=transform, loader=load_rgb, allow_empty=True)
-        except FileNotFoundError as err:  # no class folder at all
-            raise DataError(f"data folder {root} has no class sub-folders ({err})") from None
-        counts = [0] * len(self.classes)
-        for target in self.targets:
-            counts[target] += 1
-        empty = [c for c, n in zip(self.classes, counts) if n == 0]
-        if empty:
-            raise DataError(
-                f"class folder {os.path.join(root, empty[0])} holds no image "
-                f"({len(empty)} empty class folder(s); extensions read: {', '.join(IMG_EXTENSIONS)}): "
-                f"add images or remove the folder"
-            )
+        self._listing: tuple[list[str], list[tuple[str, int]]] | None = None
+        super().__init__(os.fspath(root), transform=transform, loader=load_rgb, allow_empty=True)
         self._reported: set[str] = set()
         self.seed = seed
 
-    @staticmethod
-    def make_dataset(directory: str, class_to_idx: dict[str, int], extensions: Any = None,
+    def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
+        """torchvision's hook for the classes: :func:`list_folder` lists and checks the tree."""
+        self._listing = list_folder(directory)
+        classes = self._listing[0]
+        return classes, {c: i for i, c in enumerate(classes)}
+
+    def make_dataset(self, directory: str, class_to_idx: dict[str, int], extensions: Any = None,  # type: ignore[override]
                      is_valid_file: Any = None, allow_empty: bool = False) -> list[tuple[str, int]]:
-        """torchvision's hook for the sample list: :func:`list_class_images` (loop-safe)."""
-        return list_class_images(directory, class_to_idx)
+        """torchvision's hook for the samples: those :meth:`find_classes` listed (loop-safe)."""
+        assert self._listing is not None
+        return self._listing[1]
 
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[Any, int] | Unreadable:
         index, epoch = key if isinstance(key, tuple) else (key, None)
@@ -280,12 +184,6 @@ class LoaderView:
         (:mod:`largebatch.data.worker_signals`)."""
         with stop_signals_blocked():
             return iter(self.loader)
-
-
-def decompression_bomb_limit() -> int | None:
-    """The most pixels an image may have: Pillow's ``Image.open`` refuses more than twice
-    ``Image.MAX_IMAGE_PIXELS`` (a 600-byte JPEG can claim 30000x30000); None if unlimited."""
-    return None if Image.MAX_IMAGE_PIXELS is None else 2 * Image.MAX_IMAGE_PIXELS
 
 
 class UnreadableTally:
@@ -381,17 +279,6 @@ def _check_same_classes(train: RobustImageFolder, val: RobustImageFolder) -> Non
         )
 
 
-def _split_folder(root: str, split: str) -> str:
-    path = os.path.join(root, split)
-    if not os.path.isdir(root):
-        raise DataError(f"data root {root} does not exist: set data.root to a folder holding "
-                        f"train/ and val/, or leave it unset for the embedded data set")
-    if not os.path.isdir(path):
-        raise DataError(f"data root {root} has no {split}/ folder: expected "
-                        f"{root}/{split}/<class>/*.JPEG")
-    return path
-
-
 def build_loaders(
     root: str | os.PathLike,
     *,
@@ -429,10 +316,10 @@ def build_loaders(
     """
     root = os.fspath(root)
     train_set = RobustImageFolder(
-        _split_folder(root, "train"), build_train_transform(image_size, scale=crop_scale), seed=seed
+        split_folder(root, "train"), build_train_transform(image_size, scale=crop_scale), seed=seed
     )
     val_set = RobustImageFolder(
-        _split_folder(root, "val"), build_val_transform(image_size, crop_ratio=val_crop_ratio)
+        split_folder(root, "val"), build_val_transform(image_size, crop_ratio=val_crop_ratio)
     )
     _check_same_classes(train_set, val_set)
     train_sampler = ShardedSampler(

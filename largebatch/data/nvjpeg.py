@@ -44,18 +44,6 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from largebatch.data.folder import (
-    DataError,
-    LoaderView,
-    RobustImageFolder,
-    UnreadableTally,
-    _check_same_classes,
-    decompression_bomb_limit,
-    _split_folder,
-    load_rgb,
-)
-from largebatch.data.background import in_background
-from largebatch.data.samplers import ExactShardSampler, ShardedSampler
 from largebatch.data.augment import (
     IMAGENET_DEFAULT_MEAN,
     IMAGENET_DEFAULT_STD,
@@ -65,7 +53,12 @@ from largebatch.data.augment import (
     augment_batch,
     normalise,
 )
+from largebatch.data.background import in_background
+from largebatch.data.folder import LoaderView, RobustImageFolder, UnreadableTally, _check_same_classes
+from largebatch.data.images import decompression_bomb_limit, load_rgb, split_folder
+from largebatch.data.samplers import ExactShardSampler, ShardedSampler
 from largebatch.data.worker_signals import ignoring_stop_signals
+from largebatch.errors import DataError
 
 __all__ = [
     "EncodedImageFolder",
@@ -427,8 +420,8 @@ def build_nvjpeg_loaders(
     if not 0 < val_crop_ratio <= 1:
         raise ValueError(f"val_crop_ratio must be in (0, 1], got {val_crop_ratio}")
     root = os.fspath(root)
-    train_set = RobustImageFolder(_split_folder(root, "train"))
-    val_set = RobustImageFolder(_split_folder(root, "val"))
+    train_set = RobustImageFolder(split_folder(root, "train"))
+    val_set = RobustImageFolder(split_folder(root, "val"))
     _check_same_classes(train_set, val_set)
     common: dict[str, Any] = dict(num_workers=workers, pin_memory=pin_memory,
                                   persistent_workers=workers > 0, collate_fn=_as_list)

@@ -37,8 +37,8 @@ import numpy as np
 from PIL import Image
 
 from largebatch.data.check import _read_report, require_checked
-from largebatch.data.dali import read_file_list
-from largebatch.data.folder import DataError
+from largebatch.data.images import read_file_list
+from largebatch.errors import DataError
 
 __all__ = ["INDEX_VERSION", "REENCODE_KINDS", "iter_shard_samples", "make_shards"]
 

@@ -1,0 +1,172 @@
+"""Image folders as every loader and the data check read them: listing, validation, one file.
+
+One listing for all (:func:`list_split`, :func:`list_folder`): the torchvision and nvjpeg
+loaders, the DALI file reader and ``largebatch-check-data`` see the same files with the same
+labels, in torchvision's ``ImageFolder`` order, and refuse the same bad trees with the same
+one-line ``DataError`` (a missing root or split, no class folder, an empty class, a link that
+loops or leaves its class folder, a folder that cannot be read). Also what decoding one file
+means (:func:`load_rgb`, Pillow, any format, to RGB), the decompression-bomb limit every loader
+applies, and the DALI file-list format the data check writes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+from PIL import Image
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
+
+from largebatch.errors import DataError
+
+__all__ = [
+    "IMG_EXTENSIONS",
+    "Unreadable",
+    "decompression_bomb_limit",
+    "list_class_images",
+    "list_folder",
+    "list_split",
+    "load_rgb",
+    "read_file_list",
+    "split_folder",
+]
+
+
+class Unreadable(NamedTuple):
+    """What the data set returns for a file it cannot decode (the collate function counts it)."""
+
+    index: int
+    target: int
+
+
+def load_rgb(path: str) -> Image.Image:
+    """Decode any image Pillow reads (JPEG L/CMYK, PNG, palette, RGBA) into an RGB image.
+
+    The content decides the format, not the name: ImageNet holds a PNG and CMYK JPEGs named
+    ``.JPEG``. Raises ``OSError``/``ValueError`` for a file that is not a whole image.
+    """
+    with Image.open(path) as img:
+        img.load()  # decode now, inside the caller's error handling (truncation shows here)
+        if img.mode == "P" and "transparency" in img.info:
+            img = img.convert("RGBA")  # avoids Pillow's palette-transparency warning
+        return img.convert("RGB")
+
+
+def list_class_images(
+    split_dir: str | os.PathLike, class_to_idx: dict[str, int], extensions: tuple[str, ...] = IMG_EXTENSIONS
+) -> list[tuple[str, int]]:
+    """``(path, label)`` of every image under each class folder: torchvision's order and labels.
+
+    Written here instead of torchvision's ``make_dataset`` because that one walks with
+    ``os.walk(followlinks=True)`` and no guard: a link such as ``train/a/up -> ..`` is
+    followed ~40 levels deep and lists every other class's images again, labelled ``a``,
+    without a word. Here each directory is entered once (by its real path), and a directory
+    link that loops back to a folder above it or leaves its class folder is refused with a
+    ``DataError`` naming it; a folder that cannot be read is named too. Links to files and a
+    class folder that is itself a link (datasets assembled from links) are followed.
+    """
+    split_dir = os.fspath(split_dir)
+    samples: list[tuple[str, int]] = []
+    for cls in sorted(class_to_idx):
+        class_dir = os.path.join(split_dir, cls)
+        class_real = os.path.realpath(class_dir)
+        seen = {class_real}
+
+        def unreadable(err: OSError) -> None:
+            raise DataError(f"cannot read folder {err.filename}: {err.strerror}; make it readable "
+                            f"or move it out of {split_dir}")
+
+        found = []
+        for here, dirs, files in os.walk(class_dir, onerror=unreadable, followlinks=True):
+            here_real = os.path.realpath(here)
+            for name in list(dirs):
+                path = os.path.join(here, name)
+                real = os.path.realpath(path)
+                if os.path.islink(path):
+                    if here_real == real or here_real.startswith(real + os.sep):
+                        raise DataError(f"{path} links to {real}, a folder above it (a loop): "
+                                        f"remove the link")
+                    if real != class_real and not real.startswith(class_real + os.sep):
+                        raise DataError(f"{path} links to {real}, outside its class folder "
+                                        f"{class_dir}: its images would be labelled {cls!r}; "
+                                        f"remove the link or link the files one by one")
+                if real in seen:
+                    dirs.remove(name)  # reached twice (two links, or a link and the folder)
+                else:
+                    seen.add(real)
+            found.append((here, sorted(files)))
+        for here, files in sorted(found):
+            for name in files:
+                if name.lower().endswith(extensions):  # a broken link is listed, then reported unreadable
+                    samples.append((os.path.join(here, name), class_to_idx[cls]))
+    return samples
+
+
+def decompression_bomb_limit() -> int | None:
+    """The most pixels an image may have: Pillow's ``Image.open`` refuses more than twice
+    ``Image.MAX_IMAGE_PIXELS`` (a 600-byte JPEG can claim 30000x30000); None if unlimited."""
+    return None if Image.MAX_IMAGE_PIXELS is None else 2 * Image.MAX_IMAGE_PIXELS
+
+
+def split_folder(root: str | os.PathLike, split: str) -> str:
+    """``root/split``, or a ``DataError`` saying which of the two is missing."""
+    root = os.fspath(root)
+    path = os.path.join(root, split)
+    if not os.path.isdir(root):
+        raise DataError(f"data root {root} does not exist: set data.root to a folder holding "
+                        f"train/ and val/, or leave it unset for the embedded data set")
+    if not os.path.isdir(path):
+        raise DataError(f"data root {root} has no {split}/ folder: expected "
+                        f"{root}/{split}/<class>/*.JPEG")
+    return path
+
+
+def list_folder(split_dir: str | os.PathLike) -> tuple[list[str], list[tuple[str, int]]]:
+    """``(classes, [(path, label), ...])`` of an ImageFolder tree, checked.
+
+    Raises ``DataError`` for a missing folder, a folder without class sub-folders, or a class
+    folder without an image (naming the first, with the extensions read).
+    """
+    root = os.fspath(split_dir)
+    if not os.path.isdir(root):
+        raise DataError(f"data folder {root} does not exist: point data.root at an "
+                        f"ImageFolder tree (<root>/<class>/*.JPEG)")
+    try:
+        classes, class_to_idx = find_classes(root)
+    except FileNotFoundError as err:  # no class folder at all
+        raise DataError(f"data folder {root} has no class sub-folders ({err})") from None
+    samples = list_class_images(root, class_to_idx)
+    counts = [0] * len(classes)
+    for _, target in samples:
+        counts[target] += 1
+    empty = [c for c, n in zip(classes, counts) if n == 0]
+    if empty:
+        raise DataError(
+            f"class folder {os.path.join(root, empty[0])} holds no image "
+            f"({len(empty)} empty class folder(s); extensions read: {', '.join(IMG_EXTENSIONS)}): "
+            f"add images or remove the folder"
+        )
+    return classes, samples
+
+
+def list_split(root: str | os.PathLike, split: str) -> tuple[list[str], list[str], list[int]]:
+    """``(classes, paths, labels)`` of ``root/split`` (``train`` or ``val``), checked as
+    :func:`split_folder` and :func:`list_folder` check it."""
+    classes, samples = list_folder(split_folder(root, split))
+    return classes, [p for p, _ in samples], [t for _, t in samples]
+
+
+def read_file_list(path: str | os.PathLike, base: str | os.PathLike) -> tuple[list[str], list[int]]:
+    """Paths (joined to ``base``) and labels of a DALI file list: ``relative/path label`` lines."""
+    paths, labels = [], []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not line.strip():
+                continue
+            name, _, label = line.rpartition(" ")
+            if not name or not label.lstrip("-").isdigit():
+                raise DataError(f"{path}:{lineno}: expected 'relative/path label', got {line!r}")
+            paths.append(os.path.join(os.fspath(base), name))
+            labels.append(int(label))
+    return paths, labels
