@@ -167,6 +167,14 @@ def test_slurm_new_job_continues_an_earlier_run_dir(fake_scontrol: Path, env: di
     assert line.count("run_dir=") == 1
 
 
+@pytest.mark.parametrize(("env", "srun"), [({}, False), ({"LB_SRUN": "1"}, True), ({"SRUN_ARGS": "--container-image=x"}, True)])
+def test_slurm_one_node_runs_torchrun_in_the_batch_step(fake_scontrol: Path, env: dict[str, str], srun: bool) -> None:
+    """On one node no srun by default: srun SIGKILLs its tasks on the SIGTERM of scancel --full (issue 30)."""
+    one_node = {**SLURM_ENV, "SLURM_JOB_NODELIST": "gpu-[003-004]", "SLURM_NNODES": "1", **env}
+    (line,) = _lines(_dry_run("slurm.sbatch", env=one_node, fake_bin=fake_scontrol))
+    assert line.startswith("srun --nodes=1 ") if srun else line.startswith("torchrun --nnodes=1 --nproc-per-node=8 ")
+
+
 def test_slurm_outside_a_job_says_so() -> None:
     proc = _dry_run("slurm.sbatch")
     assert proc.returncode != 0
