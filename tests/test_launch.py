@@ -144,6 +144,37 @@ def test_slurm_elastic_container_line(fake_scontrol: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize("gpus", [{"SLURM_GPUS_PER_NODE": "0"}, {"SLURM_GPUS_ON_NODE": "0"}, {}])
+def test_slurm_cpu_only_job_runs_one_process_per_node(fake_scontrol: Path, gpus: dict[str, str]) -> None:
+    """--gpus-per-node=0 or no GPU gres: one process, not torchrun's AssertionError on 0 (issue 30)."""
+    env = {**{k: v for k, v in SLURM_ENV.items() if k != "SLURM_GPUS_ON_NODE"}, **gpus}
+    (line,) = _lines(_dry_run("slurm.sbatch", env=env, fake_bin=fake_scontrol))
+    assert "--nproc-per-node=1 " in line
+    (line,) = _lines(_dry_run("slurm.sbatch", env={**env, "NPROC_PER_NODE": "2"}, fake_bin=fake_scontrol))
+    assert "--nproc-per-node=2 " in line
+
+
+@pytest.mark.parametrize(("env", "args", "run_dir"), [
+    ({"LB_RUN_DIR": "runs/slurm-17"}, [], "runs/slurm-17"),
+    ({}, ["run_dir=/shared/runs/slurm-17"], "/shared/runs/slurm-17"),  # once, not twice
+    ({"LB_RUN_DIR": "runs/a"}, ["run_dir=runs/b"], "runs/b"),  # the override wins
+])
+def test_slurm_new_job_continues_an_earlier_run_dir(fake_scontrol: Path, env: dict[str, str], args: list[str],
+                                                    run_dir: str) -> None:
+    (line,) = _lines(_dry_run("slurm.sbatch", "optimizer=lars", *args, env={**SLURM_ENV, **env},
+                              fake_bin=fake_scontrol))
+    assert line.endswith(f"-m largebatch.train run_dir={run_dir} resume=auto optimizer=lars")
+    assert line.count("run_dir=") == 1
+
+
+@pytest.mark.parametrize(("env", "srun"), [({}, False), ({"LB_SRUN": "1"}, True), ({"SRUN_ARGS": "--container-image=x"}, True)])
+def test_slurm_one_node_runs_torchrun_in_the_batch_step(fake_scontrol: Path, env: dict[str, str], srun: bool) -> None:
+    """On one node no srun by default: srun SIGKILLs its tasks on the SIGTERM of scancel --full (issue 30)."""
+    one_node = {**SLURM_ENV, "SLURM_JOB_NODELIST": "gpu-[003-004]", "SLURM_NNODES": "1", **env}
+    (line,) = _lines(_dry_run("slurm.sbatch", env=one_node, fake_bin=fake_scontrol))
+    assert line.startswith("srun --nodes=1 ") if srun else line.startswith("torchrun --nnodes=1 --nproc-per-node=8 ")
+
+
 def test_slurm_outside_a_job_says_so() -> None:
     proc = _dry_run("slurm.sbatch")
     assert proc.returncode != 0
