@@ -7,6 +7,8 @@ A map of the package; importing it loads no module of the package (nor torch), s
 module                 what it holds
 =====================  =================================================================
 ``build``              the pipeline of a run: where the data is, which loader reads it
+``contract``           the loader contract (``Loader``, a Protocol every loader satisfies),
+                       ``LoaderView`` (DataLoader-backed loaders), ``UnreadableTally``
 ``images``             listing and checking image folders (every loader and the data
                        check), decoding one file, DALI file lists
 ``folder``             the torchvision loader (``build_loaders``),

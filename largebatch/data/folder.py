@@ -42,17 +42,16 @@ from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 
 from largebatch.data.augment import TRAIN_CROP_SCALE, VAL_CROP_RATIO, build_train_transform, build_val_transform
+from largebatch.data.contract import LoaderView, UnreadableTally
 from largebatch.data.images import Unreadable, list_folder, load_rgb, split_folder
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler, sample_seed
-from largebatch.data.worker_signals import ignoring_stop_signals, stop_signals_blocked
-from largebatch.errors import DataError, UsageError
+from largebatch.data.worker_signals import ignoring_stop_signals
+from largebatch.errors import DataError
 
 __all__ = [
     "DataError",
-    "LoaderView",
     "RobustImageFolder",
     "SkipCountingLoader",
-    "UnreadableTally",
     "build_loaders",
     "collate_skipping",
 ]
@@ -141,92 +140,6 @@ def collate_skipping(
     images = torch.stack([s[0] for s in good])
     labels = torch.tensor([s[1] for s in good], dtype=torch.int64)
     return images, labels, skipped
-
-
-class LoaderView:
-    """What every loader wrapper shows of the DataLoader ``self.loader`` it wraps: ``len()``,
-    ``sampler``, ``dataset``, ``batch_size``, and ``set_epoch`` for the sampler (shared by
-    :class:`SkipCountingLoader` and :class:`largebatch.data.nvjpeg.NvjpegLoader`)."""
-
-    loader: DataLoader
-
-    @property
-    def sampler(self) -> Any:
-        return self.loader.sampler
-
-    @property
-    def dataset(self) -> Any:
-        return self.loader.dataset
-
-    @property
-    def batch_size(self) -> int | None:
-        return self.loader.batch_size
-
-    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
-        """Use epoch ``epoch``'s shuffle and skip its first ``skip_batches`` batches (resume).
-
-        The same call as :class:`largebatch.data.dali.DaliLoader`'s; a skip needs a
-        :class:`ShardedSampler` (it becomes ``set_start(skip_batches x batch_size)``).
-        """
-        sampler = self.loader.sampler
-        sampler.set_epoch(epoch)
-        if isinstance(sampler, ShardedSampler):
-            sampler.set_start(skip_batches * (self.batch_size or 1))
-        elif skip_batches:
-            raise ValueError(f"skip_batches needs a ShardedSampler, not {type(sampler).__name__}")
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def _loader_pass(self) -> Iterator[Any]:
-        """``iter(self.loader)``, which starts its worker processes (the first pass only, when
-        persistent), with SIGTERM/SIGINT held until each worker ignores them
-        (:mod:`largebatch.data.worker_signals`)."""
-        with stop_signals_blocked():
-            return iter(self.loader)
-
-
-class UnreadableTally:
-    """The unreadable files one loader has met, each counted once, and the rule every loader
-    applies to them: a training class whose every file is unreadable stops the run.
-
-    ``classes`` and ``targets`` are the data set's (ImageFolder's attributes), ``root`` its
-    folder. :meth:`add` returns True the first time a sample index is added.
-    """
-
-    def __init__(self, classes: Sequence[str], targets: Sequence[int], root: str, *,
-                 require_every_class: bool) -> None:
-        self.classes, self.root = list(classes), root
-        self.require_every_class = require_every_class
-        self._targets = targets
-        self._sizes: list[int] | None = None
-        self._seen: set[int] = set()
-        self._per_class: dict[int, int] = {}
-
-    def __len__(self) -> int:
-        return len(self._seen)
-
-    def add(self, index: int, target: int) -> bool:
-        if index in self._seen:
-            return False
-        self._seen.add(index)
-        self._per_class[target] = self._per_class.get(target, 0) + 1
-        if self.require_every_class:
-            self._check_class(target)
-        return True
-
-    def _check_class(self, target: int) -> None:
-        if self._sizes is None:
-            self._sizes = [0] * len(self.classes)
-            for t in self._targets:
-                self._sizes[t] += 1
-        if self._per_class[target] == self._sizes[target]:
-            name = self.classes[target]
-            raise DataError(
-                f"class {name!r} has no readable training image: all {self._sizes[target]} "
-                f"file(s) in {os.path.join(self.root, name)} are unreadable (named above in the "
-                f"log); replace them or remove the class folder from train/ and val/"
-            )
 
 
 class SkipCountingLoader(LoaderView):

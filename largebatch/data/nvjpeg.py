@@ -54,7 +54,8 @@ from largebatch.data.augment import (
     normalise,
 )
 from largebatch.data.background import in_background
-from largebatch.data.folder import LoaderView, RobustImageFolder, UnreadableTally, _check_same_classes
+from largebatch.data.contract import LoaderView, UnreadableTally
+from largebatch.data.folder import RobustImageFolder, _check_same_classes
 from largebatch.data.images import decompression_bomb_limit, load_rgb, split_folder
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
 from largebatch.data.worker_signals import ignoring_stop_signals

@@ -1,0 +1,138 @@
+"""The loader contract: what the trainer, the evaluator and the backends use of a loader.
+
+Every input pipeline (``data.loader=torchvision``, ``nvjpeg``, ``dali`` over files or packed
+shards) returns loaders that satisfy :class:`Loader`; ``tests/test_loader_contract.py`` checks
+all four. The contract, written once:
+
+* iterating yields ``(images, labels)`` batches of the current epoch: ``(N, 3, S, S)`` float
+  images (normalised; in the compute dtype and on the device where the pipeline decodes
+  there) and int64 ``(N,)`` labels; training batches are full (``batch_size``), evaluation
+  batches may be short and a rank may get none (every validation image once over all ranks);
+* ``len(loader)`` is the number of batches of a whole epoch for this rank, the same on every
+  rank for training;
+* ``set_epoch(epoch, skip_batches=0)``, called before every pass, selects the epoch's order
+  and augmentation and makes the pass skip the epoch's first ``skip_batches`` batches (a run
+  resumed mid-epoch reads the batches the uninterrupted run would have read);
+* ``skipped`` counts the distinct unreadable files this process met, each once however often
+  it was read (:class:`UnreadableTally`, which also stops training on a class left without a
+  readable image); DALI cannot skip a file, so the data check leaves them out and its
+  ``skipped`` stays 0;
+* ``batch_size`` is the batch size of this rank.
+
+:class:`LoaderView` is the base of the loaders that wrap a ``torch.utils.data.DataLoader``
+(torchvision, nvjpeg).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator, Protocol, Sequence, runtime_checkable
+
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from largebatch.data.samplers import ShardedSampler
+from largebatch.data.worker_signals import stop_signals_blocked
+from largebatch.errors import DataError
+
+__all__ = ["Loader", "LoaderView", "UnreadableTally"]
+
+
+@runtime_checkable
+class Loader(Protocol):
+    """A loader of one split for one rank (see the module docstring for each member's meaning)."""
+
+    batch_size: Any
+    skipped: int
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]: ...
+
+    def __len__(self) -> int: ...
+
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None: ...
+
+
+class LoaderView:
+    """What every loader wrapper shows of the DataLoader ``self.loader`` it wraps: ``len()``,
+    ``sampler``, ``dataset``, ``batch_size``, and ``set_epoch`` for the sampler (shared by
+    :class:`SkipCountingLoader` and :class:`largebatch.data.nvjpeg.NvjpegLoader`)."""
+
+    loader: DataLoader
+
+    @property
+    def sampler(self) -> Any:
+        return self.loader.sampler
+
+    @property
+    def dataset(self) -> Any:
+        return self.loader.dataset
+
+    @property
+    def batch_size(self) -> int | None:
+        return self.loader.batch_size
+
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+        """Use epoch ``epoch``'s shuffle and skip its first ``skip_batches`` batches (resume).
+
+        The same call as :class:`largebatch.data.dali.DaliLoader`'s; a skip needs a
+        :class:`ShardedSampler` (it becomes ``set_start(skip_batches x batch_size)``).
+        """
+        sampler = self.loader.sampler
+        sampler.set_epoch(epoch)
+        if isinstance(sampler, ShardedSampler):
+            sampler.set_start(skip_batches * (self.batch_size or 1))
+        elif skip_batches:
+            raise ValueError(f"skip_batches needs a ShardedSampler, not {type(sampler).__name__}")
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def _loader_pass(self) -> Iterator[Any]:
+        """``iter(self.loader)``, which starts its worker processes (the first pass only, when
+        persistent), with SIGTERM/SIGINT held until each worker ignores them
+        (:mod:`largebatch.data.worker_signals`)."""
+        with stop_signals_blocked():
+            return iter(self.loader)
+
+
+class UnreadableTally:
+    """The unreadable files one loader has met, each counted once, and the rule every loader
+    applies to them: a training class whose every file is unreadable stops the run.
+
+    ``classes`` and ``targets`` are the data set's (ImageFolder's attributes), ``root`` its
+    folder. :meth:`add` returns True the first time a sample index is added.
+    """
+
+    def __init__(self, classes: Sequence[str], targets: Sequence[int], root: str, *,
+                 require_every_class: bool) -> None:
+        self.classes, self.root = list(classes), root
+        self.require_every_class = require_every_class
+        self._targets = targets
+        self._sizes: list[int] | None = None
+        self._seen: set[int] = set()
+        self._per_class: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def add(self, index: int, target: int) -> bool:
+        if index in self._seen:
+            return False
+        self._seen.add(index)
+        self._per_class[target] = self._per_class.get(target, 0) + 1
+        if self.require_every_class:
+            self._check_class(target)
+        return True
+
+    def _check_class(self, target: int) -> None:
+        if self._sizes is None:
+            self._sizes = [0] * len(self.classes)
+            for t in self._targets:
+                self._sizes[t] += 1
+        if self._per_class[target] == self._sizes[target]:
+            name = self.classes[target]
+            raise DataError(
+                f"class {name!r} has no readable training image: all {self._sizes[target]} "
+                f"file(s) in {os.path.join(self.root, name)} are unreadable (named above in the "
+                f"log); replace them or remove the class folder from train/ and val/"
+            )

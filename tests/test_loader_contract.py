@@ -1,0 +1,96 @@
+"""Every loader satisfies the written loader contract (largebatch.data.contract.Loader).
+
+The four pipelines are built on the CPU over one generated data set and checked the same way:
+``isinstance(loader, Loader)`` (the Protocol's members exist), then the behaviour the members
+promise: ``len()`` batches per epoch, full training batches of ``batch_size``, every
+validation image once, ``set_epoch(e, k)`` skipping the first ``k`` batches of epoch ``e``
+(the same batches the full pass gives from ``k`` on) and without a skip the whole epoch
+again, ``skipped`` an int.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from largebatch.data.contract import Loader
+from largebatch.data.synthetic import make_synthetic_imagenet
+
+SIZE, BATCH = 16, 4
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_synthetic_imagenet(tmp_path_factory.mktemp("contract") / "ds", num_classes=3,
+                                   train_per_class=8, val_per_class=3, image_size=32)
+
+
+def _torchvision(root: Path, tmp: Path) -> tuple[Any, Any]:
+    from largebatch.data.folder import build_loaders
+
+    train, val, _ = build_loaders(root, image_size=SIZE, batch_size=BATCH, workers=0)
+    return train, val
+
+
+def _nvjpeg(root: Path, tmp: Path) -> tuple[Any, Any]:
+    from largebatch.data.nvjpeg import build_nvjpeg_loaders
+
+    train, val, _ = build_nvjpeg_loaders(root, image_size=SIZE, batch_size=BATCH, workers=0, device="cpu")
+    return train, val
+
+
+def _dali_files(root: Path, tmp: Path) -> tuple[Any, Any]:
+    pytest.importorskip("nvidia.dali")
+    from largebatch.data.dali import build_dali_loaders
+
+    train, val, _ = build_dali_loaders(root, image_size=SIZE, batch_size=BATCH, workers=1)
+    return train, val
+
+
+def _dali_shards(root: Path, tmp: Path) -> tuple[Any, Any]:
+    pytest.importorskip("nvidia.dali")
+    from largebatch.data.check import check_dataset
+    from largebatch.data.dali import build_dali_shard_loaders
+    from largebatch.data.shards import make_shards
+
+    shards = tmp / "shards"
+    if not shards.exists():
+        check_dataset(root, workers=1)
+        make_shards(root, shards, shard_size=7)
+    train, val, _ = build_dali_shard_loaders(shards, image_size=SIZE, batch_size=BATCH, workers=1)
+    return train, val
+
+
+PIPELINES: dict[str, Callable[[Path, Path], tuple[Any, Any]]] = {
+    "torchvision": _torchvision, "nvjpeg": _nvjpeg, "dali-files": _dali_files, "dali-shards": _dali_shards,
+}
+
+
+def _labels(loader: Any) -> list[list[int]]:
+    out = []
+    for images, labels, *_ in loader:
+        assert images.dtype.is_floating_point and images.shape[1:] == (3, SIZE, SIZE)
+        assert labels.dtype == torch.int64 and len(labels) == len(images)
+        out.append(labels.tolist())
+    return out
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_every_loader_satisfies_the_contract(root: Path, tmp_path_factory: pytest.TempPathFactory,
+                                             pipeline: str) -> None:
+    train, val = PIPELINES[pipeline](root, tmp_path_factory.mktemp(pipeline))
+    for loader in (train, val):
+        assert isinstance(loader, Loader), f"{type(loader).__name__} lacks a member of the contract"
+        assert isinstance(loader.skipped, int) and loader.batch_size == BATCH
+    train.set_epoch(1)
+    full = _labels(train)
+    assert len(full) == len(train) and all(len(b) == BATCH for b in full)
+    train.set_epoch(1, skip_batches=2)
+    assert _labels(train) == full[2:]  # a resumed epoch: the batches the full pass gives from 2 on
+    train.set_epoch(1)
+    assert _labels(train) == full  # set_epoch without a skip gives the whole epoch again
+    val.set_epoch(0)
+    assert sum(len(b) for b in _labels(val)) == 3 * 3  # every validation image once
