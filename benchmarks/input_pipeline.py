@@ -25,8 +25,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from largebatch.data.dali import build_dali_loaders, dali_available
-from largebatch.data.folder import build_loaders
+from largebatch.data.pipelines.dali_files import build_dali_loaders
+from largebatch.data.pipelines.dali_graph import dali_available
+from largebatch.data.pipelines.torchvision import build_loaders
 from largebatch.data.synthetic import class_folder_name, render_image
 
 WIDTH, HEIGHT = 400, 350  # about ImageNet's mean train image size

@@ -8,7 +8,7 @@ One run measures, on the same files and the same card:
 * ``train`` rows, for each data source x precision x compile mode (x layout x optimizer):
   ``synthetic`` (one batch already on the GPU: the model-only ceiling), ``torchvision``
   (DataLoader workers decode with Pillow, pinned copies), ``nvjpeg`` (workers read bytes, the
-  GPU decodes and augments: ``largebatch.data.nvjpeg``), ``dali`` (``mixed`` decode, if
+  GPU decodes and augments: ``largebatch.data.pipelines.nvjpeg``), ``dali`` (``mixed`` decode, if
   installed). Columns: img/s; MFU; input stall = share of the wall time the host spent
   waiting in ``next()`` for a batch; GPU input = share of the GPU stream's time between the
   end of one step and the start of the next (decode/augment kernels the loader queued, plus
@@ -215,18 +215,18 @@ def loader_batches(kind: str, args: argparse.Namespace, device: torch.device, ch
     """Endless training batches on the device from the ``kind`` pipeline on ``args.root``."""
     common = dict(image_size=args.image_size, batch_size=args.batch, workers=args.workers)
     if kind == "dali":
-        from largebatch.data.dali import build_dali_loaders
+        from largebatch.data.pipelines.dali_files import build_dali_loaders
 
         train, _, _ = build_dali_loaders(
             args.root, device_id=(device.index or 0) if device.type == "cuda" else None,
             layout="NHWC" if channels_last else "NCHW", **common)
     elif kind == "nvjpeg":
-        from largebatch.data.nvjpeg import build_nvjpeg_loaders
+        from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 
         train, _, _ = build_nvjpeg_loaders(args.root, device=device, dtype=dtype or torch.float32,
                                            channels_last=channels_last, pin_memory=device.type == "cuda", **common)
     else:
-        from largebatch.data.folder import build_loaders
+        from largebatch.data.pipelines.torchvision import build_loaders
 
         train, _, _ = build_loaders(args.root, pin_memory=device.type == "cuda", **common)
     for epoch in itertools.count():
@@ -364,7 +364,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         make_data(args.make_data, args.files, args.classes, args.workers)
         args.root = args.root or args.make_data
     if "dali" in args.data:
-        from largebatch.data.dali import dali_available
+        from largebatch.data.pipelines.dali_graph import dali_available
 
         if not dali_available():
             print("DALI is not installed: no dali rows")

@@ -5,7 +5,7 @@ command lines (``largebatch-train``, its ``-m`` sweeps, ``python -m largebatch.l
 turn it into one line and an exit code through :func:`exit_code` alone. Any other exception
 is a bug and keeps its traceback. Each type keeps the base class it always had (``except
 ValueError`` in a caller behaves the same) and stays importable from the module that raises
-it (``largebatch.data.folder.DataError``, ...). This module imports nothing of the project.
+it (``largebatch.data.pipelines.torchvision.DataError``, ...). This module imports nothing of the project.
 
 Exit codes:
 

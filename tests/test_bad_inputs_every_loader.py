@@ -17,8 +17,8 @@ from typing import Callable
 import pytest
 from PIL import Image
 
-from largebatch.data.folder import DataError, build_loaders
-from largebatch.data.nvjpeg import build_nvjpeg_loaders
+from largebatch.data.pipelines.torchvision import DataError, build_loaders
+from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 from largebatch.data.synthetic import make_synthetic_imagenet
 
 EPOCHS = 3
@@ -98,7 +98,7 @@ def _nvjpeg(root: Path) -> int:
 def _dali(root: Path) -> int:
     pytest.importorskip("nvidia.dali")
     from largebatch.data.check import check_dataset, require_checked
-    from largebatch.data.dali import build_dali_loaders
+    from largebatch.data.pipelines.dali_files import build_dali_loaders
 
     report = check_dataset(root, workers=WORKERS, splits=("train", "val"))
     lists = {split: require_checked(root, split) for split in ("train", "val")}

@@ -15,7 +15,7 @@ from PIL import Image
 
 from largebatch.data import check
 from largebatch.data.check import KINDS, check_dataset, inspect_image, require_checked
-from largebatch.data.folder import DataError
+from largebatch.data.pipelines.torchvision import DataError
 from largebatch.data.synthetic import make_synthetic_imagenet
 from largebatch.tools.check_data import main
 

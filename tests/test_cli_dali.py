@@ -17,8 +17,8 @@ pytest.importorskip("nvidia.dali")
 
 from largebatch.cli import main  # noqa: E402
 from largebatch.data.check import check_dataset  # noqa: E402
-from largebatch.data.dali import build_dali_loaders  # noqa: E402
-from largebatch.data.folder import build_loaders  # noqa: E402
+from largebatch.data.pipelines.dali_files import build_dali_loaders  # noqa: E402
+from largebatch.data.pipelines.torchvision import build_loaders  # noqa: E402
 from largebatch.data.synthetic import make_synthetic_imagenet  # noqa: E402
 
 TINY = ["debug=smoke", "progress=false", "tensorboard=false", "model=resnet10t", "data.workers=0"]
@@ -184,7 +184,7 @@ def test_a_file_broken_after_the_check_stops_dali_with_one_line(
     import shutil
 
     from largebatch.data.check import check_dataset
-    from largebatch.data.folder import DataError
+    from largebatch.data.pipelines.torchvision import DataError
 
     root = Path(shutil.copytree(folder, tmp_path / "set"))
     report = check_dataset(root, workers=1)

@@ -13,13 +13,9 @@ from PIL import Image
 pytest.importorskip("nvidia.dali")
 
 from largebatch.data.check import check_dataset, require_checked  # noqa: E402
-from largebatch.data.dali import (  # noqa: E402
-    TRAIN_ASPECT_RATIO,
-    build_dali_loaders,
-    dali_available,
-    decode_random_crop,
-)
-from largebatch.data.folder import DataError, build_loaders  # noqa: E402
+from largebatch.data.pipelines.dali_files import build_dali_loaders  # noqa: E402
+from largebatch.data.pipelines.dali_graph import TRAIN_ASPECT_RATIO, dali_available, decode_random_crop  # noqa: E402
+from largebatch.data.pipelines.torchvision import DataError, build_loaders  # noqa: E402
 from largebatch.data.samplers import exact_shard_bounds  # noqa: E402
 from largebatch.data.synthetic import make_synthetic_imagenet  # noqa: E402
 

@@ -19,8 +19,8 @@ from typing import Callable
 import pytest
 
 from largebatch.data.images import list_split
-from largebatch.data.folder import build_loaders
-from largebatch.data.nvjpeg import build_nvjpeg_loaders
+from largebatch.data.pipelines.torchvision import build_loaders
+from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 from largebatch.data.synthetic import make_synthetic_imagenet
 from largebatch.errors import DataError
 

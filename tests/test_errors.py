@@ -19,7 +19,7 @@ from largebatch.errors import (
 OLD_HOMES = [
     ("largebatch.config", "ConfigError", ValueError),
     ("largebatch.config.compose", "ConfigError", ValueError),
-    ("largebatch.data.folder", "DataError", ValueError),
+    ("largebatch.data.pipelines.torchvision", "DataError", ValueError),
     ("largebatch.models", "ModelError", ValueError),
     ("largebatch.engine.checkpoint", "CheckpointError", RuntimeError),
     ("largebatch.engine.checkpoint", "CheckpointSaveError", RuntimeError),

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from largebatch.data.augment import build_train_transform, build_val_transform
-from largebatch.data.folder import RobustImageFolder, build_loaders, collate_skipping
+from largebatch.data.pipelines.torchvision import RobustImageFolder, build_loaders, collate_skipping
 from largebatch.data.images import Unreadable, load_rgb
 from largebatch.data.synthetic import make_synthetic_imagenet, oddity_positions
 from largebatch.errors import DataError

@@ -190,7 +190,7 @@ def test_no_import_circle() -> None:
         ("largebatch.config.schema", "largebatch.data.synthetic"),  # the import stage 3 removed
         ("largebatch.config.checks", "largebatch.engine.compile"),
         ("largebatch.engine.hooks", "largebatch.run"),
-        ("largebatch.data.folder", "largebatch.engine.checkpoint"),
+        ("largebatch.data.pipelines.torchvision", "largebatch.engine.checkpoint"),
     ],
 )
 def test_the_rules_catch_what_they_name(importer: str, imported: str) -> None:

@@ -29,14 +29,14 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _torchvision(root: Path, tmp: Path) -> tuple[Any, Any]:
-    from largebatch.data.folder import build_loaders
+    from largebatch.data.pipelines.torchvision import build_loaders
 
     train, val, _ = build_loaders(root, image_size=SIZE, batch_size=BATCH, workers=0)
     return train, val
 
 
 def _nvjpeg(root: Path, tmp: Path) -> tuple[Any, Any]:
-    from largebatch.data.nvjpeg import build_nvjpeg_loaders
+    from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 
     train, val, _ = build_nvjpeg_loaders(root, image_size=SIZE, batch_size=BATCH, workers=0, device="cpu")
     return train, val
@@ -44,7 +44,7 @@ def _nvjpeg(root: Path, tmp: Path) -> tuple[Any, Any]:
 
 def _dali_files(root: Path, tmp: Path) -> tuple[Any, Any]:
     pytest.importorskip("nvidia.dali")
-    from largebatch.data.dali import build_dali_loaders
+    from largebatch.data.pipelines.dali_files import build_dali_loaders
 
     train, val, _ = build_dali_loaders(root, image_size=SIZE, batch_size=BATCH, workers=1)
     return train, val
@@ -53,7 +53,7 @@ def _dali_files(root: Path, tmp: Path) -> tuple[Any, Any]:
 def _dali_shards(root: Path, tmp: Path) -> tuple[Any, Any]:
     pytest.importorskip("nvidia.dali")
     from largebatch.data.check import check_dataset
-    from largebatch.data.dali import build_dali_shard_loaders
+    from largebatch.data.pipelines.dali_shards import build_dali_shard_loaders
     from largebatch.data.shards import make_shards
 
     shards = tmp / "shards"

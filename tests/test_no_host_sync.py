@@ -23,7 +23,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from largebatch.backends.torch_dist import TorchDistributedBackend
-from largebatch.data.nvjpeg import build_nvjpeg_loaders
+from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 from largebatch.data.synthetic import make_synthetic_imagenet
 from largebatch.engine.loop import Trainer
 from largebatch.optim import LARS, param_groups

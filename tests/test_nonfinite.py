@@ -99,7 +99,7 @@ def test_fp16_scaler_skip_does_not_advance_the_lr_schedule() -> None:
 
 def _nan_images(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the real training transform return NaN images (test-side fault injection)."""
-    import largebatch.data.folder as folder
+    import largebatch.data.pipelines.torchvision as folder
 
     real = folder.build_train_transform
 

@@ -14,10 +14,10 @@ import torch
 from PIL import Image
 
 from largebatch.backends.torch_dist import TorchDistributedBackend
-from largebatch.data import nvjpeg as nv
+from largebatch.data.pipelines import nvjpeg as nv
 from largebatch.data.background import in_background
-from largebatch.data.folder import build_loaders
-from largebatch.data.nvjpeg import build_nvjpeg_loaders, cpu_decode_reason, jpeg_frame
+from largebatch.data.pipelines.torchvision import build_loaders
+from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders, cpu_decode_reason, jpeg_frame
 from largebatch.data.synthetic import make_synthetic_imagenet
 from largebatch.data.augment import centre_crop_box, random_resized_crop_box, sample_rng
 from largebatch.errors import DataError
@@ -202,7 +202,7 @@ def _plant_bad_files(root: Path) -> dict[str, Path]:
 def test_bad_files_are_decoded_on_the_cpu_or_skipped(copy_root: Path, caplog: pytest.LogCaptureFixture) -> None:
     planted = _plant_bad_files(copy_root)
     train, val, _ = build_nvjpeg_loaders(copy_root, **LOADER)
-    with caplog.at_level(logging.WARNING, logger="largebatch.data.nvjpeg"):
+    with caplog.at_level(logging.WARNING, logger="largebatch.data.pipelines.nvjpeg"):
         batches = _epoch(val, 0)
     assert sum(len(y) for _, y in batches) == 9 - 2
     assert val.skipped == 2 and val.cpu_decoded == 2
@@ -241,7 +241,7 @@ def test_a_file_the_gpu_decoder_rejects_is_decoded_with_pillow(
         return real(data, **kw)
 
     monkeypatch.setattr(nv, "decode_jpeg", refusing)
-    with caplog.at_level(logging.WARNING, logger="largebatch.data.nvjpeg"):
+    with caplog.at_level(logging.WARNING, logger="largebatch.data.pipelines.nvjpeg"):
         batches = _epoch(val, 0)
     assert val.cpu_decoded == 1 and val.skipped == 0
     assert "on the CPU: decode_jpeg on cpu failed on it" in caplog.text

@@ -95,7 +95,7 @@ def test_bad_input_exits_2_with_one_line(argv, message, checked, shards, tmp_pat
 @pytest.mark.skipif(not HAS_DALI, reason="needs nvidia-dali")
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_dali_reads_shards_disjoint_per_epoch_and_val_exactly_once(shards: Path, world_size: int) -> None:
-    from largebatch.data.dali import build_dali_shard_loaders
+    from largebatch.data.pipelines.dali_shards import build_dali_shard_loaders
 
     per_rank = (20 // world_size) // 2 * 2
     val_ids, epochs = [], {0: [], 1: []}
@@ -121,3 +121,20 @@ def test_dali_reads_shards_disjoint_per_epoch_and_val_exactly_once(shards: Path,
         union = [i for ids in shards_of_epoch for i in ids]
         assert len(union) == len(set(union)) == per_rank * world_size  # disjoint
     assert epochs[0] != epochs[1]
+
+
+def test_readme_shard_loader_example_runs(checked: Path, tmp_path: Path) -> None:
+    """The README's "from Python" block, run as written on small shards (CPU, small sizes)."""
+    pytest.importorskip("nvidia.dali")
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "build_dali_shard_loaders" in b]
+    out = tmp_path / "shards"
+    make_shards(checked, out, shard_size=16)
+    program = (block.replace('"/data/imagenet-shards"', repr(str(out))).replace("image_size=224", "image_size=16")
+               .replace("batch_size=256", "batch_size=4").replace("workers=8", "workers=1")
+               .replace("device_id=0,", "device_id=None,"))
+    scope: dict = {}
+    exec(compile(program, "README.md", "exec"), scope)
+    assert scope["num_classes"] > 1 and tuple(scope["images"].shape) == (4, 3, 16, 16)

@@ -7,14 +7,13 @@ A map of the package; importing it loads no module of the package (nor torch), s
 module                 what it holds
 =====================  =================================================================
 ``build``              the pipeline of a run: where the data is, which loader reads it
+``pipelines/``         one module per pipeline: ``torchvision``, ``nvjpeg``,
+                       ``dali_files``, ``dali_shards`` (and ``dali_graph``, what the
+                       two DALI readers share)
 ``contract``           the loader contract (``Loader``, a Protocol every loader satisfies),
                        ``LoaderView`` (DataLoader-backed loaders), ``UnreadableTally``
 ``images``             listing and checking image folders (every loader and the data
                        check), decoding one file, DALI file lists
-``folder``             the torchvision loader (``build_loaders``),
-                       ``RobustImageFolder`` and ``SkipCountingLoader``
-``nvjpeg``             workers read bytes, torchvision's nvJPEG decodes on the GPU
-``dali``               NVIDIA DALI: image folders, file lists or packed shards
 ``augment``            the ImageNet augmentation: PIL transforms and tensor ops, one recipe
 ``samplers``           ``ShardedSampler`` (training), ``ExactShardSampler`` (evaluation)
 ``background``         an iterator run a few items ahead in a thread
@@ -39,10 +38,10 @@ from typing import Any
 _EXPORTS = {
     "IMAGENET_DEFAULT_MEAN": "augment",
     "IMAGENET_DEFAULT_STD": "augment",
-    "DataError": "folder",
-    "RobustImageFolder": "folder",
-    "SkipCountingLoader": "folder",
-    "build_loaders": "folder",
+    "DataError": "pipelines.torchvision",
+    "RobustImageFolder": "pipelines.torchvision",
+    "SkipCountingLoader": "pipelines.torchvision",
+    "build_loaders": "pipelines.torchvision",
     "build_train_transform": "augment",
     "build_val_transform": "augment",
     "ExactShardSampler": "samplers",

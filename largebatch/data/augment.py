@@ -14,7 +14,7 @@ uint8 ``(3, H, W)`` tensors of different sizes where they lie (a GPU after nvJPE
 crop and flip are drawn on the host from :func:`sample_rng` ``(seed, epoch, index)``, so a
 batch does not depend on how many workers made it or where a run was stopped; the pixels are
 cut and resized on the images' device. DALI builds the same recipe as a graph of its own
-operators (``largebatch.data.dali``) from these constants.
+operators (``largebatch.data.pipelines.dali_graph``) from these constants.
 """
 
 from __future__ import annotations

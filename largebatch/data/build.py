@@ -4,11 +4,11 @@
 rank 0 on first use). ``build_run_loaders`` picks the pipeline and builds this rank's train and
 val loaders:
 
-* ``loader="torchvision"``: the torchvision ``DataLoader`` (:mod:`largebatch.data.folder`);
+* ``loader="torchvision"``: the torchvision ``DataLoader`` (:mod:`largebatch.data.pipelines.torchvision`);
 * ``loader="dali"``: NVIDIA DALI over the clean file lists of ``largebatch-check-data``
   (DALI cannot skip a bad file, so an unchecked set is an error naming the command);
 * ``loader="nvjpeg"``: workers read file bytes; torchvision's nvJPEG decodes and the batch is
-  augmented on ``device`` (:mod:`largebatch.data.nvjpeg`; on a CPU device it decodes there);
+  augmented on ``device`` (:mod:`largebatch.data.pipelines.nvjpeg`; on a CPU device it decodes there);
 * ``loader="auto"``: DALI where it is installed and the set is checked, else nvjpeg on a CUDA
   device and torchvision elsewhere, with a log line saying why;
 * ``shards=DIR``: DALI's webdataset reader over ``largebatch-make-shards`` output.
@@ -23,7 +23,7 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
-from largebatch.data.folder import DataError
+from largebatch.errors import DataError
 
 __all__ = ["DaliDecision", "build_run_loaders", "dali_decision", "ensure_checked", "resolve_data_root"]
 
@@ -85,7 +85,7 @@ def dali_decision(requested: str, root: Path, fallback: str = "torchvision") -> 
     ``auto`` then reads with ``fallback`` (nvjpeg on CUDA, else torchvision) and says why.
     """
     from largebatch.data.check import SPLITS, require_checked
-    from largebatch.data.dali import dali_available, require_dali
+    from largebatch.data.pipelines.dali_graph import dali_available, require_dali
 
     if not dali_available():
         if requested == "dali":
@@ -149,7 +149,7 @@ def build_run_loaders(
         shards: a ``largebatch-make-shards`` folder, read by DALI instead of ``root``; or None.
         backend: the run's backend (rank, world size, ``broadcast_object``).
         image_size, batch_size, workers, seed, crop_scale, val_crop_ratio: as for
-            :func:`largebatch.data.folder.build_loaders` (``batch_size`` is per device).
+            :func:`largebatch.data.pipelines.torchvision.build_loaders` (``batch_size`` is per device).
         pin_memory: pin host batches (torchvision loader; worth it for a CUDA device).
         dali_device_id: DALI's GPU for mixed (GPU) decode; None: CPU decode.
         layout: the output layout, ``NCHW`` or ``NHWC`` (channels-last models), for DALI and nvjpeg.
@@ -163,7 +163,8 @@ def build_run_loaders(
     )
     decode = "mixed (GPU)" if dali_device_id is not None else "CPU"
     if shards:
-        from largebatch.data.dali import build_dali_shard_loaders, require_dali
+        from largebatch.data.pipelines.dali_graph import require_dali
+        from largebatch.data.pipelines.dali_shards import build_dali_shard_loaders
 
         if loader in ("torchvision", "nvjpeg"):
             raise DataError(
@@ -183,12 +184,12 @@ def build_run_loaders(
         return _nvjpeg_loaders(root, device=device, dtype=dtype, layout=layout, pin_memory=pin_memory,
                                is_main=backend.is_main, **common)
     if not decision.use_dali:
-        from largebatch.data.folder import build_loaders
+        from largebatch.data.pipelines.torchvision import build_loaders
 
         if backend.is_main:
             log.info("input pipeline: torchvision DataLoader, %d worker(s) per rank", workers)
         return build_loaders(root, pin_memory=pin_memory, **common)
-    from largebatch.data.dali import build_dali_loaders
+    from largebatch.data.pipelines.dali_files import build_dali_loaders
 
     train, val, num_classes = build_dali_loaders(
         root, device_id=dali_device_id, layout=layout, file_list=decision.file_lists, **common
@@ -206,7 +207,7 @@ def _nvjpeg_loaders(root: Path, *, device: Any, dtype: Any, layout: str, pin_mem
     """Loaders that decode with torchvision's nvJPEG on ``device`` (on the CPU where it is a CPU)."""
     import torch
 
-    from largebatch.data.nvjpeg import build_nvjpeg_loaders
+    from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 
     device = torch.device("cpu") if device is None else device
     train, val, num_classes = build_nvjpeg_loaders(

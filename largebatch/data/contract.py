@@ -55,7 +55,7 @@ class Loader(Protocol):
 class LoaderView:
     """What every loader wrapper shows of the DataLoader ``self.loader`` it wraps: ``len()``,
     ``sampler``, ``dataset``, ``batch_size``, and ``set_epoch`` for the sampler (shared by
-    :class:`SkipCountingLoader` and :class:`largebatch.data.nvjpeg.NvjpegLoader`)."""
+    :class:`SkipCountingLoader` and :class:`largebatch.data.pipelines.nvjpeg.NvjpegLoader`)."""
 
     loader: DataLoader
 
@@ -74,7 +74,7 @@ class LoaderView:
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
         """Use epoch ``epoch``'s shuffle and skip its first ``skip_batches`` batches (resume).
 
-        The same call as :class:`largebatch.data.dali.DaliLoader`'s; a skip needs a
+        The same call as :class:`largebatch.data.pipelines.dali_files.DaliLoader`'s; a skip needs a
         :class:`ShardedSampler` (it becomes ``set_start(skip_batches x batch_size)``).
         """
         sampler = self.loader.sampler

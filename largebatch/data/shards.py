@@ -4,7 +4,7 @@ A million small files cost a metadata lookup and a random read each; on network 
 systems that, not decoding, limits the input rate. ``largebatch-make-shards ROOT OUT
 --shard-size N`` packs the files of the clean lists of ``largebatch-check-data`` into
 ``OUT/<split>/shard-000000.tar`` ... of N samples each, read sequentially by DALI's
-``fn.readers.webdataset`` (:func:`largebatch.data.dali.build_dali_shard_loaders`).
+``fn.readers.webdataset`` (:func:`largebatch.data.pipelines.dali_shards.build_dali_shard_loaders`).
 
 Layout of one sample (WebDataset convention: members sharing a key form a sample):
 

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 from largebatch.cli import main
-from largebatch.data import nvjpeg as nv
-from largebatch.data.nvjpeg import build_nvjpeg_loaders
+from largebatch.data.pipelines import nvjpeg as nv
+from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 from largebatch.data.synthetic import make_synthetic_imagenet
 
 pytestmark = pytest.mark.gpu

@@ -7,7 +7,7 @@ so the host CPUs no longer limit the input rate (Ying et al. 2018, sec. 4: the i
 is what limits accelerators at large batch).
 
 Augmentation (:mod:`largebatch.data.augment`, tensor ops) is the recipe of
-:mod:`largebatch.data.folder`: training takes a random-resized crop (area ``crop_scale``,
+:mod:`largebatch.data.pipelines.torchvision`: training takes a random-resized crop (area ``crop_scale``,
 aspect ratio 3/4..4/3, torchvision's sampling rule), a horizontal flip with probability 1/2
 and the ImageNet mean/std; evaluation resizes the shorter side to ``image_size /
 val_crop_ratio`` and takes the centre crop. Each sample's crop and flip come from a generator
@@ -16,7 +16,7 @@ and a run resumed mid-epoch gets the very crops the uninterrupted run would have
 next batch is decoded and augmented in a background thread
 (:func:`largebatch.data.background.in_background`).
 
-Batch contract (that of :func:`largebatch.data.folder.build_loaders`, on the device):
+Batch contract (that of :func:`largebatch.data.pipelines.torchvision.build_loaders`, on the device):
 
 * Iterating yields ``(images, labels)``: ``(N, 3, S, S)`` normalised images in ``dtype``
   (channels_last if asked) and int64 ``(N,)`` labels, both on ``device``.
@@ -55,7 +55,7 @@ from largebatch.data.augment import (
 )
 from largebatch.data.background import in_background
 from largebatch.data.contract import LoaderView, UnreadableTally
-from largebatch.data.folder import RobustImageFolder, _check_same_classes
+from largebatch.data.pipelines.torchvision import RobustImageFolder, _check_same_classes
 from largebatch.data.images import decompression_bomb_limit, load_rgb, split_folder
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
 from largebatch.data.worker_signals import ignoring_stop_signals
@@ -404,7 +404,7 @@ def build_nvjpeg_loaders(
 ) -> tuple[NvjpegLoader, NvjpegLoader, int]:
     """Train and val loaders of ``root/train`` and ``root/val`` decoding on ``device``.
 
-    The arguments of :func:`largebatch.data.folder.build_loaders`, plus:
+    The arguments of :func:`largebatch.data.pipelines.torchvision.build_loaders`, plus:
 
     Args:
         device: where to decode and augment (a CUDA device: nvJPEG; the CPU: libjpeg, for

@@ -1,0 +1,302 @@
+"""``data.loader=dali`` over files: ImageFolder trees or the data check's file lists.
+
+Order of the samples. A DALI reader owns its order, so a resumed run could neither pick an
+epoch nor skip batches without decoding them. Here the order is ours: each batch's file paths
+come from a small Python callback (``fn.external_source``), drawn from
+:class:`ShardedSampler` (training: one permutation per epoch, seeded by ``seed + epoch``, rank
+``r`` of ``w`` takes ``perm[r::w]``, trimmed to whole batches, the same as the torchvision
+path) or :class:`ExactShardSampler` (evaluation: contiguous blocks, every image once, the last
+batch short). DALI then reads the files (``fn.io.file.read``, in its thread pool) and decodes
+them (:mod:`largebatch.data.pipelines.dali_graph`). So ranks are disjoint every epoch, the
+order changes every epoch, ``set_epoch(e, skip_batches=k)`` costs nothing, and both paths feed
+a rank the same images. Validation needs no padding: the last batch is simply shorter, so
+nothing is counted twice.
+
+Overlap: DALI runs in its own threads (and CUDA streams) with ``prefetch_queue_depth``
+batches (default 2) in flight, so the next batch is being read, decoded and augmented while
+the model trains on the current one.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from largebatch.data.augment import TRAIN_CROP_SCALE, VAL_CROP_RATIO
+from largebatch.data.images import list_split, read_file_list
+from largebatch.data.pipelines.dali_graph import (
+    DEFAULT_HW_DECODER_LOAD,
+    _aug_seed,
+    _check_common,
+    _dali,
+    _decode_error,
+    _to_batch,
+    _train_images,
+    _val_images,
+)
+from largebatch.data.samplers import ExactShardSampler, ShardedSampler
+from largebatch.errors import DataError, UsageError
+
+__all__ = ["DaliLoader", "build_dali_loaders"]
+
+
+# ---------------------------------------------------------------------------------------
+# files and file lists: the order comes from our samplers
+
+
+class _BatchSource:
+    """``fn.external_source`` callback: batch ``i`` of the current epoch as (paths, labels)."""
+
+    def __init__(self, paths: Sequence[str], labels: np.ndarray) -> None:
+        self.paths = paths
+        self.labels = labels
+        self.batches: list[list[int]] = []
+
+    def __call__(self, info: Any) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        if info.iteration >= len(self.batches):
+            raise StopIteration
+        idx = self.batches[info.iteration]
+        return ([np.frombuffer(self.paths[i].encode(), dtype=np.uint8) for i in idx],
+                [np.asarray(self.labels[i], dtype=np.int64) for i in idx])
+
+
+class DaliLoader:
+    """A DALI pipeline over a list of files, in the order of a largebatch sampler.
+
+    Iterating yields ``(images, labels)`` for the current epoch; ``len()`` is the number of
+    batches of a whole epoch for this rank; ``set_epoch(epoch, skip_batches)`` picks the
+    epoch's shuffle and skips its first batches (resume), for the next iteration only.
+    Build it with :func:`build_dali_loaders`.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str],
+        labels: Sequence[int],
+        *,
+        sampler: ShardedSampler | ExactShardSampler,
+        batch_size: int,
+        drop_last: bool,
+        graph: Callable[[Any, bool], Any],
+        workers: int,
+        device_id: int | None,
+        seed: int,
+        layout: str,
+        prefetch_queue_depth: int = 2,
+        data_root: str | None = None,
+    ) -> None:
+        self.sampler = sampler
+        self.data_root = data_root
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.layout = layout
+        self.device_id = device_id
+        self.epoch = 0
+        self.skip_batches = 0
+        self.skipped = 0  # never grows: DALI cannot skip a file, the data check left them out
+        self._source = _BatchSource(paths, np.asarray(labels, dtype=np.int64))
+        self._graph = graph
+        self._workers = max(1, workers)
+        self._seed = seed
+        self._depth = prefetch_queue_depth
+        self._iterator: Any = None
+        self._pending = 0  # batches DALI still holds for the epoch being read (-1: none begun)
+
+    @property
+    def num_samples(self) -> int:
+        """Samples this rank reads in a whole epoch."""
+        if isinstance(self.sampler, ShardedSampler):
+            return self.sampler.shard_len  # already whole batches
+        return len(self.sampler)
+
+    def __len__(self) -> int:
+        n = self.num_samples
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+        """Use epoch ``epoch``'s order and skip its first ``skip_batches`` batches."""
+        if not 0 <= skip_batches <= len(self):
+            raise ValueError(f"skip_batches must be in 0..{len(self)}, got {skip_batches}")
+        self.epoch = epoch
+        self.skip_batches = skip_batches
+        self.sampler.set_epoch(epoch)
+
+    def epoch_batches(self) -> list[list[int]]:
+        """Sample indices of each batch still to come in the current epoch."""
+        shard = self.sampler.shard() if isinstance(self.sampler, ShardedSampler) else list(self.sampler)
+        batches = [shard[i : i + self.batch_size] for i in range(0, len(shard), self.batch_size)]
+        if self.drop_last and batches and len(batches[-1]) < self.batch_size:
+            batches.pop()
+        return batches[self.skip_batches :]
+
+    def _build(self) -> Any:
+        dali = _dali()
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+        gpu = self.device_id is not None
+        source = self._source
+
+        @dali.pipeline_def(batch_size=self.batch_size, num_threads=self._workers,
+                           device_id=self.device_id, seed=self._seed,
+                           prefetch_queue_depth=self._depth)
+        def pipeline() -> tuple[Any, Any]:
+            names, labels = dali.fn.external_source(source=source, num_outputs=2, batch=True,
+                                                    batch_info=True)
+            images = self._graph(dali.fn.io.file.read(names), gpu)
+            return images, labels.gpu() if gpu else labels
+
+        # The epoch ends when the source raises StopIteration; nothing is scheduled before
+        # the first next(), so the first epoch's order is the one set_epoch chose.
+        return DALIGenericIterator(pipeline(), ["images", "labels"],
+                                   last_batch_policy=LastBatchPolicy.PARTIAL,
+                                   prepare_first_batch=False)
+
+    def _start_epoch(self, batches: list[list[int]]) -> Any:
+        if self._iterator is not None and self._pending > 0:
+            self._iterator = None  # the last epoch was left half read: DALI cannot rewind
+        if self._iterator is None:
+            self._source.batches = batches
+            self._iterator = self._build()
+        else:  # the last epoch was read to its end: finish it, then restart the pipeline
+            try:
+                next(self._iterator)
+            except StopIteration:
+                pass
+            self._source.batches = batches
+            self._iterator.reset()
+        self._pending = len(batches)
+        return self._iterator
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        batches = self.epoch_batches()
+        self.skip_batches = 0  # a resume skip applies once
+        if not batches:
+            return
+        iterator = self._start_epoch(batches)
+        for _ in range(len(batches)):
+            try:
+                out = next(iterator)[0]
+            except RuntimeError as err:
+                self._iterator = None  # a failed pipeline cannot go on
+                raise _decode_error(err, self.data_root) from None
+            self._pending -= 1
+            yield _to_batch(out, self.layout)
+
+
+def _file_samples(root: str, split: str, file_list: str | os.PathLike | None
+                  ) -> tuple[list[str], list[int], int | None]:
+    """Paths, labels and (for a tree) the class count of one split."""
+    if file_list is None:
+        classes, paths, labels = list_split(root, split)
+        return paths, labels, len(classes)
+    if not os.path.isfile(file_list):
+        raise DataError(f"file list {file_list} does not exist: run largebatch-check-data {root}")
+    paths, labels = read_file_list(file_list, root)
+    split_dir = os.path.join(root, split)
+    if split == "train" and os.path.isdir(split_dir):  # the other loaders' rule, at build time here
+        classes = sorted(e.name for e in os.scandir(split_dir) if e.is_dir())
+        missing = sorted(set(range(len(classes))) - set(labels))
+        if missing:
+            name = classes[missing[0]]
+            raise DataError(
+                f"class {name!r} has no readable training image: the data check left every file "
+                f"of {os.path.join(split_dir, name)} out of {file_list} (its report names them); "
+                f"replace them or remove the class folder from train/ and val/"
+            )
+    return paths, labels, None
+
+
+def _class_count(root: str) -> int | None:
+    train = os.path.join(root, "train")
+    if not os.path.isdir(train):
+        return None
+    return sum(1 for e in os.scandir(train) if e.is_dir())
+
+
+def build_dali_loaders(
+    root: str | os.PathLike,
+    *,
+    image_size: int,
+    batch_size: int,
+    workers: int,
+    rank: int = 0,
+    world_size: int = 1,
+    seed: int = 0,
+    crop_scale: Sequence[float] = TRAIN_CROP_SCALE,
+    val_crop_ratio: float = VAL_CROP_RATIO,
+    device_id: int | None = None,
+    layout: str = "NCHW",
+    dtype: torch.dtype = torch.float32,
+    file_list: str | os.PathLike | Mapping[str, str | os.PathLike] | None = None,
+    val_batch_size: int | None = None,
+    hw_decoder_load: float = DEFAULT_HW_DECODER_LOAD,
+    prefetch_queue_depth: int = 2,
+) -> tuple[DaliLoader, DaliLoader, int]:
+    """DALI train and val loaders of ``root/train`` and ``root/val`` for one rank.
+
+    Args:
+        root: folder holding ``train/<class>/`` and ``val/<class>/`` (ImageFolder layout).
+        image_size: side of the training crop and of the val centre crop, pixels.
+        batch_size: per-device batch size.
+        workers: DALI CPU threads of each pipeline.
+        rank, world_size: this rank's place (training shard ``perm[rank::world_size]`` of
+            whole batches; val: a contiguous block, every image counted once over all ranks).
+        seed: seed of the shard permutation (``seed + epoch``) and of the augmentation.
+        crop_scale: random crop area range (fraction of the image).
+        val_crop_ratio: val centre crop / resized shorter side.
+        device_id: local GPU for ``mixed`` decode and GPU augmentation; None: CPU only.
+        layout: "NCHW", or "NHWC" (NCHW-shaped tensors in channels_last memory).
+        dtype: torch.float32 or torch.float16 images.
+        file_list: the clean file list(s) of ``largebatch-check-data`` (paths relative to
+            ``root``): one path (train) or ``{"train": ..., "val": ...}``; a split without
+            one is listed from its folder.
+        val_batch_size: per-device val batch (default ``batch_size``).
+        hw_decoder_load: share of JPEGs for the GPU's hardware decoder (mixed decode only).
+        prefetch_queue_depth: batches DALI prepares ahead of the one being trained on.
+
+    Returns ``(train_loader, val_loader, num_classes)``.
+    """
+    _check_common(image_size, batch_size, workers, layout, dtype, rank, world_size)
+    if not 0 < val_crop_ratio <= 1:
+        raise UsageError(f"val_crop_ratio must be in (0, 1], got {val_crop_ratio}")
+    root = os.fspath(root)
+    if not os.path.isdir(root):
+        raise DataError(f"data root {root} does not exist: set data.root to a folder holding "
+                        f"train/ and val/")
+    lists = dict(file_list) if isinstance(file_list, Mapping) else {"train": file_list}
+    train_paths, train_labels, n_train = _file_samples(root, "train", lists.get("train"))
+    val_paths, val_labels, n_val = _file_samples(root, "val", lists.get("val"))
+    num_classes = n_train or _class_count(root) or (max(train_labels, default=-1) + 1)
+    if n_val is not None and n_val != num_classes:
+        raise DataError(f"train and val of {root} have {num_classes} and {n_val} class folders: "
+                        f"both splits need the same class folders")
+    if not train_paths:
+        raise DataError(f"{root}/train holds no image")
+
+    def train_graph(encoded: Any, gpu: bool) -> Any:
+        return _train_images(encoded, gpu=gpu, image_size=image_size, crop_scale=crop_scale,
+                             layout=layout, dtype=dtype, hw_decoder_load=hw_decoder_load)
+
+    def val_graph(encoded: Any, gpu: bool) -> Any:
+        return _val_images(encoded, gpu=gpu, image_size=image_size, val_crop_ratio=val_crop_ratio,
+                           layout=layout, dtype=dtype, hw_decoder_load=hw_decoder_load)
+
+    common = dict(workers=workers, device_id=device_id, layout=layout,
+                  prefetch_queue_depth=prefetch_queue_depth, data_root=root)
+    train = DaliLoader(
+        train_paths, train_labels, batch_size=batch_size, drop_last=True, graph=train_graph,
+        sampler=ShardedSampler(len(train_paths), rank=rank, world_size=world_size,
+                               batch_size=batch_size, seed=seed),
+        seed=_aug_seed(seed, rank), **common,
+    )
+    val = DaliLoader(
+        val_paths, val_labels, batch_size=val_batch_size or batch_size, drop_last=False,
+        graph=val_graph, sampler=ExactShardSampler(len(val_paths), rank=rank, world_size=world_size),
+        seed=_aug_seed(seed, rank), **common,
+    )
+    return train, val, num_classes
+
+

@@ -1,0 +1,235 @@
+"""``data.shards=DIR``: packed WebDataset shards read by DALI's ``fn.readers.webdataset``.
+
+Written by ``largebatch-make-shards`` (:mod:`largebatch.data.shards`). Each epoch the archive
+order is permuted (seed + epoch, the same on every rank), DALI splits the concatenated samples
+into ``world_size`` contiguous, disjoint parts (its ``shard_id``/``num_shards``), and a shuffle
+buffer mixes samples inside a rank's part. The pipeline is rebuilt per epoch (so any epoch can
+be started), and ``skip_batches`` reads and drops batches. Decode and augmentation:
+:mod:`largebatch.data.pipelines.dali_graph`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from largebatch.data.augment import TRAIN_CROP_SCALE, VAL_CROP_RATIO
+from largebatch.data.pipelines.dali_graph import (
+    DEFAULT_HW_DECODER_LOAD,
+    _SHARD_IMAGE_EXT,
+    _aug_seed,
+    _check_common,
+    _dali,
+    _to_batch,
+    _train_images,
+    _val_images,
+)
+from largebatch.errors import DataError
+
+__all__ = ["DaliShardLoader", "build_dali_shard_loaders", "read_shard_meta"]
+
+
+# ---------------------------------------------------------------------------------------
+# packed shards: DALI's webdataset reader owns the order inside an epoch
+
+
+def _dali_shard_bounds(n: int, shard_id: int, num_shards: int) -> tuple[int, int]:
+    """Samples ``[begin, end)`` DALI's readers give shard ``shard_id`` of ``num_shards``."""
+    return n * shard_id // num_shards, n * (shard_id + 1) // num_shards
+
+
+class DaliShardLoader:
+    """A DALI ``readers.webdataset`` pipeline over packed shards (see the module docstring).
+
+    Same interface as :class:`DaliLoader`. Training: ``len()`` = ``(N // world) //
+    batch_size`` on every rank (equal step counts even when DALI's shards differ by one);
+    the pipeline is rebuilt per epoch with that epoch's archive order and shuffle seed.
+    Evaluation: the archives in stored order, this rank's DALI shard read once, padded
+    samples dropped (``LastBatchPolicy.PARTIAL``).
+    """
+
+    def __init__(
+        self,
+        tars: Sequence[str],
+        indexes: Sequence[str],
+        num_samples: int,
+        *,
+        train: bool,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        graph: Callable[[Any, bool], Any],
+        workers: int,
+        device_id: int | None,
+        layout: str,
+        prefetch_queue_depth: int = 2,
+        shuffle_buffer: int = 4096,
+    ) -> None:
+        self.tars, self.indexes = list(tars), list(indexes)
+        self.total = num_samples
+        self.train = train
+        self.batch_size = batch_size
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.layout = layout
+        self.device_id = device_id
+        self.epoch = 0
+        self.skip_batches = 0
+        self.skipped = 0  # never grows (see DaliLoader.skipped)
+        self._graph = graph
+        self._workers = max(1, workers)
+        self._depth = prefetch_queue_depth
+        self._buffer = shuffle_buffer
+        self._iterator: Any = None
+        self._iterator_epoch: int | None = None
+        self._pending = 0
+
+    @property
+    def num_samples(self) -> int:
+        if self.train:
+            per_rank = self.total // self.world_size
+            return per_rank - per_rank % self.batch_size
+        begin, end = _dali_shard_bounds(self.total, self.rank, self.world_size)
+        return end - begin
+
+    def __len__(self) -> int:
+        return self.num_samples // self.batch_size if self.train else -(-self.num_samples // self.batch_size)
+
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+        """Use epoch ``epoch``'s archive order; drop its first ``skip_batches`` batches."""
+        if not 0 <= skip_batches <= len(self):
+            raise ValueError(f"skip_batches must be in 0..{len(self)}, got {skip_batches}")
+        self.epoch = epoch
+        self.skip_batches = skip_batches if self.train else 0
+
+    def archive_order(self, epoch: int) -> list[int]:
+        """The epoch's order of the archives (the same permutation on every rank)."""
+        if not self.train:
+            return list(range(len(self.tars)))
+        gen = torch.Generator().manual_seed(self.seed + epoch)
+        return torch.randperm(len(self.tars), generator=gen).tolist()
+
+    def _build(self) -> Any:
+        dali = _dali()
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+        gpu = self.device_id is not None
+        order = self.archive_order(self.epoch)
+        reader_args: dict[str, Any] = dict(
+            paths=[self.tars[i] for i in order], index_paths=[self.indexes[i] for i in order],
+            ext=[_SHARD_IMAGE_EXT, "lbl"], dtypes=[dali.types.UINT8, dali.types.INT64],
+            missing_component_behavior="error", num_shards=self.world_size,
+            shard_id=self.rank, stick_to_shard=True, name="reader",
+        )
+        if self.train:
+            reader_args.update(random_shuffle=True, initial_fill=max(1, self._buffer))
+        else:
+            reader_args.update(pad_last_batch=True)
+
+        @dali.pipeline_def(batch_size=self.batch_size, num_threads=self._workers,
+                           device_id=self.device_id,
+                           seed=_aug_seed(self.seed, self.rank, self.epoch if self.train else 0),
+                           prefetch_queue_depth=self._depth)
+        def pipeline() -> tuple[Any, Any]:
+            encoded, labels = dali.fn.readers.webdataset(**reader_args)
+            images = self._graph(encoded, gpu)
+            return images, labels.gpu() if gpu else labels
+
+        policy = LastBatchPolicy.DROP if self.train else LastBatchPolicy.PARTIAL
+        return DALIGenericIterator(pipeline(), ["images", "labels"], reader_name="reader",
+                                   last_batch_policy=policy, prepare_first_batch=False)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        total, skip = len(self), self.skip_batches
+        self.skip_batches = 0
+        if total - skip <= 0:
+            return
+        reuse = (not self.train and self._iterator is not None and self._pending == 0
+                 and self._iterator_epoch == self.epoch)
+        if reuse:
+            self._iterator.reset()  # validation: same order every time, keep the pipeline
+        else:
+            self._iterator = None  # free the old pipeline's threads and buffers first
+            self._iterator = self._build()
+            self._iterator_epoch = self.epoch
+        self._pending = total
+        for k in range(total):
+            out = next(self._iterator)[0]
+            self._pending -= 1
+            if k >= skip:
+                yield _to_batch(out, self.layout)
+        if not self.train:  # read to the end so the next reset() starts a clean epoch
+            for _ in self._iterator:
+                pass
+
+
+def read_shard_meta(shards: str | os.PathLike, split: str) -> dict[str, Any]:
+    """The ``meta.json`` of ``shards/split`` written by ``largebatch-make-shards``."""
+    path = Path(shards) / split / "meta.json"
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataError(f"{path} does not exist: make packed shards with "
+                        f"largebatch-make-shards ROOT {shards}") from None
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path} is not valid JSON ({err}): re-run largebatch-make-shards") from None
+    return meta
+
+
+def build_dali_shard_loaders(
+    shards: str | os.PathLike,
+    *,
+    image_size: int,
+    batch_size: int,
+    workers: int,
+    rank: int = 0,
+    world_size: int = 1,
+    seed: int = 0,
+    crop_scale: Sequence[float] = TRAIN_CROP_SCALE,
+    val_crop_ratio: float = VAL_CROP_RATIO,
+    device_id: int | None = None,
+    layout: str = "NCHW",
+    dtype: torch.dtype = torch.float32,
+    val_batch_size: int | None = None,
+    hw_decoder_load: float = DEFAULT_HW_DECODER_LOAD,
+    prefetch_queue_depth: int = 2,
+    shuffle_buffer: int = 4096,
+) -> tuple[DaliShardLoader, DaliShardLoader, int]:
+    """Like :func:`build_dali_loaders`, reading ``shards/{train,val}/*.tar`` of
+    ``largebatch-make-shards``; ``shuffle_buffer`` samples are mixed inside a rank's shard."""
+    _check_common(image_size, batch_size, workers, layout, dtype, rank, world_size)
+    loaders = []
+    num_classes = 0
+    for split in ("train", "val"):
+        meta = read_shard_meta(shards, split)
+        folder = Path(shards) / split
+        tars = [str(folder / s["tar"]) for s in meta["shards"]]
+        indexes = [str(folder / s["index"]) for s in meta["shards"]]
+        missing = [p for p in tars + indexes if not os.path.isfile(p)]
+        if missing:
+            raise DataError(f"packed shard {missing[0]} is missing ({len(missing)} file(s)): "
+                            f"re-run largebatch-make-shards")
+        train = split == "train"
+        num_classes = max(num_classes, len(meta["classes"]))
+
+        def graph(encoded: Any, gpu: bool, train: bool = train) -> Any:
+            if train:
+                return _train_images(encoded, gpu=gpu, image_size=image_size, crop_scale=crop_scale,
+                                     layout=layout, dtype=dtype, hw_decoder_load=hw_decoder_load)
+            return _val_images(encoded, gpu=gpu, image_size=image_size, val_crop_ratio=val_crop_ratio,
+                               layout=layout, dtype=dtype, hw_decoder_load=hw_decoder_load)
+
+        loaders.append(DaliShardLoader(
+            tars, indexes, int(meta["num_samples"]), train=train,
+            batch_size=batch_size if train else (val_batch_size or batch_size), rank=rank,
+            world_size=world_size, seed=seed, graph=graph, workers=workers, device_id=device_id,
+            layout=layout, prefetch_queue_depth=prefetch_queue_depth, shuffle_buffer=shuffle_buffer,
+        ))
+    if loaders[0].num_samples == 0:
+        raise DataError(f"{loaders[0].total} packed samples on {world_size} ranks give no full "
+                        f"batch of {batch_size} per rank; lower the batch size")
+    return loaders[0], loaders[1], num_classes
