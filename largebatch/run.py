@@ -217,7 +217,13 @@ def _resolved(cfg: Any, backend: Any, plan: BatchPlan, **facts: Any) -> dict[str
 def _announce(resolved: dict[str, Any], run_dir: Path, raw_cfg: Any) -> None:
     """Rank 0: write config.yaml and log the batch and lr arithmetic once."""
     if raw_cfg is not None:
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(raw_cfg), encoding="utf-8")
+        path = run_dir / "config.yaml"
+        try:
+            path.write_text(OmegaConf.to_yaml(raw_cfg), encoding="utf-8")
+        except OSError as e:
+            from largebatch.engine.run_files import run_file_error
+
+            raise run_file_error("the config", path, e, "nothing was trained; free space (or make it writable) and run again") from None
     r = resolved
     log.info(
         "global batch %d = %d per device x %d devices x %d accumulation; lr %.4g per %d "
@@ -259,6 +265,8 @@ def _train(trainer: Any, hooks: Any, run_dir: Path, loaders: Sequence[Any], is_m
         trainer.train()
     finally:
         hooks.preemption.uninstall()
+    if trainer.failure is not None:  # a run file could not be written (a checkpoint was saved)
+        raise trainer.failure
     if hooks.preemption.preempted:
         raise Preempted(
             f"{trainer.stop_reason} at step {trainer.state.step}; checkpoint saved in "

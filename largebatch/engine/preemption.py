@@ -24,7 +24,7 @@ from typing import Any, Optional
 import torch
 
 from largebatch.engine.loop import Hook
-from largebatch.errors import Preempted
+from largebatch.errors import Preempted, RunFileError
 
 __all__ = ["Preempted", "PreemptionHook"]
 
@@ -61,14 +61,20 @@ class PreemptionHook(Hook):
 
     def after_step(self) -> None:
         t = self.trainer
+        failed = t.failure is not None  # rank 0 could not write a run file (engine.run_files)
         if t.backend.world_size == 1:
-            stop = self.signal_name is not None
+            signalled = self.signal_name is not None
         elif t.state.step % self.check_every == 0:
-            flag = torch.tensor(float(self.signal_name is not None), device=t.backend.device)
-            stop = t.backend.all_reduce_sum(flag).item() > 0
+            flags = torch.tensor([float(self.signal_name is not None), float(failed)], device=t.backend.device)
+            signalled, failed = (v > 0 for v in t.backend.all_reduce_sum(flags).tolist())
         else:
             return
-        if stop:
+        if failed:
+            if t.failure is None:
+                t.failure = RunFileError("rank 0 could not write a file of the run (its error line names it); "
+                                         "the run stopped after saving a checkpoint", path=None, errno=None)
+            t.request_stop("a file of the run could not be written")
+        if signalled:
             self.preempted = True
             t.request_stop(f"preempted ({self.signal_name or 'signal on another rank'})")
 
