@@ -67,6 +67,27 @@ def plan_batches(global_batch_size: int, world_size: int, accumulation_steps: in
     return BatchPlan(global_batch_size, world_size, accumulation_steps, global_batch_size // parts)
 
 
+class _RunLogFile(logging.FileHandler):
+    """``train.log``: a write that fails (disk full, read-only) turns the file off with one
+    console line naming it, instead of logging's traceback for every later record (the
+    console has the same lines)."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        err = sys.exc_info()[1]
+        if not isinstance(err, OSError):
+            super().handleError(record)
+            return
+        logging.getLogger().removeHandler(self)
+        try:
+            self.close()
+        except OSError:
+            pass  # its buffered lines cannot be written either
+        from largebatch.errors import os_error_text
+
+        log.error("cannot write the run log %s; the log goes on on the console only",
+                  os_error_text(err, self.baseFilename))
+
+
 def _setup_logging(is_main: bool, run_dir: Optional[Path]) -> None:
     root = logging.getLogger()
     for h in list(root.handlers):
@@ -77,7 +98,7 @@ def _setup_logging(is_main: bool, run_dir: Optional[Path]) -> None:
     console.setFormatter(fmt)
     root.addHandler(console)
     if is_main and run_dir is not None:
-        fh = logging.FileHandler(run_dir / "train.log")
+        fh = _RunLogFile(run_dir / "train.log")
         fh.setFormatter(fmt)
         root.addHandler(fh)
     root.setLevel(level)

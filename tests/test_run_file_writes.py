@@ -142,3 +142,12 @@ def test_a_full_disk_under_the_run_directory_names_the_file(tmp_path: Path, moun
     fs = _tiny_tmpfs(tmp_path, mounts, free_pages=0)
     err = _one_line(_train(tmp_path, fs / "run", "tensorboard=false"), 2)
     assert "None" not in err and f"{fs / 'run' / '.write-test'}: [Errno {errno.ENOSPC} ENOSPC]" in err, err
+
+
+def test_a_full_disk_under_train_log_turns_it_off_with_one_line(tmp_path: Path, mounts: list[Path]) -> None:
+    run = tmp_path / "run"
+    path = _file_on_tiny_fs(tmp_path, run, "train.log", mounts, free_pages=1, pad=3900)
+    proc = _train(tmp_path, run, "tensorboard=false")
+    assert proc.returncode == 0 and "Logging error" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stdout.count(f"cannot write the run log {path}: [Errno {errno.ENOSPC} ENOSPC]") == 1, proc.stdout[-3000:]
+    assert [checkpoint_step(p) for p in list_checkpoints(run / "checkpoints")] == [4, 8]
