@@ -10,6 +10,7 @@ needs CAP_SYS_ADMIN (root in most containers); without it the tests skip, saying
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import subprocess
@@ -102,6 +103,8 @@ def test_a_full_disk_under_a_log_stops_with_a_checkpoint_and_exit_74(
     assert f"{path}: [Errno {errno.ENOSPC} ENOSPC]" in err and "resume=auto" in err, err
     saved = list_checkpoints(run / "checkpoints")
     assert saved and 1 <= checkpoint_step(saved[-1]) < 8, saved  # stopped early, its step saved
+    lines = path.read_text().splitlines()  # no half-written line: a resumed run appends whole ones
+    assert len(lines) > 1 and all(isinstance(json.loads(line), dict) for line in lines), lines[-1][-200:]
 
 
 def test_a_full_tensorboard_folder_turns_tensorboard_off_and_training_goes_on(tmp_path: Path, mounts: list[Path]) -> None:

@@ -42,14 +42,19 @@ def record_failure(trainer: Any, error: Optional[RunFileError]) -> None:
 
 
 class AppendLog:
-    """A JSONL file opened for appending; the first failed write records the failure and
-    turns the file off (the lines after it are dropped, the run stops after this step)."""
+    """A JSONL file opened for appending; the first failed write returns the failure and
+    turns the file off (the lines after it are dropped, the run stops after this step).
+
+    A write that failed halfway (disk full) is cut off again, so the file ends with a whole
+    line and the resumed run appends whole lines after it (``largebatch-report`` reads it).
+    """
 
     def __init__(self, path: str | os.PathLike, what: str) -> None:
         self.path = Path(path)
         self.what = what
         try:
             self.file: Optional[Any] = open(self.path, "a", encoding="utf-8")
+            self.size = self.path.stat().st_size  # the bytes known to be whole lines
         except OSError as e:
             raise run_file_error(what, self.path, e, "nothing was trained; free space (or make it writable) and run again") from None
 
@@ -57,12 +62,18 @@ class AppendLog:
         """Append ``line``; the error of the write that failed first (later ones are dropped)."""
         if self.file is None:
             return None
+        text = line + "\n"
         try:
-            self.file.write(line + "\n")
+            self.file.write(text)
             self.file.flush()
         except OSError as e:
             self._drop()
+            try:
+                os.truncate(self.path, self.size)  # frees space: works on a full disk
+            except OSError:
+                pass  # read-only: the failed write wrote nothing either
             return run_file_error(self.what, self.path, e, STOPPED)
+        self.size += len(text.encode("utf-8"))
         return None
 
     def close(self) -> Optional[RunFileError]:
