@@ -32,7 +32,7 @@ import torch
 from omegaconf import OmegaConf
 
 from largebatch import __version__
-from largebatch.errors import Preempted, UsageError
+from largebatch.errors import Preempted, UsageError, os_error_text
 
 __all__ = ["BatchPlan", "plan_batches", "run"]
 
@@ -82,8 +82,6 @@ class _RunLogFile(logging.FileHandler):
             self.close()
         except OSError:
             pass  # its buffered lines cannot be written either
-        from largebatch.errors import os_error_text
-
         log.error("cannot write the run log %s; the log goes on on the console only",
                   os_error_text(err, self.baseFilename))
 

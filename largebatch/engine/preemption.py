@@ -2,10 +2,14 @@
 
 A signal handler only sets a flag (nothing else is safe inside a handler). After a step the
 :class:`PreemptionHook` decides, on all ranks together, whether to stop: the flag of each
-rank is all-reduced in a one-element tensor, so ranks that got the signal a step apart (or
+rank is all-reduced in a small tensor, so ranks that got the signal a step apart (or
 not at all: a scheduler may signal one node) still stop after the same step. The loop then
 ends, the checkpoint hook saves (its ``after_train``), and the CLI exits with
 ``EXIT_PREEMPTED``. A second SIGINT interrupts at once (``KeyboardInterrupt``).
+
+The same agreement carries a second flag: rank 0 could not write a run file
+(``trainer.failure``, see :mod:`largebatch.engine.run_files`). Every rank then stops after
+the agreed step, the checkpoint hook saves it, and the run exits 74 instead of 75.
 
 Cost: at world size 1 the flag is a Python bool read every step (free). With several ranks
 the agreement is a collective and a host read, so it runs every ``check_every`` steps; the
