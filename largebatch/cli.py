@@ -6,7 +6,7 @@ or a sweep of them with ``-m`` (``largebatch.multirun``). The command line itsel
 flags, ``hydra.run.dir``) is ``largebatch.config.command_line``.
 
 Exit codes are ``largebatch.errors``'s table (0 done, 2 bad input, 3 non-finite loss, 74 a
-checkpoint write failed, 75 preempted after saving, 130 a second Ctrl-C); every exception is
+file of the run could not be written, 75 preempted after saving, 130 a second Ctrl-C); every exception is
 mapped by ``largebatch.errors.exit_code`` alone, and one it does not know (a bug) keeps its
 traceback.
 """

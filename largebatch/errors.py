@@ -16,9 +16,12 @@ Exit codes:
 * 3 (``EXIT_NON_FINITE``): the loss became NaN/inf (``non_finite=stop``, or more than
   ``max_skipped_steps`` skipped steps with ``non_finite=skip``); the message names the step
   and the rank.
-* 74 (``EXIT_IO_ERROR``, sysexits' EX_IOERR): a checkpoint could not be written (disk
-  full, quota, I/O error); the line names the file and the errno. The partial file is
-  removed and the earlier checkpoints are intact: free space, then ``resume=auto``.
+* 74 (``EXIT_IO_ERROR``, sysexits' EX_IOERR): a file of the run could not be written (disk
+  full, quota, read-only file system, I/O error): a checkpoint, ``config.yaml``,
+  ``metrics.jsonl``, ``mlperf_log.jsonl``, the TensorBoard events or ``summary.json``
+  (:class:`WriteError`); the line names the file and the errno. A partial checkpoint is
+  removed and the earlier checkpoints are intact; a failed run file stops the run after a
+  checkpoint of its last step: free space, then ``resume=auto``.
 * 75 (``EXIT_PREEMPTED``, sysexits' EX_TEMPFAIL: "try again later"): SIGTERM or SIGINT
   arrived; every rank finished the same step and a checkpoint was saved, so rerunning with
   ``resume=auto run_dir=<same>`` continues. Distinct from 143 (128 + SIGTERM), which means
@@ -29,14 +32,16 @@ Exit codes:
 
 from __future__ import annotations
 
+import errno as errno_codes
+import os
 from pathlib import Path
 from typing import Optional
 
 __all__ = [
     "EXIT_INTERRUPTED", "EXIT_IO_ERROR", "EXIT_NON_FINITE", "EXIT_OK", "EXIT_PREEMPTED", "EXIT_USAGE",
     "USER_ERRORS", "CheckpointError", "CheckpointSaveError", "ConfigError", "DataError", "ModelError",
-    "NonFiniteLossError", "Preempted", "ReplicaError", "ReportError", "RunDirError", "UsageError",
-    "error_line", "exit_code",
+    "NonFiniteLossError", "Preempted", "ReplicaError", "ReportError", "RunDirError", "RunFileError", "UsageError",
+    "WriteError", "error_line", "exit_code", "os_error_text",
 ]
 
 EXIT_OK = 0
@@ -81,17 +86,34 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read or does not fit the run."""
 
 
-class CheckpointSaveError(RuntimeError):
-    """Writing a checkpoint failed with an OSError (disk full, quota, I/O error).
+class WriteError(RuntimeError):
+    """Writing a file of the run failed with an OSError (disk full, quota, read-only, I/O error).
 
-    ``path`` is the checkpoint that was being written and ``errno`` the error number. The
-    temporary file is gone and the earlier checkpoints are untouched.
+    ``path`` is the file that was being written (None only on a rank that learnt of rank 0's
+    failure) and ``errno`` the error number; the message names both (:func:`os_error_text`).
     """
 
-    def __init__(self, message: str, *, path: Path, errno: Optional[int]) -> None:
+    def __init__(self, message: str, *, path: Optional[Path], errno: Optional[int]) -> None:
         super().__init__(message)
         self.path = path
         self.errno = errno
+
+
+class CheckpointSaveError(WriteError):
+    """Writing a checkpoint failed: the temporary file is gone, the earlier checkpoints are untouched."""
+
+
+class RunFileError(WriteError):
+    """Writing a run file other than a checkpoint failed (config.yaml, metrics.jsonl,
+    mlperf_log.jsonl, the TensorBoard events, summary.json)."""
+
+
+def os_error_text(err: OSError, path: str | os.PathLike) -> str:
+    """``<file>: [Errno 28 ENOSPC] No space left on device``, naming the file even when the
+    OSError does not (a failed ``write()`` carries no file name)."""
+    code = err.errno
+    name = errno_codes.errorcode.get(code, "?") if code is not None else "?"
+    return f"{err.filename or os.fspath(path)}: [Errno {code} {name}] {err.strerror or err}"
 
 
 class NonFiniteLossError(RuntimeError):
@@ -124,7 +146,7 @@ def exit_code(exc: BaseException) -> Optional[int]:
     """The exit code for ``exc``, or ``None`` when it is a bug (the caller re-raises it)."""
     if isinstance(exc, ReplicaError):
         return exc.code
-    if isinstance(exc, CheckpointSaveError):
+    if isinstance(exc, WriteError):
         return EXIT_IO_ERROR
     if isinstance(exc, USER_ERRORS):
         return EXIT_USAGE

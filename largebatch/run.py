@@ -32,7 +32,7 @@ import torch
 from omegaconf import OmegaConf
 
 from largebatch import __version__
-from largebatch.errors import Preempted, UsageError
+from largebatch.errors import Preempted, UsageError, os_error_text
 
 __all__ = ["BatchPlan", "plan_batches", "run"]
 
@@ -67,6 +67,25 @@ def plan_batches(global_batch_size: int, world_size: int, accumulation_steps: in
     return BatchPlan(global_batch_size, world_size, accumulation_steps, global_batch_size // parts)
 
 
+class _RunLogFile(logging.FileHandler):
+    """``train.log``: a write that fails (disk full, read-only) turns the file off with one
+    console line naming it, instead of logging's traceback for every later record (the
+    console has the same lines)."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        err = sys.exc_info()[1]
+        if not isinstance(err, OSError):
+            super().handleError(record)
+            return
+        logging.getLogger().removeHandler(self)
+        try:
+            self.close()
+        except OSError:
+            pass  # its buffered lines cannot be written either
+        log.error("cannot write the run log %s; the log goes on on the console only",
+                  os_error_text(err, self.baseFilename))
+
+
 def _setup_logging(is_main: bool, run_dir: Optional[Path]) -> None:
     root = logging.getLogger()
     for h in list(root.handlers):
@@ -77,7 +96,7 @@ def _setup_logging(is_main: bool, run_dir: Optional[Path]) -> None:
     console.setFormatter(fmt)
     root.addHandler(console)
     if is_main and run_dir is not None:
-        fh = logging.FileHandler(run_dir / "train.log")
+        fh = _RunLogFile(run_dir / "train.log")
         fh.setFormatter(fmt)
         root.addHandler(fh)
     root.setLevel(level)
@@ -217,7 +236,13 @@ def _resolved(cfg: Any, backend: Any, plan: BatchPlan, **facts: Any) -> dict[str
 def _announce(resolved: dict[str, Any], run_dir: Path, raw_cfg: Any) -> None:
     """Rank 0: write config.yaml and log the batch and lr arithmetic once."""
     if raw_cfg is not None:
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(raw_cfg), encoding="utf-8")
+        path = run_dir / "config.yaml"
+        try:
+            path.write_text(OmegaConf.to_yaml(raw_cfg), encoding="utf-8")
+        except OSError as e:
+            from largebatch.engine.run_files import run_file_error
+
+            raise run_file_error("the config", path, e, "nothing was trained; free space (or make it writable) and run again") from None
     r = resolved
     log.info(
         "global batch %d = %d per device x %d devices x %d accumulation; lr %.4g per %d "
@@ -259,6 +284,8 @@ def _train(trainer: Any, hooks: Any, run_dir: Path, loaders: Sequence[Any], is_m
         trainer.train()
     finally:
         hooks.preemption.uninstall()
+    if trainer.failure is not None:  # a run file could not be written (a checkpoint was saved)
+        raise trainer.failure
     if hooks.preemption.preempted:
         raise Preempted(
             f"{trainer.stop_reason} at step {trainer.state.step}; checkpoint saved in "

@@ -55,6 +55,7 @@ def _save_error() -> errors.CheckpointSaveError:
         (errors.ReportError("p"), EXIT_USAGE),
         (errors.NonFiniteLossError("n"), EXIT_NON_FINITE),
         (_save_error(), EXIT_IO_ERROR),
+        (errors.RunFileError("cannot write the metrics file m: [Errno 30 EROFS]", path=Path("m"), errno=30), EXIT_IO_ERROR),
         (errors.Preempted("p"), EXIT_PREEMPTED),
         (KeyboardInterrupt(), EXIT_INTERRUPTED),
         (errors.ReplicaError(74, "largebatch: error: x"), 74),
@@ -91,6 +92,8 @@ def test_errors_imports_nothing_of_the_project() -> None:
     ("exc", "code", "line"),
     [
         (_save_error(), 74, "largebatch: error: cannot write checkpoint"),
+        (errors.RunFileError("cannot write the config c", path=Path("c"), errno=28), 74,
+         "largebatch: error: cannot write the config c"),
         (errors.Preempted("SIGTERM at step 3; checkpoint saved"), 75, "largebatch: preempted: SIGTERM"),
         (errors.NonFiniteLossError("loss is nan at step 2 on rank 0"), 3, "largebatch: error: loss is nan"),
         (errors.DataError("no images"), 2, "largebatch: error: no images"),
@@ -124,3 +127,12 @@ def test_xla_launcher_keeps_a_bugs_traceback(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(launcher, "launch_replicas", lambda fn, args=(): fn(0, *args))
     with pytest.raises(ValueError, match="a bug"):
         launcher.main(["debug=smoke"])
+
+
+def test_an_os_error_without_a_file_name_is_named_by_the_caller() -> None:
+    import errno
+
+    err = OSError(errno.ENOSPC, "No space left on device")  # what a failed write() raises
+    assert errors.os_error_text(err, Path("/r/config.yaml")) == "/r/config.yaml: [Errno 28 ENOSPC] No space left on device"
+    named = OSError(errno.EROFS, "Read-only file system", "/r/summary.json")
+    assert errors.os_error_text(named, Path("/elsewhere")) == "/r/summary.json: [Errno 30 EROFS] Read-only file system"

@@ -23,6 +23,7 @@ from largebatch.engine.checkpoint import (
 from largebatch.engine.compile import unwrap_model
 from largebatch.engine.evaluate import evaluate
 from largebatch.engine.loop import Hook
+from largebatch.engine.run_files import AppendLog, record_failure, run_file_error
 
 __all__ = [
     "CheckpointHook",
@@ -120,36 +121,95 @@ class _ScalarWriter(Hook):
 
 
 class TensorBoardHook(_ScalarWriter):
-    """Scalars: train loss, lr, img/s, val top-1/top-5, epoch time, time to target (once)."""
+    """Scalars: train loss, lr, img/s, val top-1/top-5, epoch time, time to target (once).
+
+    ``SummaryWriter`` writes from a background thread; a failed write (disk full, a
+    directory turned read-only) ends that thread and surfaces at the next call. The hook then
+    turns TensorBoard off with one log line naming the file and the errno (the thread's own
+    traceback is not printed); training and checkpoints go on, and the failure is raised when
+    training ends (exit 74).
+    """
 
     def __init__(self, log_dir: str | os.PathLike) -> None:
+        import threading
+
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(log_dir))
+        self.log_dir = Path(log_dir)
+        self.failure: Any = None
         self.wrote_time_to_target = False
+        self._thread_error: Optional[BaseException] = None
+        self._threads_before = set(threading.enumerate())
+        self._previous_excepthook = threading.excepthook
+        threading.excepthook = self._excepthook  # before the writer starts its thread
+        try:
+            self.writer: Any = SummaryWriter(log_dir=str(log_dir))  # writes its first event at once
+        except OSError as e:
+            self.writer = None
+            self._turn_off(e, step=0)
+
+    def _excepthook(self, args: Any) -> None:
+        """The writer thread's failure is kept for the main thread to report (no traceback)."""
+        if args.thread not in self._threads_before and type(args.thread).__module__.startswith("tensorboard"):
+            self._thread_error = args.exc_value
+        else:
+            self._previous_excepthook(args)
+
+    def _restore_excepthook(self) -> None:
+        import threading
+
+        if threading.excepthook == self._excepthook:
+            threading.excepthook = self._previous_excepthook
+
+    def _call(self, method: str, *args: Any) -> None:
+        if self.writer is None:
+            return
+        try:
+            if self._thread_error is not None:
+                raise self._thread_error
+            getattr(self.writer, method)(*args)
+        except OSError as e:
+            self._turn_off(e, step=self.trainer.state.step)
+
+    def _turn_off(self, err: OSError, *, step: int) -> None:
+        writer, self.writer = self.writer, None
+        try:
+            if writer is not None:
+                writer.close()
+        except OSError:
+            pass  # the same failure again: already being reported
+        self._restore_excepthook()
+        events = sorted(self.log_dir.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime)
+        self.failure = run_file_error(
+            "TensorBoard events", events[-1] if events else self.log_dir, err,
+            f"TensorBoard was turned off at step {step}; training went on and its checkpoints were written")
+        log.error("%s", self.failure)
 
     def after_log(self, metrics: dict[str, float]) -> None:
         step = self.trainer.state.step
-        self.writer.add_scalar("train/loss", metrics["loss"], step)
-        self.writer.add_scalar("train/lr", metrics["lr"], step)
-        self.writer.add_scalar("train/img_per_s", metrics["img_per_s"], step)
+        self._call("add_scalar", "train/loss", metrics["loss"], step)
+        self._call("add_scalar", "train/lr", metrics["lr"], step)
+        self._call("add_scalar", "train/img_per_s", metrics["img_per_s"], step)
 
     def after_eval(self, metrics: dict[str, float]) -> None:
         s = self.trainer.state
-        self.writer.add_scalar("val/top1", metrics["top1"], s.step)
-        self.writer.add_scalar("val/top5", metrics["top5"], s.step)
-        self.writer.add_scalar("val/loss", metrics["loss"], s.step)
-        self.writer.add_scalar("val/top1_vs_wall_s", metrics["top1"], int(self.trainer.elapsed()))
+        self._call("add_scalar", "val/top1", metrics["top1"], s.step)
+        self._call("add_scalar", "val/top5", metrics["top5"], s.step)
+        self._call("add_scalar", "val/loss", metrics["loss"], s.step)
+        self._call("add_scalar", "val/top1_vs_wall_s", metrics["top1"], int(self.trainer.elapsed()))
         if s.time_to_target_s is not None and not self.wrote_time_to_target:
             self.wrote_time_to_target = True  # once, at the evaluation that reached the target
-            self.writer.add_scalar("val/time_to_target_s", s.time_to_target_s, s.step)
+            self._call("add_scalar", "val/time_to_target_s", s.time_to_target_s, s.step)
 
     def after_epoch(self) -> None:
-        self.writer.add_scalar("train/epoch_time_s", self.epoch_time(), self.trainer.state.epoch)
-        self.writer.flush()
+        self._call("add_scalar", "train/epoch_time_s", self.epoch_time(), self.trainer.state.epoch)
+        self._call("flush")
 
     def after_train(self) -> None:
-        self.writer.close()
+        self._call("close")
+        self._restore_excepthook()
+        if self.failure is not None and self.trainer.failure is None:
+            self.trainer.failure = self.failure  # raised once training has ended: exit 74
 
 
 class JsonlHook(_ScalarWriter):
@@ -157,14 +217,13 @@ class JsonlHook(_ScalarWriter):
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        self.file = open(self.path, "a", encoding="utf-8")
+        self.file = AppendLog(self.path, "the metrics file")
 
     def write(self, kind: str, **fields: Any) -> None:
         s = self.trainer.state
         record = {"kind": kind, "epoch": s.epoch, "step": s.step, "time_s": round(self.trainer.elapsed(), 3)}
         record.update(fields)
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        record_failure(self.trainer, self.file.write_line(json.dumps(record)))
 
     def after_log(self, metrics: dict[str, float]) -> None:
         self.write("train", **metrics)
@@ -176,7 +235,7 @@ class JsonlHook(_ScalarWriter):
         self.write("epoch", epoch_time_s=round(self.epoch_time(), 3))
 
     def after_train(self) -> None:
-        self.file.close()
+        record_failure(self.trainer, self.file.close())
 
 
 def target_check(
@@ -369,7 +428,12 @@ class SummaryHook(Hook):
         if not t.backend.is_main:
             return
         if self.path is not None:
-            self.path.write_text(json.dumps(self.summary, indent=2) + "\n", encoding="utf-8")
+            try:
+                self.path.write_text(json.dumps(self.summary, indent=2) + "\n", encoding="utf-8")
+            except OSError as e:
+                record_failure(t, run_file_error(
+                    "the run summary", self.path, e,
+                    "training ended and its checkpoints were written; resume=auto continues from the last one"))
         best = f"{s.best_top1:.2f}% (epoch {s.best_epoch})" if s.evals else "n/a (no evaluation)"
         if self.target_top1 is None:
             target = "no target set"

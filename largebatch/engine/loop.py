@@ -135,6 +135,9 @@ class Trainer:
                 f"{accumulation_steps} accumulation steps; use a smaller global_batch_size"
             )
         self.stop_reason: Optional[str] = None
+        # A run file rank 0 could not write (largebatch.engine.run_files): the ranks stop
+        # after an agreed step, save it, and the run raises this.
+        self.failure: Optional[BaseException] = None
         self.start_time: Optional[float] = None  # wall clock at the first step of this process
         self.guard = NonFiniteGuard(
             policy=non_finite,

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from largebatch.engine.loop import Hook
+from largebatch.engine.run_files import AppendLog, record_failure
 
 __all__ = ["MLPerfLogHook", "run_status"]
 
@@ -58,7 +59,7 @@ class MLPerfLogHook(Hook):
         self.path = Path(path)
         self.target_top1 = target_top1
         self.params = dict(params or {})
-        self.file = open(self.path, "a", encoding="utf-8")
+        self.file = AppendLog(self.path, "the MLPerf log")
 
     def event(self, key: str, value: Any = None, *, event_type: str = POINT_IN_TIME, **metadata: Any) -> None:
         record = {
@@ -69,8 +70,7 @@ class MLPerfLogHook(Hook):
             "value": value,
             "metadata": metadata,
         }
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        record_failure(self.trainer, self.file.write_line(json.dumps(record)))
 
     def before_train(self) -> None:
         self.event("run_start", event_type=INTERVAL_START)
@@ -100,4 +100,4 @@ class MLPerfLogHook(Hook):
             epochs=s.epoch, steps=s.step, wall_s=round(s.elapsed_s, 3), stop_reason=t.stop_reason,
             error=repr(sys.exc_info()[1]) if failed else None,
         )
-        self.file.close()
+        record_failure(t, self.file.close())

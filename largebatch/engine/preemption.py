@@ -2,10 +2,14 @@
 
 A signal handler only sets a flag (nothing else is safe inside a handler). After a step the
 :class:`PreemptionHook` decides, on all ranks together, whether to stop: the flag of each
-rank is all-reduced in a one-element tensor, so ranks that got the signal a step apart (or
+rank is all-reduced in a small tensor, so ranks that got the signal a step apart (or
 not at all: a scheduler may signal one node) still stop after the same step. The loop then
 ends, the checkpoint hook saves (its ``after_train``), and the CLI exits with
 ``EXIT_PREEMPTED``. A second SIGINT interrupts at once (``KeyboardInterrupt``).
+
+The same agreement carries a second flag: rank 0 could not write a run file
+(``trainer.failure``, see :mod:`largebatch.engine.run_files`). Every rank then stops after
+the agreed step, the checkpoint hook saves it, and the run exits 74 instead of 75.
 
 Cost: at world size 1 the flag is a Python bool read every step (free). With several ranks
 the agreement is a collective and a host read, so it runs every ``check_every`` steps; the
@@ -24,7 +28,7 @@ from typing import Any, Optional
 import torch
 
 from largebatch.engine.loop import Hook
-from largebatch.errors import Preempted
+from largebatch.errors import Preempted, RunFileError
 
 __all__ = ["Preempted", "PreemptionHook"]
 
@@ -61,14 +65,20 @@ class PreemptionHook(Hook):
 
     def after_step(self) -> None:
         t = self.trainer
+        failed = t.failure is not None  # rank 0 could not write a run file (engine.run_files)
         if t.backend.world_size == 1:
-            stop = self.signal_name is not None
+            signalled = self.signal_name is not None
         elif t.state.step % self.check_every == 0:
-            flag = torch.tensor(float(self.signal_name is not None), device=t.backend.device)
-            stop = t.backend.all_reduce_sum(flag).item() > 0
+            flags = torch.tensor([float(self.signal_name is not None), float(failed)], device=t.backend.device)
+            signalled, failed = (v > 0 for v in t.backend.all_reduce_sum(flags).tolist())
         else:
             return
-        if stop:
+        if failed:
+            if t.failure is None:
+                t.failure = RunFileError("rank 0 could not write a file of the run (its error line names it); "
+                                         "the run stopped after saving a checkpoint", path=None, errno=None)
+            t.request_stop("a file of the run could not be written")
+        if signalled:
             self.preempted = True
             t.request_stop(f"preempted ({self.signal_name or 'signal on another rank'})")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from largebatch.engine.checkpoint import remove_orphaned_temp_files
-from largebatch.errors import RunDirError, UsageError
+from largebatch.errors import RunDirError, UsageError, os_error_text
 
 __all__ = ["RunDir", "RunDirError", "RunDirLock", "elastic_run_id", "make_run_dir", "newest_run_dir"]
 
@@ -141,12 +141,14 @@ def make_run_dir(
     lock: Optional[RunDirLock] = None
     notes: list[str] = []
     if backend.is_main:
+        target = Path(run_dir or output_root)  # the file or folder being written, for the message
         try:
-            chosen = _choose(run_dir, output_root, model_name)
+            chosen = target = _choose(run_dir, output_root, model_name)
             chosen.mkdir(parents=True, exist_ok=True)
-            probe = chosen / ".write-test"
+            probe = target = chosen / ".write-test"
             probe.write_text("ok")
             probe.unlink()
+            target = chosen
             lock = RunDirLock(chosen)
             if lock.previous:
                 notes.append(
@@ -167,8 +169,8 @@ def make_run_dir(
             error = str(e)
         except OSError as e:
             error = (
-                f"cannot write the run directory ({e.strerror}: {e.filename}); set run_dir= or "
-                f"output_root= to a writable folder"
+                f"cannot write the run directory ({os_error_text(e, target)}); "
+                f"set run_dir= or output_root= to a writable folder"
             )
     path, error = backend.broadcast_object((path, error))
     if error:

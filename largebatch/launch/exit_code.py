@@ -3,7 +3,7 @@
 torchrun exits 1 whenever a worker fails, whatever the worker's reason. The scripts in
 ``launch/`` set ``LARGEBATCH_EXIT_DIR``; each worker writes its exit code to
 ``<dir>/exit-<restart>-<rank>`` and the script then exits with the documented code (75
-preempted, 2 bad input, 3 non-finite, 74 checkpoint write failed) instead of torchrun's 1.
+preempted, 2 bad input, 3 non-finite, 74 a run file write failed) instead of torchrun's 1.
 """
 
 from __future__ import annotations

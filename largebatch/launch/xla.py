@@ -12,7 +12,7 @@ message, not one per device.
     PJRT_DEVICE=CPU CPU_NUM_DEVICES=4 python -m largebatch.launch.xla debug=smoke  # try-out
 
 Exit codes are the CLI's (``largebatch.errors``): 0 done, 2 bad input (config, data, batch
-sizes), 3 non-finite loss, 74 a checkpoint write failed, 75 preempted after saving, 130 interrupted.
+sizes), 3 non-finite loss, 74 a file of the run could not be written, 75 preempted after saving, 130 interrupted.
 """
 
 from __future__ import annotations
