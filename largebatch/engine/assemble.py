@@ -94,7 +94,8 @@ def build_run_hooks(
     if is_main:
         from largebatch.engine.mllog import MLPerfLogHook
 
-        hooks.append(MLPerfLogHook(run_dir / "mlperf_log.jsonl", target_top1=target_top1, params=mlperf_params))
+        hooks.append(MLPerfLogHook(run_dir / "mlperf_log.jsonl", target_top1=target_top1, params=mlperf_params,
+                                   top1_of=ema_target))
     hooks.append(H.EvalHook(val_loader, every=eval_every, target_top1=target_top1,
                             stop_at_target=stop_at_target, channels_last=channels_last,
                             ema_model=ema_hook.eval_model if ema_hook is not None else None,

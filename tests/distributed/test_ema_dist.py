@@ -89,3 +89,6 @@ def test_torchrun_two_ranks_train_evaluate_and_checkpoint_the_ema(tmp_path: Path
     ckpt = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])
     assert ckpt["ema"].keys() == ckpt["model"].keys()  # the plain module's keys, no DDP prefix
     assert "EMA top-1" in (run / "train.log").read_text()
+    events = [json.loads(x) for x in (run / "mlperf_log.jsonl").read_text().splitlines()]
+    accuracy = [e["value"] for e in events if e["key"] == "eval_accuracy"]
+    assert accuracy == [round(summary["final_ema_top1"] / 100, 6)]  # the EMA's, as ema.target says
