@@ -238,7 +238,8 @@ def _ema(cfg: Any, model: Any) -> Any:
     if not e.enabled:
         return None
     return build_model_ema(model, decay=e.decay, warmup=e.warmup, warmup_gamma=e.warmup_gamma,
-                           warmup_power=e.warmup_power, min_decay=e.min_decay)
+                           warmup_power=e.warmup_power, min_decay=e.min_decay,
+                           update_after_step=e.update_after_step)
 
 
 def _hooks(cfg: Any, backend: Any, run_dir: Path, val_loader: Any, resolved: dict[str, Any], raw_cfg: Any,

@@ -25,9 +25,10 @@ def _tiny() -> nn.Module:
     return nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
 
 
-def _expected_decay(n: int, *, decay: float, warmup: bool, gamma: float, power: float, min_decay: float) -> float:
+def _expected_decay(n: int, *, decay: float, warmup: bool, gamma: float, power: float, min_decay: float,
+                    after: int = 0) -> float:
     """The decay of the n-th update (n >= 1), transcribed from timm's ModelEmaV3.get_decay."""
-    k = n - 1  # timm: step - update_after_step - 1
+    k = n - after - 1  # timm: step - update_after_step - 1
     if k <= 0:
         return 0.0  # the first update copies the weights
     if not warmup:
@@ -79,6 +80,16 @@ def test_ema_follows_the_decay_formula(warmup: bool, every: int) -> None:
         assert decays[0] == 0.0 and decays[1] == min_decay and min_decay < decays[10] < decay and decays[-1] == decay
     else:
         assert decays[0] == 0.0 and set(decays[1:]) == {decay}
+
+
+def test_tensorflow_ema_is_timm_warmup_with_offset() -> None:
+    """update_after_step=-2, gamma 9, power 1: tf.train.ExponentialMovingAverage(decay,
+    num_updates=n) uses min(decay, (1 + n) / (10 + n)) (its documented formula)."""
+    ema = build_model_ema(_tiny(), decay=0.9999, warmup=True, warmup_gamma=9, warmup_power=1, update_after_step=-2)
+    for n in [1, 2, 3, 10, 100, 1_000, 10_000, 89_990, 89_991, 89_992, 200_000]:
+        tf = min(0.9999, (1 + n) / (10 + n))
+        assert ema.get_decay(n) == pytest.approx(tf, rel=0, abs=1e-15), n
+        assert _expected_decay(n, decay=0.9999, warmup=True, gamma=9, power=1, min_decay=0, after=-2) == ema.get_decay(n)
 
 
 def test_ema_update_reads_nothing_back_to_the_host() -> None:

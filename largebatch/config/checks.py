@@ -79,6 +79,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "ema.warmup_gamma": _POSITIVE,
     "ema.warmup_power": _POSITIVE,
     "ema.every": _int_at_least(1),
+    "ema.update_after_step": _int_at_least(-2),  # -2: TensorFlow's EMA (schema comment)
 }
 _OPTIONAL = {"max_steps", "target_top1", "optimizer.momentum", "optimizer.trust_coefficient", "optimizer.eps"}
 

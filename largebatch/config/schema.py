@@ -221,12 +221,16 @@ class EmaConfig:
 
     enabled: bool = False
     decay: float = 0.9999  # per EMA update; horizon ~ every / (1 - decay) optimizer steps
-    # timm's decay warmup, n = EMA updates so far: decay_n = clamp(1 - (1 + n / warmup_gamma)
-    # ** -warmup_power, min_decay, decay); off: decay from the second update on (the first copies).
+    # timm's decay of the n-th update (n = 1, 2, ...), k = n - 1 - update_after_step:
+    # 0 while k <= 0 (a copy of the weights), then with warmup clamp(1 - (1 + k / warmup_gamma)
+    # ** -warmup_power, min_decay, decay), without it decay.
     warmup: bool = False
     warmup_gamma: float = 1.0
     warmup_power: float = 0.6666666666666666  # timm's 2/3
     min_decay: float = 0.0
+    # timm's update_after_step; -2 with warmup_gamma 9 and warmup_power 1 gives TensorFlow's
+    # ExponentialMovingAverage(decay, num_updates=step): min(decay, (1 + n) / (10 + n)).
+    update_after_step: int = 0
     every: int = 1  # optimizer steps between EMA updates
     # Which top-1 the run reports (best_top1) and times to target_top1; ema needs enabled=true.
     target: EmaTarget = EmaTarget.raw

@@ -6,9 +6,16 @@ model`` for every floating-point parameter and buffer (BN running statistics inc
 the EfficientNet reference's ``tf.train.ExponentialMovingAverage`` over trainable and moving
 variables), and integer buffers (``num_batches_tracked``) are copied. timm's ``decay_n``:
 
-* n = 1 (the first update): 0, the EMA becomes a copy of the weights;
+with ``k = n - 1 - update_after_step``:
+
+* k <= 0 (the first update, by default): 0, the EMA becomes a copy of the weights;
 * without warmup: ``decay``;
-* with warmup: ``clamp(1 - (1 + (n - 1) / warmup_gamma) ** -warmup_power, min_decay, decay)``.
+* with warmup: ``clamp(1 - (1 + k / warmup_gamma) ** -warmup_power, min_decay, decay)``.
+
+``update_after_step=-2, warmup_gamma=9, warmup_power=1`` is TensorFlow's
+``tf.train.ExponentialMovingAverage(decay, num_updates=step)`` (the EfficientNet
+reference's): ``min(decay, (1 + n) / (10 + n))``, since ``1 - (1 + (n + 1) / 9) ** -1 = 1 - 9 /
+(10 + n)``.
 
 :class:`EmaHook` updates it after every ``every``-th optimizer step with n = step // every,
 the loop's step count (plain Python arithmetic: no host read, the update is foreach lerps
@@ -44,12 +51,14 @@ def build_model_ema(
     warmup_gamma: float = 1.0,
     warmup_power: float = 2 / 3,
     min_decay: float = 0.0,
+    update_after_step: int = 0,
 ) -> Any:
     """timm's ``ModelEmaV3`` of ``model`` (unwrapped from DDP / ``torch.compile``), on its device."""
     from timm.utils import ModelEmaV3
 
     return ModelEmaV3(unwrap_model(model), decay=decay, min_decay=min_decay, use_warmup=warmup,
-                      warmup_gamma=warmup_gamma, warmup_power=warmup_power)
+                      warmup_gamma=warmup_gamma, warmup_power=warmup_power,
+                      update_after_step=update_after_step)
 
 
 @torch.no_grad()
