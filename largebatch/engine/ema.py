@@ -32,6 +32,7 @@ evaluates the same weights.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Optional
 
 import torch
@@ -53,12 +54,33 @@ def build_model_ema(
     min_decay: float = 0.0,
     update_after_step: int = 0,
 ) -> Any:
-    """timm's ``ModelEmaV3`` of ``model`` (unwrapped from DDP / ``torch.compile``), on its device."""
+    """timm's ``ModelEmaV3`` of ``model`` (unwrapped from DDP / ``torch.compile``), on its device.
+
+    ``ModelEmaV3`` makes a ``torch.Generator`` on the model's device (for stochastic rounding
+    of bfloat16 EMA tensors), which XLA devices do not have: there the EMA is built from a
+    CPU copy and then moved to the device, with stochastic rounding off. That changes
+    nothing here: the model's weights, and so the EMA's, are float32 (autocast computes in
+    low precision, the weights stay float32), and rounding is used for bfloat16 tensors only.
+    """
     from timm.utils import ModelEmaV3
 
-    return ModelEmaV3(unwrap_model(model), decay=decay, min_decay=min_decay, use_warmup=warmup,
-                      warmup_gamma=warmup_gamma, warmup_power=warmup_power,
-                      update_after_step=update_after_step)
+    model = unwrap_model(model)
+    options = dict(decay=decay, min_decay=min_decay, use_warmup=warmup, warmup_gamma=warmup_gamma,
+                   warmup_power=warmup_power, update_after_step=update_after_step)
+    device = next(model.parameters()).device
+    if _has_generator(device):
+        return ModelEmaV3(model, **options)
+    ema = ModelEmaV3(copy.deepcopy(model).cpu(), stochastic_rounding=False, **options)
+    ema.module.to(device)
+    return ema
+
+
+def _has_generator(device: torch.device) -> bool:
+    try:
+        torch.Generator(device=device)
+    except RuntimeError:
+        return False
+    return True
 
 
 @torch.no_grad()
