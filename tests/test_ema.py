@@ -189,3 +189,21 @@ def test_resume_with_ema_from_a_checkpoint_without_it_starts_from_the_weights(tm
     ema = _last(run, 5)["ema"]
     changed = [k for k, v in resumed.items() if v.is_floating_point() and not torch.allclose(ema[k], v, rtol=0, atol=1e-4)]
     assert not changed, changed[:3]
+
+
+def test_report_of_a_run_without_summary_counts_the_ema_when_the_run_did(tmp_path: Path) -> None:
+    """A run killed before summary.json: largebatch-report reads the evaluations themselves."""
+    from largebatch.report import load_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    records = [
+        {"kind": "eval", "epoch": 1, "step": 4, "top1": 70.0, "top5": 90.0, "ema_top1": 50.0, "ema_top5": 80.0,
+         "top1_of": "ema", "wall_s": 10.0},
+        {"kind": "eval", "epoch": 2, "step": 8, "top1": 60.0, "top5": 90.0, "ema_top1": 66.0, "ema_top5": 85.0,
+         "top1_of": "ema", "wall_s": 20.0},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run / "mlperf_log.jsonl").write_text(json.dumps({"key": "target_accuracy", "value": 0.65}) + "\n")
+    r = load_run(run)
+    assert (r.best_top1, r.time_to_target_s) == (66.0, 20.0)  # raw would give 70.0 and 10.0

@@ -251,7 +251,8 @@ class EvalHook(Hook):
                 self.ema_model(), self.val_loader, backend=t.backend, autocast_dtype=t.autocast_dtype,
                 channels_last=self.channels_last,
             )
-            metrics.update(ema_top1=ema["top1"], ema_top5=ema["top5"], ema_loss=ema["loss"])
+            metrics.update(ema_top1=ema["top1"], ema_top5=ema["top5"], ema_loss=ema["loss"],
+                           top1_of="ema" if self.target_key == "ema_top1" else "raw")
         metrics["epoch"] = epoch
         metrics["wall_s"] = round(t.elapsed(), 3)
         s = t.state
