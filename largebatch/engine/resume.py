@@ -170,6 +170,8 @@ def resume_run(
             log.warning("checkpoint %s holds no EMA weights (written with ema.enabled=false or "
                         "before the EMA existed): the EMA starts from its weights at step %d",
                         path, state.step)
+        if ema is None and "ema" in ckpt:
+            log.info("checkpoint %s holds EMA weights; ema.enabled=false: they are not used", path)
     except (KeyError, ValueError, TypeError, RuntimeError) as e:
         raise CheckpointError(
             f"checkpoint {path} does not fit this run's optimizer/schedule/EMA state "
