@@ -4,8 +4,7 @@ The average is timm's ``ModelEmaV3`` (``timm/utils/model_ema.py``), kept on the 
 device: after the n-th update the EMA copy holds ``ema <- decay_n * ema + (1 - decay_n) *
 model`` for every floating-point parameter and buffer (BN running statistics included, as
 the EfficientNet reference's ``tf.train.ExponentialMovingAverage`` over trainable and moving
-variables), and integer buffers (``num_batches_tracked``) are copied. timm's ``decay_n``:
-
+variables), and integer buffers (``num_batches_tracked``) are copied. timm's ``decay_n``,
 with ``k = n - 1 - update_after_step``:
 
 * k <= 0 (the first update, by default): 0, the EMA becomes a copy of the weights;
@@ -21,7 +20,8 @@ reference's): ``min(decay, (1 + n) / (10 + n))``, since ``1 - (1 + (n + 1) / 9) 
 the loop's step count (plain Python arithmetic: no host read, the update is foreach lerps
 queued on the device). The step count is checkpointed with the loop state, so a resumed run
 continues the same decay sequence and, with the EMA's weights in the checkpoint, is
-bit-identical to a run that never stopped.
+bit-identical to a run that never stopped. A step the loss scaler or ``non_finite=skip``
+skipped still counts and updates the EMA (towards unchanged weights), as timm's train loop does.
 
 Data parallel: the parameters are the same on every rank, so their averages are too; with
 per-rank BN (``bn.group_size=1``) each rank's BN running statistics, and so their averages,
