@@ -48,7 +48,7 @@ class Run:
     name: str
     path: Path
     summary: dict[str, Any] = field(default_factory=dict)
-    evals: list[dict[str, Any]] = field(default_factory=list)  # epoch, top1, wall_s
+    evals: list[dict[str, Any]] = field(default_factory=list)  # epoch, top1 (the one the run counts), wall_s
     train: list[dict[str, Any]] = field(default_factory=list)  # step, lr, loss, img_per_s
     run_stop: Optional[dict[str, Any]] = None  # mlperf run_stop metadata; None: no run_stop logged
     last_epoch: Optional[int] = None  # the highest epoch any metrics record reached
@@ -157,6 +157,8 @@ def _read_metrics(run: Run, path: Path) -> None:
             wall = f["wall_s"] if f["wall_s"] is not None else f["time_s"]
             if wall is None:
                 raise ReportError(f"{path}: line {n}: an eval record without 'wall_s' or 'time_s'; {DAMAGED}")
+            if r.get("top1_of") == "ema":  # the run counts its weight EMA's top-1 (ema.target=ema)
+                f["top1"] = _fields(path, n, r, ("ema_top1",), ())["ema_top1"]
             run.evals.append({"epoch": f["epoch"], "top1": f["top1"], "wall_s": wall})
         elif kind == "train":
             f = _fields(path, n, r, ("step", "lr"), ("loss", "img_per_s"))

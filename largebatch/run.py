@@ -228,6 +228,8 @@ def _resolved(cfg: Any, backend: Any, plan: BatchPlan, **facts: Any) -> dict[str
         "channels_last": facts["channels_last"],
         "num_classes": facts["num_classes"],
         "bn_group_size": cfg.bn.group_size,
+        "ema_decay": cfg.ema.decay if cfg.ema.enabled else None,
+        "top1_of": cfg.ema.target,  # raw | ema: the weights best_top1 and time_to_target_s measure
         "data_root": str(facts["data_root"]),
         "run_dir": str(facts["run_dir"]),
     }
@@ -253,7 +255,20 @@ def _announce(resolved: dict[str, Any], run_dir: Path, raw_cfg: Any) -> None:
     )
 
 
-def _hooks(cfg: Any, backend: Any, run_dir: Path, val_loader: Any, resolved: dict[str, Any], raw_cfg: Any) -> Any:
+def _ema(cfg: Any, model: Any) -> Any:
+    """timm's ``ModelEmaV3`` of the model (``ema.enabled``), or None."""
+    from largebatch.engine.ema import build_model_ema
+
+    e = cfg.ema
+    if not e.enabled:
+        return None
+    return build_model_ema(model, decay=e.decay, warmup=e.warmup, warmup_gamma=e.warmup_gamma,
+                           warmup_power=e.warmup_power, min_decay=e.min_decay,
+                           update_after_step=e.update_after_step)
+
+
+def _hooks(cfg: Any, backend: Any, run_dir: Path, val_loader: Any, resolved: dict[str, Any], raw_cfg: Any,
+           ema: Any) -> Any:
     """The run's hooks (``largebatch.engine.assemble``) from the config's plain values."""
     from largebatch.engine.assemble import build_run_hooks
 
@@ -274,7 +289,7 @@ def _hooks(cfg: Any, backend: Any, run_dir: Path, val_loader: Any, resolved: dic
             "opt_name": cfg.optimizer.name, "opt_base_learning_rate": resolved["lr"],
             "opt_learning_rate_warmup_epochs": cfg.schedule.warmup_epochs, "model": cfg.model.name,
         },
-        summary_extra=resolved,
+        summary_extra=resolved, ema=ema, ema_every=cfg.ema.every, ema_target=cfg.ema.target,
     )
 
 
@@ -339,6 +354,7 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
         model = _model(cfg, backend, num_classes)
         lr = scale_lr(cfg.optimizer.lr, cfg.global_batch_size, cfg.base_batch_size, cfg.lr_scaling)
         optimizer = _optimizer(cfg, model, lr)
+        ema = _ema(cfg, model)
         train_model = _train_model(cfg, backend, model)
         steps_per_epoch = len(train_loader) // plan.accumulation_steps
         scheduler = _scheduler(cfg, optimizer, steps_per_epoch, lr)
@@ -350,14 +366,14 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
                 resume, run_dir / "checkpoints", backend=backend, model_name=cfg.model.name,
                 optimizer_name=cfg.optimizer.name, global_batch_size=plan.global_batch_size,
                 per_device=plan.per_device, steps_per_epoch=steps_per_epoch, model=model,
-                optimizer=optimizer, scheduler=scheduler, scaler=scaler, state=state,
+                optimizer=optimizer, scheduler=scheduler, scaler=scaler, state=state, ema=ema,
             )
         resolved = _resolved(cfg, backend, plan, lr=lr, steps_per_epoch=steps_per_epoch, precision=precision.name,
                              num_classes=num_classes, data_root=data_root, run_dir=run_dir,
                              channels_last=_channels_last(cfg, backend))
         if backend.is_main:
             _announce(resolved, run_dir, raw_cfg)
-        hooks = _hooks(cfg, backend, run_dir, val_loader, resolved, raw_cfg)
+        hooks = _hooks(cfg, backend, run_dir, val_loader, resolved, raw_cfg, ema)
         trainer = Trainer(
             model=train_model, optimizer=optimizer, scheduler=scheduler,
             train_loader=backend.wrap_loader(train_loader, channels_last=_channels_last(cfg, backend)),

@@ -20,6 +20,12 @@ CASES = [
     ("data.crop_scale=[0.5,0.1]", "data.crop_scale=[0.5, 0.1] is out of range"),
     ("bn.group_size=0", "bn.group_size=0 is out of range"),
     ("optimizer.eps=-1", "optimizer.eps=-1.0 is out of range"),
+    ("ema.decay=1", "ema.decay=1.0 is out of range: it must be a number in [0, 1)"),
+    ("ema.every=0", "ema.every=0 is out of range"),
+    ("ema.warmup_power=0", "ema.warmup_power=0.0 is out of range"),
+    ("ema.min_decay=0.99999", "ema.min_decay=0.99999 is out of range: it must be <= ema.decay (0.9999)"),
+    ("ema.update_after_step=-3", "ema.update_after_step=-3 is out of range: it must be an integer >= -2"),
+    ("ema.target=ema", "ema.target=ema needs the weight EMA: set ema.enabled=true"),
     ("model.compile=fastest", "model.compile='fastest' is not a compile mode; use one of none, default,"),
 ]
 

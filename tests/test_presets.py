@@ -297,3 +297,25 @@ def test_exclusion_names_each_tensor(optimizer: str) -> None:
     excluded = {id(p) for g in opt.param_groups if g["weight_decay"] == 0.0 and g.get("lars_exclude") for p in g["params"]}
     assert excluded == {id(model.conv.bias), id(model.bn.weight), id(model.bn.bias), id(model.fc.bias)}
     assert _bn_and_bias(model) == (excluded, {id(model.conv.weight), id(model.fc.weight)})
+
+
+# Weight EMA: the EfficientNet reference (tensorflow/tpu e380f76, models/official/efficientnet/
+# main.py model_fn) averages with tf.train.ExponentialMovingAverage(decay=0.9999,
+# num_updates=global_step), decay min(0.9999, (1 + n) / (10 + n)) at update n, and evaluates
+# the averages; the TPU ResNet-50 (b13e6b6 resnet_main.py), Goyal and MLPerf references keep none.
+_EMA_PRESETS = {"wongpanich2020_effnet_b2", "wongpanich2020_effnet_b5"}
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_preset_weight_ema_is_the_references(name: str) -> None:
+    from largebatch.engine.ema import build_model_ema
+
+    e = _cfg(name).ema
+    if name not in _EMA_PRESETS:
+        assert not e.enabled and e.target == "raw"
+        return
+    assert e.enabled and e.target == "ema" and e.every == 1
+    ema = build_model_ema(nn.Linear(1, 1), decay=e.decay, warmup=e.warmup, warmup_gamma=e.warmup_gamma,
+                          warmup_power=e.warmup_power, min_decay=e.min_decay, update_after_step=e.update_after_step)
+    for n in (1, 2, 10, 1_000, 13_650, 89_991, 500_000):
+        assert ema.get_decay(n) == pytest.approx(min(0.9999, (1 + n) / (10 + n)), rel=0, abs=1e-15), n

@@ -74,6 +74,12 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "checkpoint.keep": _int_at_least(0),
     "checkpoint.every_epochs": _int_at_least(0),
     "checkpoint.every_steps": _int_at_least(0),
+    "ema.decay": _FRACTION,
+    "ema.min_decay": _FRACTION,
+    "ema.warmup_gamma": _POSITIVE,
+    "ema.warmup_power": _POSITIVE,
+    "ema.every": _int_at_least(1),
+    "ema.update_after_step": _int_at_least(-2),  # -2: TensorFlow's EMA (schema comment)
 }
 _OPTIONAL = {"max_steps", "target_top1", "optimizer.momentum", "optimizer.trust_coefficient", "optimizer.eps"}
 
@@ -106,6 +112,11 @@ def check_ranges(cfg: Any) -> None:
     betas = _get(cfg, "optimizer.betas")
     if betas is not None and (len(betas) != 2 or not all(_num(b) and 0 <= b < 1 for b in betas)):
         _fail("optimizer.betas", list(betas), "two numbers in [0, 1)")
+    if _get(cfg, "ema.min_decay") > _get(cfg, "ema.decay"):
+        _fail("ema.min_decay", _get(cfg, "ema.min_decay"), f"<= ema.decay ({_get(cfg, 'ema.decay')})")
+    target = _get(cfg, "ema.target")
+    if getattr(target, "value", target) == "ema" and not _get(cfg, "ema.enabled"):
+        raise ConfigError("ema.target=ema needs the weight EMA: set ema.enabled=true, or ema.target=raw")
     group = _get(cfg, "bn.group_size")
     if group != -1 and not (isinstance(group, int) and group >= 1):
         _fail("bn.group_size", group, "-1 (the whole world) or an integer >= 1")

@@ -32,6 +32,7 @@ __all__ = [
     "CheckpointConfig",
     "CommConfig",
     "DataConfig",
+    "EmaConfig",
     "ModelConfig",
     "OptimizerConfig",
     "PrecisionConfig",
@@ -91,6 +92,11 @@ class CommCompress(str, Enum):
     none = "none"
     fp16 = "fp16"
     bf16 = "bf16"
+
+
+class EmaTarget(str, Enum):
+    raw = "raw"  # the trained weights' top-1
+    ema = "ema"  # the weight EMA's top-1 (what the EfficientNet reference reports)
 
 
 class NonFinitePolicy(str, Enum):
@@ -210,6 +216,27 @@ class CheckpointConfig:
 
 
 @dataclass
+class EmaConfig:
+    """Weight EMA (timm ``ModelEmaV3``: parameters and BN buffers), see ``largebatch.engine.ema``."""
+
+    enabled: bool = False
+    decay: float = 0.9999  # per EMA update; horizon ~ every / (1 - decay) optimizer steps
+    # timm's decay of the n-th update (n = 1, 2, ...), k = n - 1 - update_after_step:
+    # 0 while k <= 0 (a copy of the weights), then with warmup clamp(1 - (1 + k / warmup_gamma)
+    # ** -warmup_power, min_decay, decay), without it decay.
+    warmup: bool = False
+    warmup_gamma: float = 1.0
+    warmup_power: float = 0.6666666666666666  # timm's 2/3
+    min_decay: float = 0.0
+    # timm's update_after_step; -2 with warmup_gamma 9 and warmup_power 1 gives TensorFlow's
+    # ExponentialMovingAverage(decay, num_updates=step): min(decay, (1 + n) / (10 + n)).
+    update_after_step: int = 0
+    every: int = 1  # optimizer steps between EMA updates
+    # Which top-1 the run reports (best_top1) and times to target_top1; ema needs enabled=true.
+    target: EmaTarget = EmaTarget.raw
+
+
+@dataclass
 class TrainConfig:
     """The whole run. ``to_train_config`` returns it with each Enum choice as its plain string."""
 
@@ -222,6 +249,7 @@ class TrainConfig:
     bn: BNConfig = field(default_factory=BNConfig)
     comm: CommConfig = field(default_factory=CommConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    ema: EmaConfig = field(default_factory=EmaConfig)
 
     epochs: int = MISSING
     global_batch_size: int = MISSING  # images per optimizer step, all devices together

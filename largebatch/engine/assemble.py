@@ -3,7 +3,8 @@
 ``build_run_hooks`` turns plain settings into the hook list the :class:`~largebatch.engine.loop.Trainer`
 takes. Order matters where hooks read each other's results:
 
-1. ``DataOrderHook`` (set the epoch's shuffle and resume position), ``ProgressHook``;
+1. ``DataOrderHook`` (set the epoch's shuffle and resume position), ``ProgressHook``,
+   ``EmaHook`` (the weight EMA, updated before anything checkpoints or evaluates it);
 2. ``PreemptionHook`` (SIGTERM/SIGINT -> a stop all ranks agree on);
 3. ``MLPerfLogHook`` (rank 0) before ``EvalHook``, so ``epoch_stop`` precedes the epoch's
    ``eval_accuracy``;
@@ -55,6 +56,9 @@ def build_run_hooks(
     tensorboard: bool = True,
     mlperf_params: Optional[Mapping[str, Any]] = None,
     summary_extra: Optional[Mapping[str, Any]] = None,
+    ema: Any = None,
+    ema_every: int = 1,
+    ema_target: str = "raw",
 ) -> RunHooks:
     """The hooks of one run, writing under ``run_dir`` (rank 0 only).
 
@@ -72,16 +76,30 @@ def build_run_hooks(
         tensorboard: write TensorBoard scalars.
         mlperf_params: hyperparameters for the MLPerf log's ``run_start`` block.
         summary_extra: the run's resolved settings, copied into summary.json.
+        ema: a timm ``ModelEmaV3`` of the model (None: no weight EMA): updated every
+            ``ema_every`` optimizer steps, evaluated beside the model, checkpointed as ``ema``.
+        ema_target: ``raw`` or ``ema``, the top-1 that best_top1 and the time to target use.
     """
     hooks: list[Hook] = [H.DataOrderHook(), H.ProgressHook(enabled=is_main and progress)]
+    ema_hook = None
+    if ema is not None:
+        from largebatch.engine.ema import EmaHook
+
+        ema_hook = EmaHook(ema, every=ema_every)
+        hooks.append(ema_hook)
+        extra = checkpoint_extra or dict
+        checkpoint_extra = lambda: {**extra(), "ema": ema_hook.state_dict()}  # noqa: E731
     preemption = PreemptionHook(check_every=agree_every)
     hooks.append(preemption)
     if is_main:
         from largebatch.engine.mllog import MLPerfLogHook
 
-        hooks.append(MLPerfLogHook(run_dir / "mlperf_log.jsonl", target_top1=target_top1, params=mlperf_params))
+        hooks.append(MLPerfLogHook(run_dir / "mlperf_log.jsonl", target_top1=target_top1, params=mlperf_params,
+                                   top1_of=ema_target))
     hooks.append(H.EvalHook(val_loader, every=eval_every, target_top1=target_top1,
-                            stop_at_target=stop_at_target, channels_last=channels_last))
+                            stop_at_target=stop_at_target, channels_last=channels_last,
+                            ema_model=ema_hook.eval_model if ema_hook is not None else None,
+                            target=ema_target))
     hooks.append(H.CheckpointHook(
         run_dir / "checkpoints", every_epochs=checkpoint_every_epochs, every_steps=checkpoint_every_steps,
         keep=checkpoint_keep, extra_state=checkpoint_extra or dict,

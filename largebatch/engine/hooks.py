@@ -100,9 +100,11 @@ class ProgressHook(Hook):
 
     def after_eval(self, metrics: dict[str, float]) -> None:
         t = self.trainer
+        ema = (f"  EMA top-1 {metrics['ema_top1']:.2f}%  top-5 {metrics['ema_top5']:.2f}%"
+               if "ema_top1" in metrics else "")
         log.info(
-            "epoch %d/%d  step %d  val top-1 %.2f%%  top-5 %.2f%%  (%d images)  elapsed %.1fs",
-            t.state.epoch, t.epochs, t.state.step, metrics["top1"], metrics["top5"],
+            "epoch %d/%d  step %d  val top-1 %.2f%%  top-5 %.2f%%%s  (%d images)  elapsed %.1fs",
+            t.state.epoch, t.epochs, t.state.step, metrics["top1"], metrics["top5"], ema,
             metrics["total"], t.elapsed(),
         )
 
@@ -196,6 +198,9 @@ class TensorBoardHook(_ScalarWriter):
         self._call("add_scalar", "val/top1", metrics["top1"], s.step)
         self._call("add_scalar", "val/top5", metrics["top5"], s.step)
         self._call("add_scalar", "val/loss", metrics["loss"], s.step)
+        if "ema_top1" in metrics:
+            self._call("add_scalar", "val/ema_top1", metrics["ema_top1"], s.step)
+            self._call("add_scalar", "val/ema_top5", metrics["ema_top5"], s.step)
         self._call("add_scalar", "val/top1_vs_wall_s", metrics["top1"], int(self.trainer.elapsed()))
         if s.time_to_target_s is not None and not self.wrote_time_to_target:
             self.wrote_time_to_target = True  # once, at the evaluation that reached the target
@@ -264,6 +269,10 @@ class EvalHook(Hook):
     The time to target is the training wall time (evaluation included, as MLPerf counts it)
     from the first training step to the end of the first evaluation at or above
     ``target_top1``; with ``stop_at_target`` the run stops there.
+
+    With a weight EMA (``ema_model`` returns its module, the same on every rank) the EMA is
+    evaluated too: the metrics gain ``ema_top1``, ``ema_top5``, ``ema_loss``; ``target``
+    (``raw`` | ``ema``) names the top-1 that the best top-1 and the time to target use.
     """
 
     def __init__(
@@ -274,12 +283,18 @@ class EvalHook(Hook):
         target_top1: Optional[float] = None,
         stop_at_target: bool = False,
         channels_last: bool = False,
+        ema_model: Optional[Callable[[], torch.nn.Module]] = None,
+        target: str = "raw",
     ) -> None:
+        if target not in ("raw", "ema") or (target == "ema" and ema_model is None):
+            raise ValueError(f"target={target!r}: 'raw', or 'ema' with an ema_model")
         self.val_loader = val_loader
         self.every = max(1, every)
         self.target_top1 = target_top1
         self.stop_at_target = stop_at_target
         self.channels_last = channels_last
+        self.ema_model = ema_model
+        self.target_key = "ema_top1" if target == "ema" else "top1"
 
     def after_epoch(self) -> None:
         t = self.trainer
@@ -290,14 +305,22 @@ class EvalHook(Hook):
             t.model, self.val_loader, backend=t.backend, autocast_dtype=t.autocast_dtype,
             channels_last=self.channels_last,
         )
+        if self.ema_model is not None:
+            ema = evaluate(
+                self.ema_model(), self.val_loader, backend=t.backend, autocast_dtype=t.autocast_dtype,
+                channels_last=self.channels_last,
+            )
+            metrics.update(ema_top1=ema["top1"], ema_top5=ema["top5"], ema_loss=ema["loss"],
+                           top1_of="ema" if self.target_key == "ema_top1" else "raw")
         metrics["epoch"] = epoch
         metrics["wall_s"] = round(t.elapsed(), 3)
         s = t.state
         s.evals.append(metrics)
-        if metrics["top1"] > s.best_top1:
-            s.best_top1, s.best_epoch = metrics["top1"], epoch
+        reported = metrics[self.target_key]
+        if reported > s.best_top1:
+            s.best_top1, s.best_epoch = reported, epoch
         s.time_to_target_s, stop = target_check(
-            metrics["top1"], metrics["wall_s"], target_top1=self.target_top1,
+            reported, metrics["wall_s"], target_top1=self.target_top1,
             stop_at_target=self.stop_at_target, time_to_target_s=s.time_to_target_s,
         )
         if stop:
@@ -415,6 +438,8 @@ class SummaryHook(Hook):
             "best_epoch": s.best_epoch if s.evals else None,
             "final_top1": round(last["top1"], 3) if last else None,
             "final_top5": round(last["top5"], 3) if last else None,
+            **({"final_ema_top1": round(last["ema_top1"], 3), "final_ema_top5": round(last["ema_top5"], 3)}
+               if "ema_top1" in last else {}),
             "epochs": s.epoch,
             "steps": s.step,
             "wall_time_s": round(s.elapsed_s, 2),
@@ -435,6 +460,7 @@ class SummaryHook(Hook):
                     "the run summary", self.path, e,
                     "training ended and its checkpoints were written; resume=auto continues from the last one"))
         best = f"{s.best_top1:.2f}% (epoch {s.best_epoch})" if s.evals else "n/a (no evaluation)"
+        weights = " (EMA weights)" if self.extra.get("top1_of") == "ema" else ""
         if self.target_top1 is None:
             target = "no target set"
         elif s.time_to_target_s is not None:
@@ -443,7 +469,7 @@ class SummaryHook(Hook):
             target = f"target {self.target_top1:g}% not reached"
         skipped = f", {s.skipped_steps} step(s) skipped for a non-finite loss" if s.skipped_steps else ""
         print(
-            f"largebatch: best val top-1 {best}, {s.epoch} epochs, {s.step} steps{skipped}, "
+            f"largebatch: best val top-1{weights} {best}, {s.epoch} epochs, {s.step} steps{skipped}, "
             f"training wall time {s.elapsed_s:.1f}s, {target}",
             flush=True,
         )

@@ -52,12 +52,15 @@ class MLPerfLogHook(Hook):
         path: the JSONL file, opened for appending (a resumed run adds a second run_start).
         target_top1: the run's target, in percent (None: no target).
         params: hyperparameters logged once after ``run_start`` as POINT_IN_TIME events.
+        top1_of: ``raw`` or ``ema`` (the weight EMA's): the accuracy ``eval_accuracy`` logs,
+            the one the time to target uses.
     """
 
     def __init__(self, path: str | os.PathLike, *, target_top1: Optional[float] = None,
-                 params: Optional[Mapping[str, Any]] = None) -> None:
+                 params: Optional[Mapping[str, Any]] = None, top1_of: str = "raw") -> None:
         self.path = Path(path)
         self.target_top1 = target_top1
+        self.prefix = "ema_" if top1_of == "ema" else ""
         self.params = dict(params or {})
         self.file = AppendLog(self.path, "the MLPerf log")
 
@@ -86,8 +89,9 @@ class MLPerfLogHook(Hook):
         self.event("epoch_stop", event_type=INTERVAL_END, epoch_num=self.trainer.state.epoch)
 
     def after_eval(self, metrics: dict[str, float]) -> None:
-        self.event("eval_accuracy", round(metrics["top1"] / 100.0, 6), epoch_num=metrics.get("epoch"),
-                   top5=round(metrics["top5"] / 100.0, 6), wall_s=metrics.get("wall_s"))
+        p = self.prefix
+        self.event("eval_accuracy", round(metrics[p + "top1"] / 100.0, 6), epoch_num=metrics.get("epoch"),
+                   top5=round(metrics[p + "top5"] / 100.0, 6), wall_s=metrics.get("wall_s"))
 
     def after_train(self) -> None:
         t = self.trainer

@@ -27,6 +27,7 @@ from largebatch.engine.checkpoint import (
     set_aside_newer,
 )
 from largebatch.engine.compile import strip_compile_prefixes
+from largebatch.engine.ema import load_ema_state
 
 __all__ = ["check_fits", "find_checkpoint", "resume_run", "set_aside_abandoned"]
 
@@ -125,9 +126,12 @@ def check_fits(
 def resume_run(
     resume: str, ckpt_dir: Path, *, backend: Any, model_name: str, optimizer_name: str,
     global_batch_size: int, per_device: int, steps_per_epoch: int,
-    model: Any, optimizer: Any, scheduler: Any, scaler: Any, state: Any,
+    model: Any, optimizer: Any, scheduler: Any, scaler: Any, state: Any, ema: Any = None,
 ) -> Optional[Path]:
     """Load the checkpoint ``resume`` names (a path, or ``auto``: the newest in the run).
+
+    ``ema`` (a ``ModelEmaV3``, or None): loaded from the checkpoint's EMA weights; a
+    checkpoint written without them starts the EMA from the resumed weights (one log line).
 
     Returns the checkpoint loaded, or None (``auto`` and no checkpoint file yet).
     """
@@ -162,9 +166,15 @@ def resume_run(
             scaler.load_state_dict(ckpt["scaler"])
         state.load_state_dict(ckpt["train_state"])
         restore_rng_state(ckpt["rng"])
+        if ema is not None and not load_ema_state(ema, ckpt.get("ema"), model):
+            log.warning("checkpoint %s holds no EMA weights (written with ema.enabled=false or "
+                        "before the EMA existed): the EMA starts from its weights at step %d",
+                        path, state.step)
+        if ema is None and "ema" in ckpt:
+            log.info("checkpoint %s holds EMA weights; ema.enabled=false: they are not used", path)
     except (KeyError, ValueError, TypeError, RuntimeError) as e:
         raise CheckpointError(
-            f"checkpoint {path} does not fit this run's optimizer/schedule state "
+            f"checkpoint {path} does not fit this run's optimizer/schedule/EMA state "
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); resume with the "
             f"settings it was made with, or start a new run_dir"
         ) from None

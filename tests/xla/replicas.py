@@ -125,10 +125,37 @@ def scenario_collectives(backend: Any, out: dict[str, Any]) -> None:
         out[f"eval{n}_batches"] = len(loader)
 
 
+def scenario_ema(backend: Any, out: dict[str, Any]) -> None:
+    """Trainer steps with the weight EMA (largebatch.engine.ema) and per-replica BN: the EMA
+    before and after ``eval_model()`` (which gives every replica rank 0's)."""
+    from largebatch.engine.ema import EmaHook, build_model_ema
+    from largebatch.engine.loop import Trainer
+    from largebatch.lr import build_lr_scheduler
+    from largebatch.optim import build_optimizer
+    from tests.xla.common import ListLoader, tiny_resnet
+
+    model = backend.prepare_model(tiny_resnet())  # per-replica BN: statistics differ by replica
+    ema = build_model_ema(model, decay=0.5, warmup=True)
+    hook = EmaHook(ema)
+    opt = build_optimizer("sgd", model, lr=0.1, weight_decay=1e-4, momentum=0.9)
+    sched = build_lr_scheduler(opt, name="cosine", steps_per_epoch=TRAIN_STEPS, epochs=1, warmup_epochs=0.5)
+    trainer = Trainer(
+        model=backend.wrap_model(model), optimizer=opt, scheduler=sched,
+        train_loader=backend.wrap_loader(ListLoader(train_batches(backend.rank))), backend=backend,
+        epochs=1, global_batch_size=TRAIN_BATCH * backend.world_size, log_every=TRAIN_STEPS, hooks=[hook],
+    )
+    trainer.train()
+    backend.mark_step()
+    out["model"] = {k: v.cpu() for k, v in model.state_dict().items()}
+    out["before"] = {k: v.cpu() for k, v in ema.module.state_dict().items()}
+    out["after"] = {k: v.cpu() for k, v in hook.eval_model().state_dict().items()}
+
+
 SCENARIOS: dict[str, Callable[[Any, dict[str, Any]], None]] = {
     "sync_bn": scenario_sync_bn,
     "train": scenario_train,
     "collectives": scenario_collectives,
+    "ema": scenario_ema,
 }
 
 

@@ -1,0 +1,94 @@
+"""Weight EMA on 2 gloo ranks (issue 35): every rank evaluates the same EMA.
+
+* DDP keeps the parameters, and so their EMA, bit-identical on every rank; with per-rank BN
+  the BN running statistics differ between forwards, and so do their averages: the EMA's
+  ``eval_model()`` gives every rank rank 0's (the EMA checkpoints hold), bit for bit.
+* ``torchrun --nproc_per_node=2 -m largebatch.train ema.enabled=true`` trains, evaluates
+  and checkpoints the EMA of the DDP-wrapped model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
+from tests.distributed.harness import run_ranks
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 5
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
+
+
+def _ema_on_rank(rank: int, world: int) -> dict[str, dict[str, torch.Tensor]]:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from largebatch.backends.torch_dist import TorchDistributedBackend
+    from largebatch.engine.ema import EmaHook, build_model_ema
+
+    backend = TorchDistributedBackend("cpu")
+    model = _model()
+    ema = build_model_ema(model, decay=0.7, warmup=True)
+    ddp = DDP(model)  # per-rank BN: running statistics differ between forwards
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.5, momentum=0.9)
+    hook = EmaHook(ema)
+    hook.trainer = SimpleNamespace(model=ddp, state=SimpleNamespace(step=0), backend=backend)
+    g = torch.Generator().manual_seed(100 + rank)  # each rank its own data
+    for step in range(1, STEPS + 1):
+        images, labels = torch.randn(6, 3, 8, 8, generator=g), torch.randint(0, 3, (6,), generator=g)
+        nn.functional.cross_entropy(ddp(images), labels).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        hook.trainer.state.step = step
+        hook.after_step()
+    before = {k: v.clone() for k, v in ema.module.state_dict().items()}
+    after = {k: v.clone() for k, v in hook.eval_model().state_dict().items()}
+    return {"before": before, "after": after, "model": {k: v.clone() for k, v in model.state_dict().items()}}
+
+
+def test_every_rank_evaluates_rank_0s_ema() -> None:
+    r0, r1 = run_ranks(_ema_on_rank, 2)
+    params = {name for name, _ in _model().named_parameters()}
+    for k in params:
+        assert torch.equal(r0["before"][k], r1["before"][k]), f"EMA of parameter {k} differs between ranks"
+        assert not torch.equal(r0["before"][k], r0["model"][k]), f"{k}: nothing averaged"
+    running = [k for k in r0["before"] if "running" in k]
+    assert any(not torch.equal(r0["before"][k], r1["before"][k]) for k in running), (
+        "per-rank BN statistics were expected to differ before the sync; the test shows nothing")
+    for k in r0["after"]:
+        assert torch.equal(r0["after"][k], r1["after"][k]), f"EMA {k} differs between ranks after the sync"
+        assert torch.equal(r0["after"][k], r0["before"][k]), f"rank 0's EMA {k} changed in the sync"
+
+
+def test_torchrun_two_ranks_train_evaluate_and_checkpoint_the_ema(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1", LARGEBATCH_CACHE=str(tmp_path / "cache"))
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        "-m", "largebatch.train", "debug=smoke", "progress=false", "tensorboard=false", "precision=fp32",
+        "model=resnet10t", "backend=cpu", "epochs=1", f"run_dir={run}",
+        "ema.enabled=true", "ema.decay=0.5", "ema.target=ema",
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["top1_of"] == "ema"
+    assert summary["best_top1"] == summary["final_ema_top1"]  # one epoch: best = last, EMA's
+    ckpt = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])
+    assert ckpt["ema"].keys() == ckpt["model"].keys()  # the plain module's keys, no DDP prefix
+    assert "EMA top-1" in (run / "train.log").read_text()
+    events = [json.loads(x) for x in (run / "mlperf_log.jsonl").read_text().splitlines()]
+    accuracy = [e["value"] for e in events if e["key"] == "eval_accuracy"]
+    assert accuracy == [round(summary["final_ema_top1"] / 100, 6)]  # the EMA's, as ema.target says
