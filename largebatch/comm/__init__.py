@@ -5,7 +5,7 @@ mostly its latency, sets the pace. Jia et al. 2018 (arXiv 1807.11205: hierarchic
 tensor fusion, fp16 gradients), Ying et al. 2018 (arXiv 1811.06992) and Mikami et al. 2018
 (arXiv 1811.05233: 2-D torus all-reduce) won their records here. This package offers:
 
-- ``hooks``: DDP communication hooks, ``comm.algorithm: flat | hierarchical | torus2d`` and
+- ``ddp_hooks``: DDP communication hooks, ``comm.algorithm: flat | hierarchical | torus2d`` and
   ``comm.compress: none | fp16 | bf16`` (any pair), with per-rank counters of collectives and
   of bytes sent inside and across nodes. Entry point: :func:`register_comm_hook`.
 - ``topology``: ranks per node (explicit or torchrun's ``LOCAL_WORLD_SIZE``) and the row /
@@ -34,7 +34,7 @@ from largebatch.comm.cost_model import (
     hierarchical_allreduce,
     torus2d_allreduce,
 )
-from largebatch.comm.hooks import (
+from largebatch.comm.ddp_hooks import (
     ALGORITHMS,
     CommState,
     comm_hook,
