@@ -261,6 +261,8 @@ def _check_lars_group(group: dict[str, Any], where: str) -> None:
         raise UsageError(f"{where}: invalid trust_coefficient {group['trust_coefficient']!r}, must be > 0")
     if not group["eps"] >= 0.0:
         raise UsageError(f"{where}: invalid eps {group['eps']!r}, must be >= 0")
+    if not isinstance(group["lr_in_momentum"], bool):
+        raise UsageError(f"{where}: invalid lr_in_momentum {group['lr_in_momentum']!r}, must be True or False")
     if group["nesterov"] and group["momentum"] == 0:
         raise UsageError(f"{where}: nesterov=True needs momentum > 0")
 
