@@ -174,7 +174,7 @@ def _uses_cuda_graphs(cfg: Any, backend: Any) -> bool:
 
 def _optimizer_options(opt: Any) -> dict[str, Any]:
     """The optimizer-specific options the config sets (None = the optimizer's default)."""
-    names = ("momentum", "nesterov", "trust_coefficient", "eps", "betas", "foreach")
+    names = ("momentum", "nesterov", "trust_coefficient", "eps", "lr_in_momentum", "betas", "foreach")
     out = {n: getattr(opt, n) for n in names if getattr(opt, n) is not None}
     if "betas" in out:
         out["betas"] = tuple(out["betas"])

@@ -72,8 +72,8 @@ def test_unknown_name_lists_valid_names() -> None:
     [
         ("lamb", "momentum", "betas, eps, foreach"),
         ("sgd", "trust_coefficient", "foreach, momentum, nesterov"),
-        ("lars", "betas", "eps, foreach, momentum, nesterov, trust_coefficient"),
-        ("larc", "trust_clip", "eps, foreach, momentum, nesterov, trust_coefficient"),
+        ("lars", "betas", "eps, foreach, lr_in_momentum, momentum, nesterov, trust_coefficient"),
+        ("larc", "trust_clip", "eps, foreach, lr_in_momentum, momentum, nesterov, trust_coefficient"),
     ],
 )
 def test_wrong_option_names_it_and_the_accepted_ones(name: str, option: str, accepted: str) -> None:

@@ -267,6 +267,7 @@ def test_step_never_reads_a_tensor_on_the_host(foreach: bool, monkeypatch: pytes
         ({"trust_coefficient": 0.0}, "trust_coefficient"),
         ({"eps": -1.0}, "eps"),
         ({"momentum": 0.0, "nesterov": True}, "nesterov"),
+        ({"lr_in_momentum": "true"}, "invalid lr_in_momentum 'true', must be True or False"),
     ],
 )
 def test_invalid_arguments_raise(kwargs: dict, message: str) -> None:
@@ -283,12 +284,13 @@ def test_invalid_param_group_raises() -> None:
 def test_setstate_backfills_new_defaults() -> None:
     opt = LARS([torch.nn.Parameter(torch.ones(2))])
     state = copy.deepcopy(opt.__getstate__())
-    for key in ("nesterov", "trust_clip", "lars_exclude", "foreach", "eps", "trust_coefficient"):
+    for key in ("nesterov", "trust_clip", "lars_exclude", "foreach", "eps", "trust_coefficient", "lr_in_momentum"):
         del state["param_groups"][0][key]
     opt.__setstate__(state)
     group = opt.param_groups[0]
     assert (group["nesterov"], group["trust_clip"], group["lars_exclude"], group["foreach"]) == (
         False, False, False, None)  # fmt: skip
+    assert group["lr_in_momentum"] is False  # the only form before the option
 
 
 @pytest.mark.gpu

@@ -6,9 +6,9 @@ from the YAML: the test composes the preset and builds what the trainer builds f
 (``largebatch.lr.scale_lr``, ``schedule_factors`` and the scheduler on a dummy optimizer; the
 real timm model with ``largebatch.models.build_model`` and the optimizer on it as
 ``largebatch.run`` does), then compares the resolved peak lr, warmup length, start and end lr,
-decay power, weight decay, momentum, Nesterov, LARS eta and epsilon, label smoothing, BN group,
-precision, image size, dropout and drop-path, zero-init, evaluation cadence and the excluded
-parameters with the source.
+decay power, weight decay, momentum, Nesterov, LARS eta, epsilon and momentum-buffer form, label
+smoothing, BN group, precision, image size, dropout and drop-path, zero-init, evaluation cadence
+and the excluded parameters with the source.
 
 Pinned commits (git show <commit>:<path>):
   tensorflow/tpu b13e6b6d19ba633e4f55f7ab5910f675d203e38a (2018-12-03): models/official/resnet/
@@ -63,6 +63,7 @@ class Reference:
     momentum: float = 0.9
     nesterov: bool = False
     eta: float | None = None  # LARS trust coefficient (None: not LARS)
+    lr_in_momentum: bool | None = None  # LARS: lr x trust ratio inside the momentum buffer (None: not LARS)
     label_smoothing: float = 0.0
     bn_group_size: int = 1  # replicas per BN group
     precision: str = "fp32"
@@ -74,8 +75,14 @@ class Reference:
     eval_every: int = 1  # epochs
 
 
-_RN50_LARS = dict(eta=0.001, decay="poly", start_lr=0.0, end_lr=1e-4, power=2.0, optimizer="lars")
+# lr_in_momentum: every LARS reference applies momentum with lr 1 to the gradient times lr x trust ratio
+# (tf.contrib.opt.LARSOptimizer @66bb198 and efficientnet/lars_optimizer.py @e380f76 _apply_dense /
+# _resource_apply_dense: ApplyMomentum(var, mom, 1.0, grad * scaled_lr, momentum); MLPerf
+# lars_optimizer.py @3c81f6f _resource_apply_dense: mom_t = mom * momentum - grad * scaled_lr, var += mom_t)
+_RN50_LARS = dict(eta=0.001, decay="poly", start_lr=0.0, end_lr=1e-4, power=2.0, optimizer="lars",
+                  lr_in_momentum=True)
 _EFFNET = dict(eta=0.001, decay="poly", start_lr=0.0, end_lr=0.1, power=2.0, optimizer="lars", eps=0.0,
+               lr_in_momentum=True,
                weight_decay=2e-5, epochs=350, warmup_epochs=5, label_smoothing=0.1, precision="bf16",
                drop_path_rate=0.2, zero_init_last_bn=False)
 REFERENCES = {
@@ -248,6 +255,7 @@ def test_preset_optimizer_on_the_real_model(name: str) -> None:
         if ref.eta is not None:
             assert group["trust_coefficient"] == ref.eta
             assert group["eps"] == pytest.approx(ref.eps, rel=1e-9, abs=0.0)
+            assert group["lr_in_momentum"] is ref.lr_in_momentum
     skipped, adapted = _bn_and_bias(model)
     excluded = {id(p) for g in opt.param_groups if g["weight_decay"] == 0.0 and g.get("lars_exclude")
                 for p in g["params"]}
@@ -319,3 +327,13 @@ def test_preset_weight_ema_is_the_references(name: str) -> None:
                           warmup_power=e.warmup_power, min_decay=e.min_decay, update_after_step=e.update_after_step)
     for n in (1, 2, 10, 1_000, 13_650, 89_991, 500_000):
         assert ema.get_decay(n) == pytest.approx(min(0.9999, (1 + n) / (10 + n)), rel=0, abs=1e-15), n
+
+
+@pytest.mark.parametrize("optimizer", ["lars", "larc"])
+def test_plain_lars_keeps_torchs_momentum_form(optimizer: str) -> None:
+    """Outside the paper presets LARS keeps torch's SGD form (lr outside the buffer, as timm's Lars and
+    apex LARC over torch's SGD); a preset or an override opts into the references' form."""
+    for overrides, expected in (((), False), (("optimizer.lr_in_momentum=true",), True)):
+        cfg = to_train_config(compose_config([f"optimizer={optimizer}", "data.root=/data/imagenet", *overrides]))
+        opt = trainer_optimizer(cfg, _Tiny(), lr=1.0)
+        assert all(g["lr_in_momentum"] is expected for g in opt.param_groups)

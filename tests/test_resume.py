@@ -139,6 +139,17 @@ def test_resume_with_another_optimizer_is_refused(tmp_path: Path, capsys: pytest
     assert f"made with optimizer=sgd, not {other}" in _one_error_line(capsys)
 
 
+def test_resume_that_switches_the_lars_momentum_form_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The buffers of LARS's two forms mean different things (one is about lr times the other)."""
+    run = tmp_path / "run"
+    assert main([*EXACT, f"run_dir={run}", "max_steps=1", "optimizer=lars"]) == 0
+    capsys.readouterr()
+    assert main([*EXACT, f"run_dir={run}", "resume=auto", "optimizer=lars", "optimizer.lr_in_momentum=true"]) == 2
+    line = _one_error_line(capsys)
+    assert "written with lr_in_momentum=False and this optimizer has lr_in_momentum=True" in line
+    assert "resume with lr_in_momentum=False, or start afresh" in line
+
+
 def test_resume_from_a_weights_only_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     run = tmp_path / "run"
     assert main([*EXACT, f"run_dir={run}", "max_steps=1"]) == 0

@@ -130,6 +130,10 @@ class OptimizerConfig:
     nesterov: Optional[bool] = None
     trust_coefficient: Optional[float] = None
     eps: Optional[float] = None
+    # LARS: true folds lr x trust ratio into the momentum buffer (the TensorFlow LARS optimizers the
+    # paper presets cite), false keeps torch's SGD form (lr multiplies the buffer); see
+    # largebatch.optim.LARS. A resume that changes it is refused (the buffers mean different things).
+    lr_in_momentum: Optional[bool] = None
     betas: Optional[List[float]] = None
     foreach: Optional[bool] = None
 

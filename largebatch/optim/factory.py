@@ -39,7 +39,7 @@ class OptimizerEntry:
     description: str = ""
 
 
-_LARS_OPTIONS = frozenset({"momentum", "nesterov", "trust_coefficient", "eps", "foreach"})
+_LARS_OPTIONS = frozenset({"momentum", "nesterov", "trust_coefficient", "eps", "lr_in_momentum", "foreach"})
 
 OPTIMIZERS: Mapping[str, OptimizerEntry] = MappingProxyType(
     {
@@ -84,8 +84,9 @@ def build_optimizer(
         lr: learning rate (already scaled for the global batch).
         weight_decay: weight decay of the decayed group.
         exclude_bn_bias: exclude BN, bias and ``no_weight_decay()`` tensors from decay and adaptation.
-        **options: optimizer options among ``momentum, nesterov, trust_coefficient, eps, betas, foreach``,
-            each accepted only by the optimizers that take it; an option set to None keeps the default.
+        **options: optimizer options among ``momentum, nesterov, trust_coefficient, eps, lr_in_momentum,
+            betas, foreach``, each accepted only by the optimizers that take it; an option set to None keeps
+            the default.
 
     Raises:
         UsageError (a ValueError): unknown ``name``, or an option the named optimizer does not take.

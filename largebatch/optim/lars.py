@@ -12,6 +12,11 @@ Two implementations of the same update, chosen by ``foreach``:
 * ``_multi_tensor_lars``: ``torch._foreach_*`` over all tensors of a group, the default on CUDA/XLA where the
   step is kernel-launch-bound.
 
+The momentum buffer comes in two forms, chosen by ``lr_in_momentum`` (see :class:`LARS`): torch's SGD
+convention (the default: ``lr`` multiplies the buffer) and the form of the TensorFlow LARS optimizers the paper
+presets cite (``lr`` times the trust ratio folded into the buffer). They agree at a constant lr and differ while
+it changes (warmup, decay): Goyal et al. 2017 (arXiv 1706.02677) sec. 2.2, "momentum correction".
+
 Neither path reads a tensor back to the host or branches on a tensor value: trust ratios are computed with
 ``torch.where`` on the device, so the same step runs on XLA without syncs or recompiles.
 """
@@ -52,6 +57,20 @@ class LARS(Optimizer):
     Conventions as ``torch.optim.SGD``: ``lr`` multiplies the momentum buffer (it is not folded into it), the
     buffer starts at zero, so the first step moves by ``lr * ratio * (g + wd * w)``. There is no dampening.
 
+    With ``lr_in_momentum=True`` the learning rate (times the trust ratio) goes into the buffer instead, the
+    form of tensorflow/tpu ``models/official/efficientnet/lars_optimizer.py``, ``tf.contrib.opt.LARSOptimizer``
+    and the MLPerf ResNet-50 reference's ``lars_optimizer.py`` (``ApplyMomentum`` with ``lr=1`` and the
+    gradient times ``lr * ratio``)::
+
+        buf   = momentum * buf + lr * ratio * (g + weight_decay * w)        (excluded groups: + lr * g)
+        w     = w - buf                   (Nesterov: w - (lr * ratio * (g + weight_decay * w) + momentum * buf))
+
+    The two agree while ``lr`` is constant. When it changes, the first form applies the new ``lr`` to the whole
+    buffer at once; this one lets the old ``lr`` carry on in the buffer for about ``1 / (1 - momentum)`` steps
+    (Goyal et al. 2017, arXiv 1706.02677, sec. 2.2: "momentum correction"), so under warmup and poly decay they
+    train differently. The buffers mean different things (this one is about ``lr`` times the other), so
+    :meth:`load_state_dict` refuses a state saved with the other form.
+
     Args:
         params: iterable of parameters or of dicts defining parameter groups; a group may set
             ``lars_exclude`` (default: False).
@@ -62,6 +81,8 @@ class LARS(Optimizer):
         trust_coefficient: the trust coefficient eta of the paper (default: 0.001).
         eps: added to the trust-ratio denominator (default: 1e-8).
         trust_clip: LARC clipping, ratio replaced by min(ratio / lr, 1) (default: False).
+        lr_in_momentum: fold ``lr * ratio`` into the momentum buffer and step by the buffer, as the TensorFlow
+            LARS optimizers do, instead of torch's SGD convention (default: False).
         foreach: True for the multi-tensor path, False for the per-tensor path, None to pick the faster for
             the device (multi-tensor off CPU, per-tensor on CPU) (default: None).
         **timm_options: timm's ``Lars`` names, here and in param groups: ``trust_coeff`` (our
@@ -80,6 +101,7 @@ class LARS(Optimizer):
         trust_coefficient: Optional[float] = None,
         eps: float = 1e-8,
         trust_clip: bool = False,
+        lr_in_momentum: bool = False,
         foreach: Optional[bool] = None,
         **timm_options: Any,
     ) -> None:
@@ -96,6 +118,7 @@ class LARS(Optimizer):
             trust_coefficient=options.get("trust_coefficient", _TRUST_COEFFICIENT),
             eps=eps,
             trust_clip=trust_clip,
+            lr_in_momentum=lr_in_momentum,
             lars_exclude=False,
             foreach=foreach,
         )
@@ -118,8 +141,28 @@ class LARS(Optimizer):
             group.setdefault("trust_coefficient", _TRUST_COEFFICIENT)
             group.setdefault("eps", 1e-8)
             group.setdefault("trust_clip", False)
+            group.setdefault("lr_in_momentum", False)  # the only form before the option existed
             group.setdefault("lars_exclude", False)
             group.setdefault("foreach", None)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As torch's, but refuses momentum buffers written in the other ``lr_in_momentum`` form.
+
+        torch would keep the saved group's form (its values replace this optimizer's), silently ignoring the
+        form this run asked for; converting the buffers would need the lr of every step that filled them. A
+        state written before the option existed was written in the torch form (``lr_in_momentum=False``).
+        """
+        saved_groups = state_dict["param_groups"]
+        if any(state.get("momentum_buffer") is not None for state in state_dict["state"].values()):
+            for i, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
+                was, now = bool(saved.get("lr_in_momentum", False)), bool(group["lr_in_momentum"])
+                if was != now:
+                    raise UsageError(
+                        f"LARS param group {i}: the saved momentum buffers were written with "
+                        f"lr_in_momentum={was} and this optimizer has lr_in_momentum={now} (the buffers "
+                        f"mean different things): resume with lr_in_momentum={was}, or start afresh"
+                    )
+        super().load_state_dict(state_dict)
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
@@ -162,6 +205,7 @@ class LARS(Optimizer):
                 trust_coefficient=group["trust_coefficient"],
                 eps=group["eps"],
                 trust_clip=group["trust_clip"],
+                lr_in_momentum=group["lr_in_momentum"],
                 exclude=group["lars_exclude"],
                 foreach=group["foreach"],
             )
@@ -181,12 +225,13 @@ def lars(
     eps: float,
     trust_clip: bool,
     exclude: bool,
+    lr_in_momentum: bool = False,
     foreach: Optional[bool] = None,
 ) -> None:
     """Functional LARS update of one parameter group, in place; see :class:`LARS` for the rule.
 
     ``momentum_buffers`` holds one buffer per parameter (zeros before the first step), or is empty when
-    ``momentum == 0``. Gradients are not modified.
+    ``momentum == 0``. Gradients are not modified. ``lr_in_momentum`` picks the buffer's form (see :class:`LARS`).
     """
     func = _multi_tensor_lars if _use_foreach(foreach, params) else _single_tensor_lars
     func(
@@ -201,6 +246,7 @@ def lars(
         eps=eps,
         trust_clip=trust_clip,
         exclude=exclude,
+        lr_in_momentum=lr_in_momentum,
     )
 
 
@@ -215,6 +261,8 @@ def _check_lars_group(group: dict[str, Any], where: str) -> None:
         raise UsageError(f"{where}: invalid trust_coefficient {group['trust_coefficient']!r}, must be > 0")
     if not group["eps"] >= 0.0:
         raise UsageError(f"{where}: invalid eps {group['eps']!r}, must be >= 0")
+    if not isinstance(group["lr_in_momentum"], bool):
+        raise UsageError(f"{where}: invalid lr_in_momentum {group['lr_in_momentum']!r}, must be True or False")
     if group["nesterov"] and group["momentum"] == 0:
         raise UsageError(f"{where}: nesterov=True needs momentum > 0")
 
@@ -289,17 +337,21 @@ def _single_tensor_lars(
     eps: float,
     trust_clip: bool,
     exclude: bool,
+    lr_in_momentum: bool,
 ) -> None:
+    # lr_in_momentum: lr multiplies what enters the buffer (fold) and the parameter steps by the buffer (out = 1);
+    # torch's form the other way round. Without momentum the two are one update.
+    fold, out = (lr, 1.0) if lr_in_momentum and momentum != 0 else (1.0, lr)
     if exclude:  # plain momentum SGD, no decay, no adaptation
         for i, (p, g) in enumerate(zip(params, grads)):
             if momentum == 0:
                 p.add_(g, alpha=-lr)
                 continue
-            buf = bufs[i].mul_(momentum).add_(g)
+            buf = bufs[i].mul_(momentum).add_(g, alpha=fold)
             if nesterov:
-                p.add_(g, alpha=-lr).add_(buf, alpha=-lr * momentum)
+                p.add_(g, alpha=-lr).add_(buf, alpha=-out * momentum)
             else:
-                p.add_(buf, alpha=-lr)
+                p.add_(buf, alpha=-out)
         return
 
     def ratios_fn(w_sq: Tensor, g_sq: Tensor) -> list[Tensor]:
@@ -312,21 +364,23 @@ def _single_tensor_lars(
             eps=eps,
             trust_clip=trust_clip,
         )
+        if lr_in_momentum and momentum != 0:
+            ratio = ratio * fold
         return [ratio, ratio * weight_decay]
 
     ratios, decay_ratios = _stacked(ratios_fn, [_sq_norm(p) for p in params], [_sq_norm(g) for g in grads])
     for i, (p, g, r, r_wd) in enumerate(zip(params, grads, ratios, decay_ratios)):
         if momentum == 0 or nesterov:
-            d = torch.mul(g, r).addcmul_(p, r_wd)  # ratio * (g + wd * w), leaves p.grad untouched
+            d = torch.mul(g, r).addcmul_(p, r_wd)  # fold * ratio * (g + wd * w), leaves p.grad untouched
             if momentum == 0:
-                p.sub_(d, alpha=lr)
+                p.sub_(d, alpha=out)
             else:
                 buf = bufs[i].mul_(momentum).add_(d)
-                p.sub_(d, alpha=lr).sub_(buf, alpha=lr * momentum)
+                p.sub_(d, alpha=out).sub_(buf, alpha=out * momentum)
         else:
             # buf = m * buf + r * g + (r * wd) * w without a temporary: 3 passes, as many as torch's SGD
             buf = _scale_add_(bufs[i], momentum, g, r).addcmul_(p, r_wd)
-            p.sub_(buf, alpha=lr)
+            p.sub_(buf, alpha=out)
 
 
 def _scale_add_(buf: Tensor, beta: float, g: Tensor, r: Tensor) -> Tensor:
@@ -351,7 +405,10 @@ def _multi_tensor_lars(
     eps: float,
     trust_clip: bool,
     exclude: bool,
+    lr_in_momentum: bool,
 ) -> None:
+    # as in _single_tensor_lars: lr enters the buffer (fold) or multiplies it on the way out (out)
+    fold, out = (lr, 1.0) if lr_in_momentum and momentum != 0 else (1.0, lr)
     if not exclude:
 
         def ratios_fn(w_norm: Tensor, g_norm: Tensor) -> list[Tensor]:
@@ -364,7 +421,7 @@ def _multi_tensor_lars(
                 eps=eps,
                 trust_clip=trust_clip,
             )
-            return [ratio]
+            return [ratio * fold if lr_in_momentum and momentum != 0 else ratio]
 
         (ratios,) = _stacked(ratios_fn, torch._foreach_norm(params), torch._foreach_norm(grads))
         if weight_decay != 0:
@@ -372,6 +429,8 @@ def _multi_tensor_lars(
             torch._foreach_mul_(grads, ratios)
         else:
             grads = torch._foreach_mul(grads, ratios)
+    elif lr_in_momentum and momentum != 0:
+        grads = torch._foreach_mul(grads, fold)  # new list: p.grad untouched
     if momentum != 0:
         torch._foreach_mul_(bufs, momentum)
         torch._foreach_add_(bufs, grads)
@@ -379,4 +438,4 @@ def _multi_tensor_lars(
             grads = torch._foreach_add(grads, bufs, alpha=momentum)
         else:
             grads = bufs
-    torch._foreach_add_(params, grads, alpha=-lr)
+    torch._foreach_add_(params, grads, alpha=-out)

@@ -150,6 +150,65 @@ def test_large_batch_optimizer_steps_match_cpu(xla_backend, name):
     assert compiles[-1] == compiles[1], f"compilations per step: {compiles}"
 
 
+@pytest.mark.parametrize("lr_in_momentum", [False, True], ids=["torch_form", "lr_in_momentum"])
+def test_lars_momentum_forms_under_a_changing_lr(xla_backend, lr_in_momentum):
+    """Both momentum-buffer forms on XLA (multi-tensor path) under an lr that changes at every step
+    (warmup, then poly decay): lr_in_momentum=True against the transcription of tensorflow/tpu
+    efficientnet/lars_optimizer.py @e380f76 (tests/lars_references.py), False against our CPU
+    per-tensor path (itself checked against timm's Lars in tests/test_optim_lars_forms.py); no host
+    read and no new compilation once the lr changes (lr enters the graph as data, not a constant)."""
+    import torch_xla.debug.metrics as met
+
+    from largebatch.optim import LARS
+    from tests.lars_references import tf_tpu_lars_step, warmup_poly_lrs
+
+    # peak 2.4: no step at lr 1.0, which torch-xla bakes into the graph as a special scalar (one more graph)
+    lrs = warmup_poly_lrs(steps=12, warmup=4, peak=2.4)
+    gen = torch.Generator().manual_seed(3)
+    shapes = [((8, 4, 3, 3), False), ((10, 12), False), ((8,), True), ((10,), True)]  # skipped: BN, bias
+    start = [torch.randn(s, generator=gen) for s, _ in shapes]
+    grads = [[torch.randn(s, generator=gen) * 0.1 for s, _ in shapes] for _ in lrs]
+    skipped = [skip for _, skip in shapes]
+
+    def run(device: torch.device, foreach: bool, transfers: list[int], compiles: list[int]):
+        params = [torch.nn.Parameter(t.clone().to(device)) for t in start]
+        opt = LARS([{"params": [p for p, s in zip(params, skipped) if not s]},
+                    {"params": [p for p, s in zip(params, skipped) if s], "lars_exclude": True}],
+                   lr=lrs[0], momentum=0.9, weight_decay=1e-2, trust_coefficient=0.02, eps=0.0,
+                   lr_in_momentum=lr_in_momentum, foreach=foreach)  # fmt: skip
+        for lr, step_grads in zip(lrs, grads):
+            for group in opt.param_groups:
+                group["lr"] = lr
+            for p, g in zip(params, step_grads):
+                p.grad = g.to(device)
+            if device.type == "xla":
+                before = met.metric_data("TransferFromDeviceTime")
+                opt.step()
+                after = met.metric_data("TransferFromDeviceTime")
+                transfers.append((after[0] if after else 0) - (before[0] if before else 0))
+                xla_backend.mark_step()
+                compiles.append(compile_count())
+            else:
+                opt.step()
+        return [p.detach().cpu() for p in params]
+
+    if lr_in_momentum:
+        ref = [t.clone() for t in start]
+        moms = [torch.zeros_like(t) for t in start]
+        for lr, step_grads in zip(lrs, grads):
+            tf_tpu_lars_step(ref, step_grads, moms, skipped, learning_rate=lr, momentum=0.9, weight_decay=1e-2,
+                             eeta=0.02, epsilon=0.0, use_nesterov=False)  # fmt: skip
+    else:
+        ref = run(torch.device("cpu"), False, [], [])
+    transfers: list[int] = []
+    compiles: list[int] = []
+    got = run(xla_backend.device, True, transfers, compiles)
+    for i, (a, b) in enumerate(zip(got, ref)):
+        assert max_abs_diff(a, b) <= 1e-5 * max(1.0, b.abs().max().item()), f"parameter {i}"
+    assert transfers == [0] * len(lrs), "the optimizer step read a tensor back to the host"
+    assert compiles[-1] == compiles[1], f"compilations per step: {compiles}"
+
+
 def test_padded_evaluation_counts_every_image_once(xla_backend):
     """10 images in batches of 4: the last batch is padded with weight-0 samples; evaluate()
     counts exactly 10 images with the CPU top-1, and every batch has the full static shape."""
