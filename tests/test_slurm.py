@@ -205,3 +205,25 @@ def test_a_high_partition_job_preempts_a_low_one_which_saves_requeues_and_finish
     info = _wait_until_final(slurm_env, job, out)
     assert _job(slurm_env, high)["JobState"] == "COMPLETED"
     _assert_saved_requeued_finished(info, job, out, run_dir, 96)
+
+
+def test_a_sigterm_before_the_ranks_can_save_still_requeues(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """SIGTERM while torchrun is still starting (what a time limit's early warning does to a
+    requeued run) leaves no checkpoint and no worker code: the script exits 75 and requeues,
+    rather than failing the job with torchrun's 1 or 143."""
+    job = _submit(_job_env(slurm_env, tmp_path / "runs"), tmp_path, "epochs=2")  # 16 steps
+    out = tmp_path / f"slurm-{job}.out"
+    deadline = time.time() + 120
+    # the cluster is this machine: torchrun's process (its rendezvous id is the job id) is visible
+    while subprocess.run(["pgrep", "-f", f"rdzv-id={job} "], capture_output=True).returncode != 0:
+        assert _job(slurm_env, job)["JobState"] in {"PENDING", "CONFIGURING", "RUNNING"}, _tail(out)
+        assert time.time() < deadline, f"torchrun of job {job} never started; output:\n{_tail(out)}"
+        time.sleep(0.05)
+    subprocess.run(["scancel", "--signal=TERM", "--batch", job], env=slurm_env, check=True, timeout=30)
+    info = _wait_until_final(slurm_env, job, out)
+    log = out.read_text()
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), log[-4000:]
+    assert "stopped by SIGTERM before the training could save" in log, log[-4000:]
+    assert f"requeueing job {job}" in log and "resumed from" not in log, log[-4000:]
+    summary = json.loads((tmp_path / "runs" / f"slurm-{job}" / "summary.json").read_text())
+    assert summary["steps"] == 16 and summary["stop_reason"] is None
