@@ -126,7 +126,8 @@ def _assert_saved_requeued_finished(info: dict[str, str], job: str, out: Path, r
         assert int(info["Restarts"]) >= 1, log[-4000:]
     else:
         assert info["Restarts"] == str(restarts), log[-4000:]
-    saved = re.findall(r"preempted \(SIGTERM\) at step (\d+); checkpoint saved", log)
+    # every rank says where it stopped; steps only grow from one run to the next
+    saved = list(dict.fromkeys(re.findall(r"preempted \(SIGTERM\) at step (\d+); checkpoint saved", log)))
     resumed = re.findall(r"resumed from \S+ckpt-\S+\.pt \(epoch \d+, step (\d+)\)", log)
     assert saved and saved == resumed, log[-4000:]
     assert all(int(step) < steps for step in saved)
@@ -227,3 +228,19 @@ def test_a_sigterm_before_the_ranks_can_save_still_requeues(slurm_env: dict[str,
     assert f"requeueing job {job}" in log and "resumed from" not in log, log[-4000:]
     summary = json.loads((tmp_path / "runs" / f"slurm-{job}" / "summary.json").read_text())
     assert summary["steps"] == 16 and summary["stop_reason"] is None
+
+
+def test_two_ranks_on_one_node_save_requeue_and_finish(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """NPROC_PER_NODE=2 (--cpus-per-task=2): torchrun starts two gloo ranks in the batch step;
+    scancel --signal=TERM --full reaches both, they agree on the stop step, save, and the
+    requeued job finishes on two ranks again."""
+    env = _job_env(slurm_env, tmp_path / "runs")
+    env["NPROC_PER_NODE"] = "2"
+    job = _submit(env, tmp_path, "epochs=12", sbatch=("--cpus-per-task=2",))  # 96 steps of 2 x 4 images
+    out = tmp_path / f"slurm-{job}.out"
+    run_dir = tmp_path / "runs" / f"slurm-{job}"
+    _wait_for_checkpoint(slurm_env, job, run_dir, out)
+    subprocess.run(["scancel", "--signal=TERM", "--full", job], env=slurm_env, check=True, timeout=30)
+    info = _wait_until_final(slurm_env, job, out)
+    _assert_saved_requeued_finished(info, job, out, run_dir, 96)
+    assert out.read_text().count("rank 0/2 (local 0/2)") == 2, _tail(out)  # both runs had two ranks
