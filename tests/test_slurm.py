@@ -4,7 +4,8 @@ tests/fixtures/slurm/slurm.conf), CPU-only, a tiny training run per job.
 A job runs to completion; a job stopped by ``scancel --signal=TERM --full``, by the time limit
 warning (``--signal=B:TERM@...``) or by a ``high`` partition job preempting it saves a
 checkpoint, exits 75, requeues itself (same job id, same run directory) and finishes from that
-checkpoint. Skipped, with the reason, where SLURM is not installed (``apt-get install
+checkpoint; so does one stopped while torchrun is still starting (nothing saved yet). A plain
+``scancel`` cancels the job for good. Skipped, with the reason, where SLURM is not installed (``apt-get install
 slurm-wlm munge``) or its cluster cannot be started; under CI a cluster that does not start is a
 failure.
 """
@@ -244,3 +245,20 @@ def test_two_ranks_on_one_node_save_requeue_and_finish(slurm_env: dict[str, str]
     info = _wait_until_final(slurm_env, job, out)
     _assert_saved_requeued_finished(info, job, out, run_dir, 96)
     assert out.read_text().count("rank 0/2 (local 0/2)") == 2, _tail(out)  # both runs had two ranks
+
+
+def test_a_plain_scancel_cancels_the_job_without_a_requeue(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """scancel without --signal is the user's "stop": SLURM records the job CANCELLED at once
+    (ExitCode 143:0) and it does not come back, although the ranks do get SIGTERM and save; an
+    LB_RUN_DIR job can continue the run."""
+    job = _submit(_job_env(slurm_env, tmp_path / "runs"), tmp_path, "epochs=12")  # 96 steps
+    out = tmp_path / f"slurm-{job}.out"
+    run_dir = tmp_path / "runs" / f"slurm-{job}"
+    _wait_for_checkpoint(slurm_env, job, run_dir, out)
+    subprocess.run(["scancel", job], env=slurm_env, check=True, timeout=30)
+    _wait_until_final(slurm_env, job, out)
+    time.sleep(15)  # longer than cred_expire: a requeued job would be pending or running again
+    info = _job(slurm_env, job)
+    assert (info["JobState"], info["Restarts"]) == ("CANCELLED", "0"), _tail(out)
+    assert f"requeueing job {job}" not in out.read_text()
+    assert list((run_dir / "checkpoints").glob("ckpt-*.pt"))
