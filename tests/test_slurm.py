@@ -5,9 +5,9 @@ A job runs to completion; a job stopped by ``scancel --signal=TERM --full``, by 
 warning (``--signal=B:TERM@...``) or by a ``high`` partition job preempting it saves a
 checkpoint, exits 75, requeues itself (same job id, same run directory) and finishes from that
 checkpoint; so does one stopped while torchrun is still starting (nothing saved yet). A plain
-``scancel`` cancels the job for good. Skipped, with the reason, where SLURM is not installed (``apt-get install
-slurm-wlm munge``) or its cluster cannot be started; under CI a cluster that does not start is a
-failure.
+``scancel`` cancels the job for good. Skipped, with the reason, where SLURM is not installed
+(``apt-get install slurm-wlm munge``) or its cluster cannot be started; under CI a cluster that
+does not start is a failure.
 """
 
 from __future__ import annotations
