@@ -201,8 +201,8 @@ def test_a_high_partition_job_preempts_a_low_one_which_saves_requeues_and_finish
     run_dir = tmp_path / "runs" / f"slurm-{job}"
     _wait_for_checkpoint(slurm_env, job, run_dir, out)
     high = subprocess.run(
-        ["sbatch", "--parsable", "--partition=high", "--nodes=1", "--cpus-per-task=1", f"--output={tmp_path}/high-%j.out",
-         "--wrap=sleep 2"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True,
+        ["sbatch", "--parsable", "--partition=high", "--nodes=1", "--cpus-per-task=1",
+         f"--output={tmp_path}/high-%j.out", "--wrap=sleep 2"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True,
     ).stdout.strip().split(";")[0]
     info = _wait_until_final(slurm_env, job, out)
     assert _job(slurm_env, high)["JobState"] == "COMPLETED"
