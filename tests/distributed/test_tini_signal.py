@@ -83,10 +83,12 @@ def test_default_entry_point_under_tini_saves_and_exits_75(tmp_path: Path) -> No
     _stop_and_check(proc, run, proc.pid, ranks=1)
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_torchrun_entry_point_under_tini_saves_and_exits_75(tmp_path: Path, nproc: int) -> None:
+@pytest.mark.parametrize(("nproc", "tini_args"), [(1, []), (2, []), (2, ["-g"])])
+def test_torchrun_entry_point_under_tini_saves_and_exits_75(tmp_path: Path, nproc: int, tini_args: list[str]) -> None:
+    """With ``tini -g`` the launch shell's whole group gets the signal: torchrun must get it once, not
+    also from the shell's forwarding (a second one ends its wait for the saving workers)."""
     run = tmp_path / "run"
-    proc = _start([TINI, "--", str(LAUNCH / "torchrun.sh"), *ARGS, f"run_dir={run}"], _env(nproc))
+    proc = _start([TINI, *tini_args, "--", str(LAUNCH / "torchrun.sh"), *ARGS, f"run_dir={run}"], _env(nproc))
     _stop_and_check(proc, run, proc.pid, ranks=nproc)
 
 
