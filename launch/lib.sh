@@ -17,8 +17,9 @@ run() {  # run CMD...: run CMD and exit with the workers' code, or print it unde
   # A stop signal reaches this shell alone (docker stop and Kubernetes signal PID 1, tini
   # its child) or its whole group (SLURM, kill -- -PGID, Ctrl-C). Either way the launcher
   # must get it exactly once: torchrun passes the first one on to its workers and gives them
-  # --shutdown-timeout (default 30 s) to save; a second one, arriving while it waits for
-  # them, would end it early and lose the workers' code (75: saved, resumable). So the
+  # --shutdown-timeout (default 30 s) to save; its handler raises on every signal, so a
+  # second one arriving during that wait would end it (torch's elastic/multiprocessing/api.py)
+  # before the workers wrote their code (75: saved, resumable). So the
   # launcher runs in a process group of its own (set -m), this shell forwards TERM, INT and
   # HUP to it, and waits until it has ended. Without the trap the shell would die at once
   # (143/130); with a foreground command it would wait but never pass the signal on.
