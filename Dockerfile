@@ -1,13 +1,17 @@
-# syntax=docker/dockerfile:1.7
 # GPU training image: largebatch[dali] on torch 2.14.1 (the CUDA 13.0 build from PyPI).
 #
-#   docker build -t largebatch .
-#   docker run --rm --gpus all --ipc=host -v /data/imagenet:/data/imagenet:ro \
+#   docker build -t largebatch .                  # or scripts/build_image.sh (docker or podman)
+#   mkdir -p runs     # yours: a folder docker run creates for -v belongs to root, and the job can't write it
+#   docker run --rm --gpus all --ipc=host --user "$(id -u):$(id -g)" -v /data/imagenet:/data/imagenet:ro \
 #       -v "$PWD/runs:/workspace/runs" largebatch data=imagenet data.root=/data/imagenet model=resnet50
-#   # all GPUs of the machine, one process each:
-#   docker run --rm --gpus all --ipc=host --entrypoint /opt/largebatch/launch/torchrun.sh \
-#       largebatch optimizer=lars
+#   # all GPUs of the machine, one process each (the script restarts under tini as PID 1):
+#   docker run --rm --gpus all --ipc=host --user "$(id -u):$(id -g)" -v "$PWD/runs:/workspace/runs" \
+#       --entrypoint /opt/largebatch/launch/torchrun.sh largebatch optimizer=lars
+# docker stop (SIGTERM) saves a checkpoint and exits 75 with either entry point; continue with
+# the same command plus run_dir=runs/<the run> resume=auto.
 #
+# Needs BuildKit (Docker >= 23's default builder) or podman/buildah for RUN --mount and
+# COPY --chmod; no "# syntax=" line, so the build fetches no front end from a registry.
 # Base: a slim Python, not nvidia/cuda:13.0.x-cudnn-runtime. The torch wheel carries its own
 # CUDA 13.0 user-space libraries (cuBLAS, cuDNN, NCCL, NVRTC, ... as nvidia-* wheels) and DALI
 # brings nvImageCodec/nvJPEG/nvCOMP the same way; the one piece from the host is the driver
@@ -39,11 +43,12 @@ RUN mkdir -p largebatch conf \
 # ---- the image
 FROM ${BASE_IMAGE}
 # tini as PID 1 forwards SIGTERM (docker stop, preemption) to the trainer and reaps
-# data-loader workers; a Python PID 1 without a SIGTERM handler would ignore it.
+# data-loader workers; a Python PID 1 without a SIGTERM handler would ignore it. Pinned to the
+# upstream release (any Debian rebuild of it): launch/lib.sh relies on nothing newer.
 # User app (uid 1000) runs the job; /workspace is open to any uid (sticky, like /tmp) so that
 # --user "$(id -u):$(id -g)" can write into a runs/ folder mounted from the host.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends tini=0.19.0-1+b3 \
+    && apt-get install -y --no-install-recommends tini=0.19.0-* \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 1000 --shell /bin/bash app \
     && mkdir -p /workspace \

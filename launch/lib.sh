@@ -11,17 +11,30 @@ run() {  # run CMD...: run CMD and exit with the workers' code, or print it unde
     echo "${line% }"
     exit 0
   fi
-  local rc=0
+  local rc=0 child="" pending=""
   LARGEBATCH_EXIT_DIR=${LARGEBATCH_EXIT_DIR:-$(mktemp -d)}
   export LARGEBATCH_EXIT_DIR
-  # A scheduler (SLURM, Kubernetes, kill -- -PGID, Ctrl-C) signals the whole process group,
-  # this shell included. Without a trap the shell dies at once (143/130) and the workers'
-  # code (75: saved, resumable) is lost. With one, the shell waits for torchrun, which
-  # passes the signal to its workers and gives them --shutdown-timeout (default 30 s) to
-  # save. A command trap, not '' (ignore): an ignored signal would be ignored by torchrun too.
-  trap ':' TERM INT
-  "$@" || rc=$?
-  trap - TERM INT
+  # A stop signal reaches this shell alone (docker stop and Kubernetes signal PID 1, tini
+  # its child) or its whole group (SLURM, kill -- -PGID, Ctrl-C). Either way the launcher
+  # must get it exactly once: torchrun passes the first one on to its workers and gives them
+  # --shutdown-timeout (default 30 s) to save; its handler raises on every signal, so a
+  # second one arriving during that wait would end it (torch's elastic/multiprocessing/api.py)
+  # before the workers wrote their code (75: saved, resumable). So the
+  # launcher runs in a process group of its own (set -m), this shell forwards TERM, INT and
+  # HUP to it, and waits until it has ended. Without the trap the shell would die at once
+  # (143/130); with a foreground command it would wait but never pass the signal on.
+  trap '_forward TERM' TERM
+  trap '_forward INT' INT
+  trap '_forward HUP' HUP
+  set -m
+  "$@" &
+  child=$!
+  set +m
+  if [[ -n $pending ]]; then _forward "$pending"; fi
+  # wait returns 128+N when a trapped signal interrupts it; the launcher is still saving
+  while wait "$child"; kill -0 "$child" 2> /dev/null; do :; done
+  wait "$child" || rc=$?  # its own exit status (bash keeps it for a second wait)
+  trap - TERM INT HUP
   rc=$(worker_exit_code "$LARGEBATCH_EXIT_DIR" "$rc")
   rm -rf "$LARGEBATCH_EXIT_DIR"
   exit "$rc"
@@ -50,6 +63,22 @@ worker_exit_code() {
     if [[ -z $best || $best == 75 || $best == 130 ]]; then best=$code; fi
   done
   echo "${best:-$rc}"
+}
+
+_forward() {  # _forward SIG: pass SIG on to run's launcher ($child), or keep it until it starts
+  if [[ -n ${child:-} ]]; then
+    kill -s "$1" "$child" 2> /dev/null || :
+  else
+    pending=$1
+  fi
+}
+
+under_tini_if_pid1() {  # under_tini_if_pid1 "$0" "$@": as a container's PID 1, start again under tini
+  # PID 1 drops every signal it has no handler for and must reap orphans; tini does both
+  # and passes docker stop's SIGTERM on to this script, which forwards it (run, above).
+  if [[ $$ == 1 ]] && command -v tini > /dev/null 2>&1; then
+    LB_DRY_RUN=${LB_DRY_RUN:-0} exec tini -- "$@"
+  fi
 }
 
 gpu_count() {  # GPUs this node may use: CUDA_VISIBLE_DEVICES, else nvidia-smi, else 0

@@ -36,6 +36,7 @@ fi
 
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+under_tini_if_pid1 "$0" "$@"
 
 nnodes=${NNODES:-1}
 if [[ -z ${RDZV_ENDPOINT:-} ]]; then

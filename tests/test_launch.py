@@ -397,3 +397,58 @@ def test_launch_scripts_prefer_a_ranks_own_failure_over_75(tmp_path: Path, scrip
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TORCHRUN": f"bash {fake}", "NPROC_PER_NODE": "2"}
     proc = subprocess.run(["bash", str(LAUNCH / script)], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
+
+
+# -- issue 37: what the images and their documented commands must keep -----------------------
+@pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.tpu"])
+def test_dockerfile_fetches_no_frontend_and_pins_tini_to_its_release(name: str) -> None:
+    """A "# syntax=" line makes BuildKit pull its front end from a registry at build time, and
+    tini=0.19.0-1+b3 broke with Debian's next rebuild of the same release."""
+    text = (ROOT / name).read_text()
+    assert not re.search(r"^#\s*syntax=", text, re.M)
+    runs = " ".join(args for op, args in _instructions(ROOT / name) if op == "RUN")
+    (pin,) = re.findall(r"\btini=(\S+)", runs)
+    assert pin == "0.19.0-*", pin
+
+
+def test_tpu_image_build_loads_torch_xla_and_trains_a_step() -> None:
+    """`import largebatch.cli` passed in an image where torch_xla could not load."""
+    runs = " ".join(args for op, args in _instructions(ROOT / "Dockerfile.tpu") if op == "RUN")
+    assert "import torch_xla" in runs
+    assert re.search(r"PJRT_DEVICE=CPU .*python -m largebatch\.launch\.xla debug=smoke max_steps=1", runs)
+
+
+def _docker_runs(text: str) -> list[str]:
+    """Every ``docker run`` command in ``text``, continuation lines joined, comments dropped."""
+    joined = re.sub(r"\\\n\s*(#\s*)?", " ", text)
+    return re.findall(r"^[#\s]*(?:sudo )?(docker run .*)$", joined, re.M)
+
+
+@pytest.mark.parametrize("source", ["README.md", "Dockerfile", "Dockerfile.tpu"])
+def test_documented_docker_runs_keep_their_results_and_can_write_them(source: str) -> None:
+    """Each documented `docker run` mounts a runs folder (else results die with the container) and
+    runs as the caller's uid, after `mkdir -p` of that folder (else Docker creates it root-owned)."""
+    text = (ROOT / source).read_text()
+    runs = _docker_runs(text)
+    assert runs, source
+    for cmd in runs:
+        assert re.search(r"-v \S*runs:/workspace/runs\b", cmd), cmd
+        assert '--user "$(id -u):$(id -g)"' in cmd, cmd
+    assert re.search(r"mkdir -p \S*runs", text)
+
+
+def test_readme_names_the_base_the_dockerfile_uses() -> None:
+    readme = (ROOT / "README.md").read_text()
+    (base,) = re.findall(r"^ARG BASE_IMAGE=(\S+)", (ROOT / "Dockerfile").read_text(), re.M)
+    assert base in readme and "CUDA runtime base matching" not in readme
+
+
+def test_build_image_script_builds_both_images_with_either_runtime() -> None:
+    script = ROOT / "scripts" / "build_image.sh"
+    assert os.access(script, os.X_OK)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LB_DRY_RUN": "1"}
+    for runtime, extra in (("docker", ""), ("podman", "--format docker ")):
+        proc = subprocess.run(["bash", str(script)], env={**env, "CONTAINER_RUNTIME": runtime},
+                              capture_output=True, text=True, timeout=30)
+        assert _lines(proc) == [f"{runtime} build {extra}-f Dockerfile -t largebatch .",
+                                f"{runtime} build {extra}-f Dockerfile.tpu -t largebatch-tpu ."]

@@ -90,3 +90,28 @@ def test_resume_auto_without_run_dir_names_the_newest_run(tmp_path: Path) -> Non
     log = (second / "train.log").read_text()
     assert f"resume=auto without run_dir=: this is a new run in {second}" in log
     assert f"the newest run of resnet10t under {out} is {first}: add run_dir={first}" in log
+
+
+class _OneRank:
+    is_main = True
+
+    @staticmethod
+    def broadcast_object(obj: object) -> object:
+        return obj
+
+
+def test_a_root_owned_mount_is_explained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docker run -v "$PWD/runs:/workspace/runs" without runs/: Docker creates it owned by root and
+    the job (uid 1000) cannot write it. The error says so and gives the command that works (issue 37)."""
+    from largebatch.engine.run_dir import RunDirError, make_run_dir
+
+    def denied(self: Path, *args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", denied)
+    with pytest.raises(RunDirError) as raised:
+        make_run_dir(run_dir=str(tmp_path / "runs" / "r"), output_root="runs", model_name="m", resume=None,
+                     backend=_OneRank())
+    text = str(raised.value)
+    assert "cannot write the run directory (" in text and "EACCES] Permission denied" in text
+    assert "mkdir -p runs" in text and '--user "$(id -u):$(id -g)"' in text

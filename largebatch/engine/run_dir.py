@@ -131,6 +131,16 @@ def _choose(run_dir: Optional[str], output_root: str, model_name: str) -> Path:
     return path
 
 
+def _permission_hint(e: OSError) -> str:
+    """What a permission error on the run directory most often means: a folder mounted into a
+    container that Docker created for the mount, owned by root, while the job runs as a user."""
+    if e.errno not in (errno.EACCES, errno.EPERM):
+        return ""
+    return (f" owned by this user (uid {os.getuid()}); in a container, a folder given with -v that did "
+            "not exist yet was created by Docker and belongs to root: create it first (mkdir -p runs) and "
+            'add --user "$(id -u):$(id -g)" to docker run')
+
+
 def make_run_dir(
     *, run_dir: Optional[str], output_root: str, model_name: str, resume: Optional[str], backend: Any,
 ) -> RunDir:
@@ -170,7 +180,7 @@ def make_run_dir(
         except OSError as e:
             error = (
                 f"cannot write the run directory ({os_error_text(e, target)}); "
-                f"set run_dir= or output_root= to a writable folder"
+                f"set run_dir= or output_root= to a writable folder{_permission_hint(e)}"
             )
     path, error = backend.broadcast_object((path, error))
     if error:
