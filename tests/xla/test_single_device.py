@@ -84,6 +84,22 @@ def _train(backend, batches, *, steps: int, log_every: int, optimizer: str = "sg
     return model, rec
 
 
+
+def _counted_step(opt, device, xla_backend, transfers: list[int], compiles: list[int]) -> None:
+    """``opt.step()``; on XLA also the host transfers it made and, after the step's graph ran,
+    the number of compilations so far."""
+    if device.type != "xla":
+        opt.step()
+        return
+    import torch_xla.debug.metrics as met
+
+    before = met.metric_data("TransferFromDeviceTime")
+    opt.step()
+    after = met.metric_data("TransferFromDeviceTime")
+    transfers.append((after[0] if after else 0) - (before[0] if before else 0))
+    xla_backend.mark_step()
+    compiles.append(compile_count())
+
 def test_training_steps_match_eager_cpu(xla_backend, cpu_backend):
     """Six Trainer steps (SGD, warmup + cosine lr) give the eager CPU losses and weights."""
     batches = fixed_batches(6, 8)
@@ -116,8 +132,6 @@ def test_compile_count_is_flat_after_warmup(xla_backend):
 def test_large_batch_optimizer_steps_match_cpu(xla_backend, name):
     """LARS/LARC/LAMB steps on XLA (multi-tensor path) equal the CPU ones (per-tensor path),
     with no device-to-host transfer and no new compilation after the first steps."""
-    import torch_xla.debug.metrics as met
-
     torch.manual_seed(1)
     model = tiny_resnet()
     grads = [[torch.randn_like(p) * 0.1 for p in model.parameters()] for _ in range(4)]
@@ -129,15 +143,7 @@ def test_large_batch_optimizer_steps_match_cpu(xla_backend, name):
         for step_grads in grads:
             for p, g in zip(m.parameters(), step_grads):
                 p.grad = g.to(device)
-            if device.type == "xla":
-                before = met.metric_data("TransferFromDeviceTime")
-                opt.step()
-                after = met.metric_data("TransferFromDeviceTime")
-                transfers.append((after[0] if after else 0) - (before[0] if before else 0))
-                xla_backend.mark_step()
-                compiles.append(compile_count())
-            else:
-                opt.step()
+            _counted_step(opt, device, xla_backend, transfers, compiles)
         return [p.detach().cpu() for p in m.parameters()]
 
     transfers: list[int] = []
@@ -157,7 +163,6 @@ def test_lars_momentum_forms_under_a_changing_lr(xla_backend, lr_in_momentum):
     efficientnet/lars_optimizer.py @e380f76 (tests/lars_references.py), False against our CPU
     per-tensor path (itself checked against timm's Lars in tests/test_optim_lars_forms.py); no host
     read and no new compilation once the lr changes (lr enters the graph as data, not a constant)."""
-    import torch_xla.debug.metrics as met
 
     from largebatch.optim import LARS
     from tests.lars_references import tf_tpu_lars_step, warmup_poly_lrs
@@ -181,15 +186,7 @@ def test_lars_momentum_forms_under_a_changing_lr(xla_backend, lr_in_momentum):
                 group["lr"] = lr
             for p, g in zip(params, step_grads):
                 p.grad = g.to(device)
-            if device.type == "xla":
-                before = met.metric_data("TransferFromDeviceTime")
-                opt.step()
-                after = met.metric_data("TransferFromDeviceTime")
-                transfers.append((after[0] if after else 0) - (before[0] if before else 0))
-                xla_backend.mark_step()
-                compiles.append(compile_count())
-            else:
-                opt.step()
+            _counted_step(opt, device, xla_backend, transfers, compiles)
         return [p.detach().cpu() for p in params]
 
     if lr_in_momentum:
