@@ -177,3 +177,25 @@ def test_training_step_has_no_host_sync() -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert F.cross_entropy(model(batch[0]).float(), batch[1]).isfinite()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("tf32", [False, True])
+def test_batched_augmentation_on_the_gpu_matches_the_per_image_path(tf32: bool) -> None:
+    """The batched crop-resize-flip on CUDA against the per-image F.interpolate path; with TF32
+    matmuls allowed (as benchmarks/throughput.py and cudnn_benchmark runs set them) the error
+    is that of TF32's 10-bit mantissa on 0..255 values: held to 1 level."""
+    from largebatch.data.augment import augment_batch, augment_each
+
+    g = torch.Generator().manual_seed(0)
+    images = [torch.randint(0, 256, (3, 375, 500) if i % 4 else (3, 500, 375), dtype=torch.uint8,
+                            generator=g).cuda() for i in range(64)]
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        for train in (True, False):
+            kw = dict(train=train, size=224, epoch=0, seed=0)
+            diff = (augment_batch(images, list(range(64)), **kw) - augment_each(images, list(range(64)), **kw)).abs()
+            assert diff.max() < (1.0 if tf32 else 0.01)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
