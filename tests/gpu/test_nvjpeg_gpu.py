@@ -199,3 +199,18 @@ def test_batched_augmentation_on_the_gpu_matches_the_per_image_path(tf32: bool) 
             assert diff.max() < (1.0 if tf32 else 0.01)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_cuda_loader_pins_each_batch_buffer(data_root: Path) -> None:
+    """On a CUDA device the DataLoader pins the one buffer per batch (EncodedBatch.pin_memory)
+    whatever pin_memory says: nvJPEG reads pinned bytes, labels copy asynchronously."""
+    train, _, _ = _loaders(data_root, "cuda")
+    assert train.loader.pin_memory
+    train.set_epoch(0)
+    batch = next(iter(train.loader))
+    assert isinstance(batch, nv.EncodedBatch)
+    assert batch.data.is_pinned() and batch.labels.is_pinned()
+    assert all(t.is_pinned() for t in batch.encoded())
+    images, labels = train.assemble(batch, 0)
+    assert images.is_cuda and labels.is_cuda and len(labels) == len(batch)
