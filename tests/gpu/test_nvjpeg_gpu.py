@@ -214,3 +214,28 @@ def test_a_cuda_loader_pins_each_batch_buffer(data_root: Path) -> None:
     assert all(t.is_pinned() for t in batch.encoded())
     images, labels = train.assemble(batch, 0)
     assert images.is_cuda and labels.is_cuda and len(labels) == len(batch)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_throughput_benchmark_fills_the_gpu_columns(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/throughput.py at a tiny size on the GPU: both MFU columns, the stall and the
+    profiler's idle time per step are numbers, and the header names the variant and driver."""
+    import importlib.util
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "throughput.py"
+    spec = importlib.util.spec_from_file_location("throughput", script)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "throughput", bench)
+    spec.loader.exec_module(bench)  # type: ignore[union-attr]
+    assert bench.main(["--make-data", str(tmp_path / "jpegs"), "--files", "64", "--classes", "4", "--model",
+                       "resnet10t", "--image-size", "64", "--batch", "16", "--steps", "3", "--warmup", "2",
+                       "--precisions", "bf16", "--compile", "none", "--workers", "2", "--data", "nvjpeg"]) == 0
+    out = capsys.readouterr().out
+    assert "variant: " in out and "driver " in out
+    train = [line.split("|") for line in out.splitlines() if line.startswith("| train |")]
+    assert len(train) == 2  # synthetic + nvjpeg
+    nvjpeg = [c.strip() for c in train[1]][1:-1]
+    assert nvjpeg[3].endswith("%") and nvjpeg[5].endswith("%") and float(nvjpeg[6]) >= 0
+    assert nvjpeg[4].endswith("%") or "not in the spec table" in out
