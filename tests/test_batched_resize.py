@@ -61,3 +61,17 @@ def test_groups_cover_every_sample_once_within_the_pixel_budget() -> None:
         padded = len(g) * max(sizes[k][0] for k in g) * max(sizes[k][1] for k in g)
         assert len(g) == 1 or padded <= 100_000
     assert len(group_by_area(sizes, 10**9)) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_normalise_and_cast_in_one_kernel_equal_the_two_steps(dtype: torch.dtype, channels_last: bool) -> None:
+    from largebatch.data.augment import IMAGENET_DEFAULT_MEAN as MEAN, IMAGENET_DEFAULT_STD as STD, normalise
+    from largebatch.data.augment import normalise_cast
+
+    images = torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(1)) * 255
+    fused = normalise_cast(images, MEAN, STD, dtype, channels_last)
+    reference = normalise(images.clone(), MEAN, STD).to(dtype)
+    assert fused.dtype == dtype and fused.is_contiguous(memory_format=torch.channels_last) == channels_last
+    # the fp32 values may differ in their last bit (one fused multiply-add): one ulp of dtype after the cast
+    assert torch.allclose(fused.float(), reference.float(), atol=1e-5, rtol=torch.finfo(dtype).eps)

@@ -45,6 +45,7 @@ __all__ = [
     "centre_crop_box",
     "crop_plans",
     "normalise",
+    "normalise_cast",
     "random_resized_crop_box",
     "sample_rng",
 ]
@@ -271,3 +272,13 @@ def normalise(images: torch.Tensor, mean: Sequence[float], std: Sequence[float])
     """``(images / 255 - mean) / std`` per channel, in place, as one multiply and one add."""
     scale, shift = _normalise_constants(images.device, tuple(map(float, mean)), tuple(map(float, std)))
     return images.mul_(scale).add_(shift)
+
+
+def normalise_cast(images: torch.Tensor, mean: Sequence[float], std: Sequence[float], dtype: torch.dtype,
+                   channels_last: bool = False) -> torch.Tensor:
+    """:func:`normalise`, the cast to ``dtype`` and the layout in one kernel: ``images * scale +
+    shift`` written straight into a ``dtype`` tensor (NHWC-strided if ``channels_last``)."""
+    scale, shift = _normalise_constants(images.device, tuple(map(float, mean)), tuple(map(float, std)))
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    out = torch.empty(images.shape, dtype=dtype, device=images.device, memory_format=layout)
+    return torch.addcmul(shift, images, scale, out=out)

@@ -53,7 +53,7 @@ from largebatch.data.augment import (
     TRAIN_CROP_SCALE,
     VAL_CROP_RATIO,
     augment_batch,
-    normalise,
+    normalise_cast,
 )
 from largebatch.data.background import in_background
 from largebatch.data.contract import LoaderView, UnreadableTally
@@ -420,9 +420,7 @@ class NvjpegLoader(LoaderView):
             size=self.image_size, epoch=epoch, seed=self.seed, crop_scale=self.crop_scale,
             crop_ratio=self.crop_ratio, hflip=self.hflip, val_crop_ratio=self.val_crop_ratio,
         )
-        images = normalise(images, self.mean, self.std)
-        if self.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
+        images = normalise_cast(images, self.mean, self.std, self.dtype, self.channels_last)
         positions = [k for k, _, _ in good]
         labels = batch.labels
         if positions != list(range(len(batch))):  # a file skipped or a slot refilled
@@ -430,7 +428,7 @@ class NvjpegLoader(LoaderView):
         if self.device.type != "cpu" and not labels.is_pinned():
             labels = labels.pin_memory()  # so that the copy below is asynchronous
         labels = labels.to(self.device, non_blocking=True)
-        return images.to(self.dtype), labels
+        return images, labels
 
 
 def build_nvjpeg_loaders(
