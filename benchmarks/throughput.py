@@ -4,19 +4,26 @@ One run measures, on the same files and the same card:
 
 * ``decode`` rows: decode-only img/s of each JPEG decoder (Pillow on one core and on every
   core, torchvision's libjpeg on one core, torchvision's nvJPEG batched on the GPU, DALI
-  ``mixed`` where installed);
-* ``train`` rows, for each data source x precision x compile mode (x layout x optimizer):
-  ``synthetic`` (one batch already on the GPU: the model-only ceiling), ``torchvision``
+  ``mixed`` where installed, timed over at least 50 batches after warm-up);
+* ``loader`` rows: each pipeline's batches (decode + augment + copy), no model: the input
+  ceiling, the most img/s that pipeline could feed a step;
+* ``train`` rows, for each model x precision x compile mode x layout x optimizer:
+  ``synthetic`` (one batch already on the GPU: the model-only ceiling), then ``torchvision``
   (DataLoader workers decode with Pillow, pinned copies), ``nvjpeg`` (workers read bytes, the
   GPU decodes and augments: ``largebatch.data.pipelines.nvjpeg``), ``dali`` (``mixed`` decode, if
-  installed). Columns: img/s; MFU; input stall = share of the wall time the host spent
-  waiting in ``next()`` for a batch; GPU input = share of the GPU stream's time between the
-  end of one step and the start of the next (decode/augment kernels the loader queued, plus
-  idle time while the host was late); GPU memory peak.
+  installed; at least 50 timed steps). Columns: img/s; MFU twice (see below); input stall =
+  ``1 - img/s / synthetic img/s`` of the same model, precision, layout, compile mode and
+  optimizer (the share of the model's rate the input costs; the host's time in ``next()``
+  is not it: a saturated GPU makes the host wait there too); GPU idle per step = time no
+  kernel or copy ran on the GPU, from the profiler's CUDA activity over 10 more steps; GPU
+  memory peak.
 
 MFU is achieved model FLOP/s (3 x the forward FLOPs of one image, counted by
-``torch.utils.flop_counter``, x img/s) over the dense bf16 matrix-multiply rate measured on
-this card in the same run (fp16 rows use the same peak: the tensor-core rate is the same).
+``torch.utils.flop_counter``, x img/s) over two peaks, each named in its column header: the
+dense bf16 matrix-multiply rate measured on this card in the same run, and the card
+variant's dense bf16/fp16 spec peak (NVIDIA data sheet: H100 SXM 989, PCIe 756, NVL 835
+TFLOP/s; fp16 rows use the same peaks). The header line names the card, its variant
+(SXM/PCIe/NVL) and the driver.
 
 The data: ``--make-data DIR`` writes an ImageNet-like set to the machine's local disk
 (default 20,480 train JPEGs of 500x375, a quarter of them portrait, quality 90, 1,000 classes,
@@ -38,6 +45,7 @@ import importlib.metadata
 import itertools
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -58,18 +66,54 @@ from largebatch.engine.compile import compile_model, uses_cuda_graphs
 from largebatch.optim import build_optimizer
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+DALI_MIN_ITERS = 50  # DALI rows are timed over at least this many batches after warm-up
 WIDTH, HEIGHT = 500, 375
 
 
 @dataclass
 class Row:
-    kind: str  # decode | train
+    kind: str  # decode | loader | train
     config: str
     img_per_s: float
-    mfu: Optional[float] = None
+    mfu_measured: Optional[float] = None
+    mfu_spec: Optional[float] = None
     stall: Optional[float] = None
-    gpu_input: Optional[float] = None
+    gpu_idle_ms: Optional[float] = None
     mem_gib: Optional[float] = None
+
+
+# Dense (no sparsity) bf16/fp16 tensor-core peak of each card variant, from NVIDIA's data
+# sheets (half of the "with sparsity" figure): what "MFU of spec" divides by.
+SPEC_PEAK_TFLOPS = {"H100 SXM": 989.4, "H100 PCIe": 756.5, "H100 NVL": 835.5, "H200 SXM": 989.4,
+                    "H200 NVL": 835.5, "A100 SXM": 312.0, "A100 PCIe": 312.0}
+
+
+def card_variant(name: str) -> Optional[str]:
+    """``"H100 SXM"`` etc. from a CUDA device name (``NVIDIA H100 80GB HBM3`` is the SXM5 card;
+    the PCIe and NVL cards say so); None for a card not in :data:`SPEC_PEAK_TFLOPS`."""
+    for chip in ("H100", "H200", "A100"):
+        if re.search(rf"\b{chip}\b", name):  # not GH200 (a Grace Hopper superchip)
+            form = "NVL" if "NVL" in name else "PCIe" if "PCIE" in name.upper() else "SXM"
+            return f"{chip} {form}"
+    return None
+
+
+def busy_union_us(intervals: list[tuple[float, float]]) -> float:
+    """Total time covered by ``(start, end)`` intervals (overlapping kernels counted once)."""
+    busy, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    return busy
+
+
+def input_stall(img_per_s: float, synthetic_img_per_s: Optional[float]) -> Optional[float]:
+    """``1 - img/s / synthetic img/s``: the share of the model-only rate the input pipeline
+    costs (0 when the loader keeps up; at most 1). None without the synthetic row."""
+    if not synthetic_img_per_s:
+        return None
+    return max(0.0, 1.0 - img_per_s / synthetic_img_per_s)
 
 
 # ---------------------------------------------------------------------------------------
@@ -163,7 +207,7 @@ def dali_decode_rate(files: list[Path], device: torch.device, batch: int, thread
 
     pipe = decode()
     pipe.build()
-    iters = max(1, len(files) // batch)
+    iters = max(DALI_MIN_ITERS, len(files) // batch)  # the reader wraps around the files
     for _ in range(2):
         pipe.run()
     torch.cuda.synchronize(device)
@@ -270,33 +314,70 @@ def run_config(model_name: str, data: str, precision: str, channels_last: bool, 
     sync()
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    events: list[tuple[Any, Any]] = []
-    waited = 0.0
+    steps = timed_steps(data, args.steps)
     t0 = time.perf_counter()
-    for _ in range(args.steps):
-        if cuda:
-            events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
-            events[-1][0].record()
-        w0 = time.perf_counter()
-        images, labels = next(batches)
-        waited += time.perf_counter() - w0
-        if cuda:
-            events[-1][1].record()
-        step(images, labels)
+    for _ in range(steps):
+        step(*next(batches))
     sync()
-    elapsed = time.perf_counter() - t0
-    ips = args.steps * args.batch / elapsed
-    gpu_input = sum(a.elapsed_time(b) for a, b in events) / 1e3 / elapsed if cuda else None
+    ips = steps * args.batch / (time.perf_counter() - t0)
+    idle = gpu_idle_ms_per_step(lambda: step(*next(batches)), min(steps, PROFILED_STEPS), device)
     mem = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
-    mfu = ips * args.flops[model_name] / args.peak if args.peak else None
+    flops = ips * args.flops[model_name]
     name = f"{model_name} {data} {precision} {'NHWC' if channels_last else 'NCHW'} "
     name += f"{'eager' if compile_mode == 'none' else 'compile=' + compile_mode} {optimizer}"
     if data in ("torchvision", "nvjpeg", "dali"):
         name += f" ({args.workers} workers)" if data != "dali" else f" ({args.workers} threads)"
     del batches
     gc.collect()  # stop this loader's worker processes before the next configuration
-    stall = None if data == "synthetic" else waited / elapsed
-    return Row("train", name, ips, mfu, stall, None if data == "synthetic" else gpu_input, mem)
+    return Row("train", name, ips, flops / args.peak if args.peak else None,
+               flops / args.spec_peak if args.spec_peak else None, None, idle, mem)
+
+
+def timed_steps(data: str, steps: int) -> int:
+    return max(steps, DALI_MIN_ITERS) if data == "dali" else steps
+
+
+PROFILED_STEPS = 10  # steps run under the profiler, after the timed ones (it slows them)
+
+
+def gpu_idle_ms_per_step(run: Callable[[], None], steps: int, device: torch.device) -> Optional[float]:
+    """Mean time per step during which no kernel or copy ran on ``device``, from the CUDA
+    activity the profiler records over ``steps`` more steps (None off CUDA or without events)."""
+    if device.type != "cuda" or steps <= 0:
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize(device)
+    spans = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    if not spans:
+        return None
+    window = max(end for _, end in spans) - min(start for start, _ in spans)
+    return (window - busy_union_us(spans)) / steps / 1e3
+
+
+def loader_row(data: str, precision: str, channels_last: bool, args: argparse.Namespace,
+               device: torch.device) -> Row:
+    """Decode + augment only, no model: the rate the pipeline could feed (the input ceiling)."""
+    batches = loader_batches(data, args, device, channels_last, DTYPES[precision])
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    for _ in range(args.warmup):
+        next(batches)
+    sync()
+    steps = timed_steps(data, args.steps)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        next(batches)
+    sync()
+    ips = steps * args.batch / (time.perf_counter() - t0)
+    del batches
+    gc.collect()
+    workers = f"{args.workers} threads" if data == "dali" else f"{args.workers} workers"
+    return Row("loader", f"{data} {precision} {'NHWC' if channels_last else 'NCHW'}, no model ({workers})", ips)
 
 
 # ---------------------------------------------------------------------------------------
@@ -323,8 +404,12 @@ def environment(device: torch.device) -> str:
 
     dali = next((v for v in map(_version, ("nvidia-dali-cuda130", "nvidia-dali-cuda120", "nvidia-dali-cuda110"))
                  if v != "not installed"), "not installed")
-    gpu = (f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}, driver {_driver_version()}"
-           if device.type == "cuda" else f"CPU ({platform.processor() or platform.machine()})")
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        gpu = (f"{name} (variant: {card_variant(name) or 'not in the spec table'}), CUDA {torch.version.cuda}, "
+               f"driver {_driver_version()}")
+    else:
+        gpu = f"CPU ({platform.processor() or platform.machine()})"
     return (f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {gpu}; {os.cpu_count()} CPUs; "
             f"torch {torch.__version__}, torchvision {torchvision.__version__}, timm {timm.__version__}, "
             f"DALI {dali}, Python {platform.python_version()}\ncommand: python {' '.join(sys.argv)}")
@@ -377,26 +462,44 @@ def main(argv: Optional[list[str]] = None) -> int:
         torch.backends.cudnn.allow_tf32 = True
     print(environment(device))
     args.peak = matmul_peak_flops(device)
+    variant = card_variant(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    args.spec_peak = SPEC_PEAK_TFLOPS[variant] * 1e12 if variant in SPEC_PEAK_TFLOPS else None
     args.flops = {m: train_flops_per_image(m, args.image_size) for m in args.model}
-    if args.peak:
-        print(f"measured dense bf16 matmul: {args.peak / 1e12:.0f} TFLOP/s")
+    measured = f"measured bf16 matmul {args.peak / 1e12:.0f} TFLOP/s" if args.peak else "measured matmul: n/a"
+    spec = f"{variant} spec {args.spec_peak / 1e12:.0f} TFLOP/s" if args.spec_peak else "spec peak: n/a"
+    print(f"MFU peaks: {measured}; {spec} (dense bf16/fp16, NVIDIA data sheet)")
     for m, f in args.flops.items():
         print(f"{m} @ {args.image_size}px: {f / 1e9:.2f} GFLOPs per training image")
-    print(f"batch {args.batch} per GPU, {args.steps} timed steps after {args.warmup} warm-up steps\n")
-    print("| kind | configuration | img/s | MFU | input stall | GPU input | GPU mem peak (GiB) |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print(f"batch {args.batch} per GPU, {args.steps} timed steps after {args.warmup} warm-up steps "
+          f"(DALI rows: at least {DALI_MIN_ITERS}); GPU idle from {PROFILED_STEPS} more steps under the profiler")
+    print(f"input stall = 1 - img/s / synthetic img/s at the same model, precision, layout, compile mode and "
+          f"optimizer\n")
+    print(f"| kind | configuration | img/s | MFU ({measured}) | MFU ({spec}) | input stall "
+          f"| GPU idle per step (ms) | GPU mem peak (GiB) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
 
     def show(r: Row) -> None:
-        print(f"| {r.kind} | {r.config} | {r.img_per_s:,.0f} | {_fmt(r.mfu, '{:.1%}')} | {_fmt(r.stall, '{:.1%}')} "
-              f"| {_fmt(r.gpu_input, '{:.1%}')} | {_fmt(r.mem_gib, '{:.1f}')} |", flush=True)
+        print(f"| {r.kind} | {r.config} | {r.img_per_s:,.0f} | {_fmt(r.mfu_measured, '{:.1%}')} "
+              f"| {_fmt(r.mfu_spec, '{:.1%}')} | {_fmt(r.stall, '{:.1%}')} | {_fmt(r.gpu_idle_ms, '{:.2f}')} "
+              f"| {_fmt(r.mem_gib, '{:.1f}')} |", flush=True)
 
     if args.root and not args.no_decode:
         for row in decode_rows(args.root, device, args.batch, args.workers):
             show(row)
-    for model, data, prec, comp, layout, optim in itertools.product(
-        args.model, args.data, args.precisions, args.compile, args.layouts, args.optimizers
+    loaders = [d for d in args.data if d != "synthetic"]
+    for data, prec, layout in itertools.product(loaders, args.precisions, args.layouts):
+        show(loader_row(data, prec, layout == "NHWC", args, device))
+    if loaders and "synthetic" not in args.data:
+        print("(synthetic rows added: the input stall is measured against them)")
+    for model, prec, comp, layout, optim in itertools.product(
+        args.model, args.precisions, args.compile, args.layouts, args.optimizers
     ):
-        show(run_config(model, data, prec, layout == "NHWC", comp, optim, args, device))
+        ceiling = run_config(model, "synthetic", prec, layout == "NHWC", comp, optim, args, device)
+        show(ceiling)
+        for data in loaders:
+            row = run_config(model, data, prec, layout == "NHWC", comp, optim, args, device)
+            row.stall = input_stall(row.img_per_s, ceiling.img_per_s)
+            show(row)
     return 0
 
 

@@ -328,3 +328,40 @@ def test_a_new_epoch_ends_the_unfinished_one(data_root: Path, workers: int) -> N
     for (a, la), (b, lb) in zip(new, reference):
         assert torch.equal(a, b) and torch.equal(la, lb)
     assert next(old, None) is None  # the old pass was ended
+
+
+# -- one buffer per batch --------------------------------------------------------------
+
+
+def test_collate_joins_the_bytes_into_one_buffer_and_keeps_the_rest() -> None:
+    jpegs = [_encoded(size=(40 + k, 30)) for k in range(3)]
+    png = nv._pil_decode(_encoded(fmt="PNG"))
+    samples = [
+        nv.EncodedSample(10, 0, "a", torch.frombuffer(bytearray(jpegs[0]), dtype=torch.uint8)),
+        nv.EncodedSample(11, 1, "b", png, cpu_reason="PNG data, not a JPEG"),
+        nv.EncodedSample(12, 2, "c", None, error="empty file"),
+        nv.EncodedSample(13, 1, "d", torch.frombuffer(bytearray(jpegs[1]), dtype=torch.uint8)),
+        nv.EncodedSample(14, 0, "e", torch.frombuffer(bytearray(jpegs[2]), dtype=torch.uint8)),
+    ]
+    batch = nv.collate_encoded(samples)
+    assert batch.on_device == [0, 3, 4] and len(batch) == 5
+    assert batch.data.dtype == torch.uint8 and batch.data.numel() == sum(map(len, jpegs))
+    assert batch.offsets == [0, len(jpegs[0]), len(jpegs[0]) + len(jpegs[1]), sum(map(len, jpegs))]
+    assert [bytes(t.numpy()) for t in batch.encoded()] == jpegs
+    assert all(t.untyped_storage().data_ptr() == batch.data.untyped_storage().data_ptr() for t in batch.encoded())
+    assert batch.labels.tolist() == [0, 1, 2, 1, 0] and batch.labels.dtype == torch.int64
+    assert [s.index for s in batch.samples] == [10, 11, 12, 13, 14]
+    assert batch.samples[1].payload is png and batch.samples[1].cpu_reason == "PNG data, not a JPEG"
+    assert batch.samples[2].error == "empty file" and batch.samples[0].payload is None
+
+
+def test_workers_hand_over_one_buffer_per_batch(data_root: Path) -> None:
+    train, val, _ = build_nvjpeg_loaders(data_root, **(LOADER | {"workers": 2}))
+    assert train.prefetch_batches >= 2 and train.loader.prefetch_factor == 2  # >= 2 batches ahead
+    train.set_epoch(0)
+    for batch in train.loader:
+        assert isinstance(batch, nv.EncodedBatch) and len(batch) == 4
+        files = [Path(train.dataset.samples[batch.samples[k].index][0]).read_bytes() for k in batch.on_device]
+        assert batch.data.numel() == sum(map(len, files)) and batch.data.is_shared()  # one shared tensor
+        assert [bytes(t.numpy()) for t in batch.encoded()] == files
+        assert all(batch.samples[k].payload is None for k in batch.on_device)

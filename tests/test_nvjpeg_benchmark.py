@@ -1,5 +1,6 @@
-"""benchmarks/throughput.py runs end to end on the CPU (a smoke run: the numbers mean nothing
-here; the GPU table is made on a GPU machine with the command in benchmarks/README.md)."""
+"""benchmarks/throughput.py runs end to end on the CPU at a tiny size, so that it cannot rot (a
+smoke run: the numbers mean nothing here; the GPU table is made on a GPU machine with the
+command in benchmarks/README.md), and its arithmetic is right."""
 
 from __future__ import annotations
 
@@ -7,29 +8,67 @@ import importlib.util
 import re
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "throughput.py"
+COLUMNS = ["kind", "configuration", "img/s", "MFU (measured matmul: n/a)", "MFU (spec peak: n/a)", "input stall",
+           "GPU idle per step (ms)", "GPU mem peak (GiB)"]
 
 
-def test_throughput_script_prints_one_row_per_decoder_and_configuration(
-    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     spec = importlib.util.spec_from_file_location("throughput", SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "throughput", bench)  # dataclasses look their module up
-    spec.loader.exec_module(bench)  # type: ignore[union-attr]
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "throughput", module)  # dataclasses look their module up
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def test_throughput_script_prints_every_cpu_row_and_column(
+    bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     assert bench.main(["--device", "cpu", "--make-data", str(tmp_path / "jpegs"), "--files", "24", "--classes", "3",
                        "--model", "resnet10t", "--image-size", "32", "--batch", "4", "--steps", "2", "--warmup", "1",
                        "--precisions", "fp32", "--compile", "none", "--workers", "1",
-                       "--data", "synthetic", "torchvision", "nvjpeg"]) == 0
+                       "--data", "torchvision", "nvjpeg"]) == 0
     out = capsys.readouterr().out
-    assert "wrote 27 JPEGs" in out and "command: python" in out and "torch " in out
-    rows = re.findall(r"^\| (decode|train) \| ([^|]+) \| ([\d,]+) \|", out, flags=re.M)
-    configs = [name for _, name, _ in rows]
-    assert [k for k, _, _ in rows] == ["decode"] * 3 + ["train"] * 3
-    assert any("synthetic" in c for c in configs) and any("torchvision" in c for c in configs)
-    assert any("nvjpeg" in c for c in configs)
-    assert all(int(ips.replace(",", "")) > 0 for _, _, ips in rows)
+    assert "wrote 27 JPEGs" in out and "command: python" in out and "torch " in out and "CPU (" in out
+    header = next(line for line in out.splitlines() if line.startswith("| kind |"))
+    assert [c.strip() for c in header.strip("|").split("|")] == COLUMNS
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines()
+            if re.match(r"^\| (decode|loader|train) \|", line)]
+    assert all(len(r) == len(COLUMNS) for r in rows)
+    assert [r[0] for r in rows] == ["decode"] * 3 + ["loader"] * 2 + ["train"] * 3
+    loader = {r[1].split()[0]: r for r in rows if r[0] == "loader"}
+    assert set(loader) == {"torchvision", "nvjpeg"} and all("no model" in r[1] for r in loader.values())
+    train = {r[1].split()[1]: r for r in rows if r[0] == "train"}
+    assert list(train) == ["synthetic", "torchvision", "nvjpeg"]  # synthetic added: the stall's reference
+    assert train["synthetic"][5] == "n/a"
+    synthetic = float(train["synthetic"][2].replace(",", ""))
+    for name in ("torchvision", "nvjpeg"):
+        ips = float(train[name][2].replace(",", ""))
+        stall = float(train[name][5].rstrip("%")) / 100
+        # the printed img/s are rounded: the stall is 1 - ips/synthetic up to that rounding
+        assert stall == pytest.approx(max(0.0, 1 - ips / synthetic), abs=0.5 / min(ips, synthetic) + 1e-3)
+    assert all(float(r[2].replace(",", "")) > 0 for r in rows)
+    assert all(r[6] == "n/a" for r in rows)  # GPU idle: the profiler's CUDA activity only
     assert sorted(p.stat().st_size > 0 for p in (tmp_path / "jpegs").rglob("*.JPEG")) == [True] * 27
+
+
+def test_stall_idle_and_card_arithmetic(bench: ModuleType) -> None:
+    assert bench.input_stall(750.0, 1000.0) == pytest.approx(0.25)
+    assert bench.input_stall(1010.0, 1000.0) == 0.0  # noise above the ceiling is no negative stall
+    assert bench.input_stall(10.0, None) is None
+    assert bench.busy_union_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17
+    assert bench.busy_union_us([]) == 0
+    assert bench.card_variant("NVIDIA H100 80GB HBM3") == "H100 SXM"
+    assert bench.card_variant("NVIDIA H100 PCIe") == "H100 PCIe"
+    assert bench.card_variant("NVIDIA H100 NVL") == "H100 NVL"
+    assert bench.card_variant("NVIDIA H200") == "H200 SXM"
+    assert bench.card_variant("NVIDIA A100-SXM4-80GB") == "A100 SXM"
+    assert bench.card_variant("NVIDIA A100 80GB PCIe") == "A100 PCIe"
+    assert bench.card_variant("NVIDIA GeForce RTX 4090") is None
+    assert bench.card_variant("NVIDIA GH200 480GB") is None
+    assert all(bench.card_variant(v) in bench.SPEC_PEAK_TFLOPS for v in ("NVIDIA H100 80GB HBM3", "NVIDIA H200"))

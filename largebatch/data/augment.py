@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms import v2
 
+from largebatch.data.batched_resize import AxisPlan, group_by_area, resize_group
 from largebatch.data.samplers import sample_seed
 from largebatch.errors import UsageError
 
@@ -38,10 +39,13 @@ __all__ = [
     "TRAIN_CROP_SCALE",
     "VAL_CROP_RATIO",
     "augment_batch",
+    "augment_each",
     "build_train_transform",
     "build_val_transform",
     "centre_crop_box",
+    "crop_plans",
     "normalise",
+    "normalise_cast",
     "random_resized_crop_box",
     "sample_rng",
 ]
@@ -52,6 +56,8 @@ IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
 TRAIN_CROP_SCALE = (0.08, 1.0)  # area fraction of a training crop (data.crop_scale's default)
 TRAIN_CROP_RATIO = (3 / 4, 4 / 3)  # aspect ratio of a training crop (RandomResizedCrop's default)
 VAL_CROP_RATIO = 0.875  # evaluation: centre crop of the image resized to image_size / 0.875
+# padded pixels per batched resize group (x 3 channels x 4 bytes: 192 MiB of float32)
+GROUP_PIXELS = 2**24
 
 
 # ---------------------------------------------------------------------------------------
@@ -147,6 +153,38 @@ def _resize(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return F.interpolate(image.unsqueeze(0).float(), size=size, mode="bilinear", antialias=True, align_corners=False)
 
 
+def crop_plans(
+    sizes: Sequence[tuple[int, int]],
+    indices: Sequence[int],
+    *,
+    train: bool,
+    size: int,
+    epoch: int = 0,
+    seed: int = 0,
+    crop_scale: Sequence[float] = TRAIN_CROP_SCALE,
+    crop_ratio: Sequence[float] = TRAIN_CROP_RATIO,
+    hflip: float = 0.5,
+    val_crop_ratio: float = VAL_CROP_RATIO,
+) -> list[tuple[AxisPlan, AxisPlan]]:
+    """Each sample's ``(rows, columns)`` plan for images of ``sizes`` ``(h, w)``, drawn on the host.
+
+    ``train``: the random-resized crop (area ``crop_scale``, aspect ``crop_ratio``), then a
+    flip with probability ``hflip``, both from ``sample_rng(seed, epoch, indices[i])`` in that
+    order. Else the evaluation crop: shorter side to ``size / val_crop_ratio``, centre ``size``.
+    """
+    plans = []
+    for index, (h, w) in zip(indices, sizes):
+        if train:
+            rng = sample_rng(seed, epoch, index)
+            top, left, ch, cw = random_resized_crop_box(h, w, crop_scale, crop_ratio, rng)
+            flip = rng.random() < hflip
+            plans.append((AxisPlan(top, ch, size), AxisPlan(left, cw, size, 0, flip)))
+        else:
+            (rh, rw), top, left = centre_crop_box(h, w, size, val_crop_ratio)
+            plans.append((AxisPlan(0, h, rh, top), AxisPlan(0, w, rw, left)))
+    return plans
+
+
 def augment_batch(
     images: Sequence[torch.Tensor],
     indices: Sequence[int],
@@ -159,25 +197,59 @@ def augment_batch(
     crop_ratio: Sequence[float] = TRAIN_CROP_RATIO,
     hflip: float = 0.5,
     val_crop_ratio: float = VAL_CROP_RATIO,
+    max_pixels: int = GROUP_PIXELS,
 ) -> torch.Tensor:
     """Crop and resize each image to ``size`` x ``size``: float32 ``(N, 3, size, size)``, 0..255.
 
-    ``train``: random-resized crop (area ``crop_scale``, aspect ``crop_ratio``) and a flip
-    with probability ``hflip``, drawn from ``sample_rng(seed, epoch, indices[i])``. Else the
-    evaluation crop: shorter side to ``size / val_crop_ratio``, centre ``size`` x ``size``.
+    The geometry of :func:`crop_plans`; the pixels are cut, resized (antialiased bilinear, as
+    PIL) and flipped for a whole group of images at once (:mod:`largebatch.data.batched_resize`:
+    two batched matrix multiplies per group of at most ``max_pixels`` padded pixels). Equal to
+    :func:`augment_each` up to float rounding.
     """
+    plans = crop_plans([tuple(image.shape[-2:]) for image in images], indices, train=train, size=size,
+                       epoch=epoch, seed=seed, crop_scale=crop_scale, crop_ratio=crop_ratio, hflip=hflip,
+                       val_crop_ratio=val_crop_ratio)
+    spans = [image[:, r.start : r.start + r.length, c.start : c.start + c.length]
+             for image, (r, c) in zip(images, plans)]
+    groups = group_by_area([tuple(s.shape[-2:]) for s in spans], max_pixels)
+    if len(groups) == 1:  # the whole batch in one group: already in batch order
+        return resize_group(spans, [r for r, _ in plans], [c for _, c in plans], size)
+    out = torch.empty(len(images), 3, size, size, dtype=torch.float32, device=images[0].device)
+    for group in groups:
+        resized = resize_group([spans[k] for k in group], [plans[k][0] for k in group],
+                               [plans[k][1] for k in group], size)
+        for row, k in enumerate(group):  # contiguous slices, not an index tensor: no host copy
+            out[k] = resized[row]
+    return out
+
+
+def augment_each(
+    images: Sequence[torch.Tensor],
+    indices: Sequence[int],
+    *,
+    train: bool,
+    size: int,
+    epoch: int = 0,
+    seed: int = 0,
+    crop_scale: Sequence[float] = TRAIN_CROP_SCALE,
+    crop_ratio: Sequence[float] = TRAIN_CROP_RATIO,
+    hflip: float = 0.5,
+    val_crop_ratio: float = VAL_CROP_RATIO,
+) -> torch.Tensor:
+    """:func:`augment_batch` image by image with ``F.interpolate`` (the reference it is tested
+    against, and the "before" of benchmarks/augment.py): a few kernels and some Python
+    per image."""
+    plans = crop_plans([tuple(image.shape[-2:]) for image in images], indices, train=train, size=size,
+                       epoch=epoch, seed=seed, crop_scale=crop_scale, crop_ratio=crop_ratio, hflip=hflip,
+                       val_crop_ratio=val_crop_ratio)
     out = []
-    for index, image in zip(indices, images):
-        h, w = image.shape[-2:]
+    for image, (r, c) in zip(images, plans):
         if train:
-            rng = sample_rng(seed, epoch, index)
-            top, left, ch, cw = random_resized_crop_box(h, w, crop_scale, crop_ratio, rng)
-            crop = _resize(image[:, top : top + ch, left : left + cw], (size, size))
-            if rng.random() < hflip:
+            crop = _resize(image[:, r.start : r.start + r.length, c.start : c.start + c.length], (size, size))
+            if c.flip:
                 crop = crop.flip(-1)
         else:
-            resized, top, left = centre_crop_box(h, w, size, val_crop_ratio)
-            crop = _resize(image, resized)[..., top : top + size, left : left + size]
+            crop = _resize(image, (r.virtual, c.virtual))[..., r.offset : r.offset + size, c.offset : c.offset + size]
         out.append(crop)
     return torch.cat(out)
 
@@ -200,3 +272,13 @@ def normalise(images: torch.Tensor, mean: Sequence[float], std: Sequence[float])
     """``(images / 255 - mean) / std`` per channel, in place, as one multiply and one add."""
     scale, shift = _normalise_constants(images.device, tuple(map(float, mean)), tuple(map(float, std)))
     return images.mul_(scale).add_(shift)
+
+
+def normalise_cast(images: torch.Tensor, mean: Sequence[float], std: Sequence[float], dtype: torch.dtype,
+                   channels_last: bool = False) -> torch.Tensor:
+    """:func:`normalise`, the cast to ``dtype`` and the layout in one kernel: ``images * scale +
+    shift`` written straight into a ``dtype`` tensor (NHWC-strided if ``channels_last``)."""
+    scale, shift = _normalise_constants(images.device, tuple(map(float, mean)), tuple(map(float, std)))
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    out = torch.empty(images.shape, dtype=dtype, device=images.device, memory_format=layout)
+    return torch.addcmul(shift, images, scale, out=out)

@@ -177,3 +177,65 @@ def test_training_step_has_no_host_sync() -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert F.cross_entropy(model(batch[0]).float(), batch[1]).isfinite()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("tf32", [False, True])
+def test_batched_augmentation_on_the_gpu_matches_the_per_image_path(tf32: bool) -> None:
+    """The batched crop-resize-flip on CUDA against the per-image F.interpolate path; with TF32
+    matmuls allowed (as benchmarks/throughput.py and cudnn_benchmark runs set them) the error
+    is that of TF32's 10-bit mantissa on 0..255 values: held to 1 level."""
+    from largebatch.data.augment import augment_batch, augment_each
+
+    g = torch.Generator().manual_seed(0)
+    images = [torch.randint(0, 256, (3, 375, 500) if i % 4 else (3, 500, 375), dtype=torch.uint8,
+                            generator=g).cuda() for i in range(64)]
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        for train in (True, False):
+            kw = dict(train=train, size=224, epoch=0, seed=0)
+            diff = (augment_batch(images, list(range(64)), **kw) - augment_each(images, list(range(64)), **kw)).abs()
+            assert diff.max() < (1.0 if tf32 else 0.001)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_cuda_loader_pins_each_batch_buffer(data_root: Path) -> None:
+    """On a CUDA device the DataLoader pins the one buffer per batch (EncodedBatch.pin_memory)
+    whatever pin_memory says: nvJPEG reads pinned bytes, labels copy asynchronously."""
+    train, _, _ = _loaders(data_root, "cuda")
+    assert train.loader.pin_memory
+    train.set_epoch(0)
+    batch = next(iter(train.loader))
+    assert isinstance(batch, nv.EncodedBatch)
+    assert batch.data.is_pinned() and batch.labels.is_pinned()
+    assert all(t.is_pinned() for t in batch.encoded())
+    images, labels = train.assemble(batch, 0)
+    assert images.is_cuda and labels.is_cuda and len(labels) == len(batch)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_throughput_benchmark_fills_the_gpu_columns(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/throughput.py at a tiny size on the GPU: both MFU columns, the stall and the
+    profiler's idle time per step are numbers, and the header names the variant and driver."""
+    import importlib.util
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "throughput.py"
+    spec = importlib.util.spec_from_file_location("throughput", script)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "throughput", bench)
+    spec.loader.exec_module(bench)  # type: ignore[union-attr]
+    assert bench.main(["--make-data", str(tmp_path / "jpegs"), "--files", "64", "--classes", "4", "--model",
+                       "resnet10t", "--image-size", "64", "--batch", "16", "--steps", "3", "--warmup", "2",
+                       "--precisions", "bf16", "--compile", "none", "--workers", "2", "--data", "nvjpeg"]) == 0
+    out = capsys.readouterr().out
+    assert "variant: " in out and "driver " in out
+    train = [line.split("|") for line in out.splitlines() if line.startswith("| train |")]
+    assert len(train) == 2  # synthetic + nvjpeg
+    nvjpeg = [c.strip() for c in train[1]][1:-1]
+    assert nvjpeg[3].endswith("%") and nvjpeg[5].endswith("%") and float(nvjpeg[6]) >= 0
+    assert nvjpeg[4].endswith("%") or "not in the spec table" in out

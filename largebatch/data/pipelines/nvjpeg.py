@@ -1,7 +1,8 @@
 """GPU JPEG decode with torchvision's nvJPEG (``data.loader=nvjpeg``): no DALI needed.
 
-Loader workers only read each file's bytes (and its label); the main process decodes the
-batch on ``device`` with ``torchvision.io.decode_jpeg(list_of_byte_tensors, device=...)``
+Loader workers only read each file's bytes (and its label) and join a batch's bytes into one
+buffer (:class:`EncodedBatch`: one shared-memory tensor per batch, pinned on a CUDA device);
+the main process decodes the batch on ``device`` with ``torchvision.io.decode_jpeg(list_of_byte_tensors, device=...)``
 (nvJPEG on a CUDA device, libjpeg on the CPU) and augments it there with batched tensor ops,
 so the host CPUs no longer limit the input rate (Ying et al. 2018, sec. 4: the input pipeline
 is what limits accelerators at large batch).
@@ -37,6 +38,7 @@ import logging
 import os
 import warnings
 import weakref
+from dataclasses import dataclass
 from typing import Any, Generator, Iterator, NamedTuple, Optional, Sequence
 
 import torch
@@ -51,7 +53,7 @@ from largebatch.data.augment import (
     TRAIN_CROP_SCALE,
     VAL_CROP_RATIO,
     augment_batch,
-    normalise,
+    normalise_cast,
 )
 from largebatch.data.background import in_background
 from largebatch.data.contract import LoaderView, UnreadableTally
@@ -62,10 +64,12 @@ from largebatch.data.worker_signals import ignoring_stop_signals
 from largebatch.errors import DataError
 
 __all__ = [
+    "EncodedBatch",
     "EncodedImageFolder",
     "EncodedSample",
     "NvjpegLoader",
     "build_nvjpeg_loaders",
+    "collate_encoded",
     "cpu_decode_reason",
     "decode_images",
     "jpeg_frame",
@@ -192,8 +196,49 @@ class EncodedImageFolder(Dataset):
             return EncodedSample(index, label, path, None, error=f"{reason}; Pillow: {err}")
 
 
-def _as_list(batch: list[EncodedSample]) -> list[EncodedSample]:
-    return batch
+@dataclass
+class EncodedBatch:
+    """One batch as a worker hands it over: every nvJPEG-bound file's bytes in one buffer.
+
+    Sending one shared-memory tensor per file costs a file descriptor and a pickle round trip
+    each (256 per batch); here a batch is one ``data`` buffer, its ``labels`` and the rare
+    CPU-decoded images. ``samples`` keeps each file's metadata in batch order (a payload
+    left in ``data`` is None there); file ``k`` of ``on_device`` is
+    ``data[offsets[k] : offsets[k + 1]]``. The DataLoader's ``pin_memory`` pins it
+    (:meth:`pin_memory`): nvJPEG then reads the bytes from pinned memory and the labels are
+    copied with ``non_blocking``.
+    """
+
+    data: torch.Tensor
+    offsets: list[int]
+    on_device: list[int]
+    labels: torch.Tensor
+    samples: list[EncodedSample]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def encoded(self) -> list[torch.Tensor]:
+        """The byte tensors of the files in ``on_device`` (views of ``data``)."""
+        return [self.data[a:b] for a, b in zip(self.offsets, self.offsets[1:])]
+
+    def pin_memory(self) -> "EncodedBatch":
+        samples = [s if s.payload is None else s._replace(payload=s.payload.pin_memory()) for s in self.samples]
+        return EncodedBatch(self.data.pin_memory(), self.offsets, self.on_device, self.labels.pin_memory(), samples)
+
+
+def collate_encoded(samples: list[EncodedSample]) -> EncodedBatch:
+    """Join a batch's encoded files into one :class:`EncodedBatch` (in the worker)."""
+    on_device = [k for k, s in enumerate(samples) if s.payload is not None and s.cpu_reason is None]
+    offsets = [0]
+    for k in on_device:
+        offsets.append(offsets[-1] + samples[k].payload.numel())
+    data = torch.empty(offsets[-1], dtype=torch.uint8)
+    for k, a, b in zip(on_device, offsets, offsets[1:]):
+        data[a:b] = samples[k].payload
+    kept = set(on_device)
+    return EncodedBatch(data, offsets, on_device, torch.tensor([s.label for s in samples], dtype=torch.int64),
+                        [s._replace(payload=None) if k in kept else s for k, s in enumerate(samples)])
 
 
 # ---------------------------------------------------------------------------------------
@@ -243,7 +288,7 @@ class NvjpegLoader(LoaderView):
     """Batches decoded and augmented on ``device``; see the module docstring for the contract.
 
     ``len()``, ``sampler``, ``dataset`` and ``batch_size`` are those of the underlying
-    DataLoader (which yields lists of :class:`EncodedSample`); ``set_epoch(epoch,
+    DataLoader (which yields :class:`EncodedBatch` es); ``set_epoch(epoch,
     skip_batches)`` selects the epoch's shuffle and augmentation and skips batches (resume).
     """
 
@@ -263,7 +308,7 @@ class NvjpegLoader(LoaderView):
         std: Sequence[float],
         dtype: torch.dtype,
         channels_last: bool,
-        prefetch_batches: int = 1,
+        prefetch_batches: int = 2,
     ) -> None:
         self.loader = loader
         self.prefetch_batches = prefetch_batches
@@ -332,18 +377,19 @@ class NvjpegLoader(LoaderView):
             self._reported.add(path)
             logger.warning(message, path, *args)
 
-    def _decode(self, samples: list[EncodedSample]) -> list[tuple[int, int, torch.Tensor]]:
-        """``(index, label, image on the device)`` of each readable sample, in batch order."""
-        on_device = [i for i, s in enumerate(samples) if s.payload is not None and s.cpu_reason is None]
-        decoded = dict(zip(on_device, decode_images([samples[i].payload for i in on_device], self.device)))
+    def _decode(self, batch: EncodedBatch) -> list[tuple[int, int, torch.Tensor]]:
+        """``(position in the batch, label, image on the device)`` of each readable sample."""
+        encoded = batch.encoded()
+        decoded = dict(zip(batch.on_device, decode_images(encoded, self.device)))
+        payloads = dict(zip(batch.on_device, encoded))
         out = []
-        for i, s in enumerate(samples):
-            image = decoded.get(i) if s.cpu_reason is None else s.payload
+        for k, s in enumerate(batch.samples):
+            image = decoded.get(k) if s.cpu_reason is None else s.payload
             reason, error = s.cpu_reason, s.error
             if error is None and image is None:  # nvJPEG refused a file that looked like a JPEG
                 reason = f"decode_jpeg on {self.device} failed on it"
                 try:
-                    image = _pil_decode(s.payload.numpy().tobytes())
+                    image = _pil_decode(payloads[k].numpy().tobytes())
                 except _UNREADABLE as err:
                     error = f"{reason}; Pillow: {err}"
             if error is not None:
@@ -353,35 +399,36 @@ class NvjpegLoader(LoaderView):
             if reason is not None:
                 self._report(s.path, "decoding %s on the CPU: %s", reason)
                 self._cpu_decoded.add(s.index)
-                if self.device.type == "cuda":
+                if self.device.type == "cuda" and not image.is_pinned():
                     image = image.pin_memory()  # else the copy below waits for the device
                 image = image.to(self.device, non_blocking=True)
-            out.append((s.index, s.label, image))
+            out.append((k, s.index, image))
         return out
 
-    def assemble(self, samples: list[EncodedSample], epoch: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    def assemble(self, batch: EncodedBatch, epoch: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
         """Decode and augment one batch of the loader; None for a val batch left empty."""
-        good = self._decode(samples)
+        good = self._decode(batch)
         if not good:
             if self.train:
-                raise DataError(f"all {len(samples)} images of a training batch are unreadable: "
+                raise DataError(f"all {len(batch)} images of a training batch are unreadable: "
                                 f"check the data set (the log names each file)")
             return None
-        if self.train and len(good) < len(samples):  # keep the batch size: refill cyclically
-            good += [good[i % len(good)] for i in range(len(samples) - len(good))]
+        if self.train and len(good) < len(batch):  # keep the batch size: refill cyclically
+            good += [good[i % len(good)] for i in range(len(batch) - len(good))]
         images = augment_batch(
-            [image for _, _, image in good], [index for index, _, _ in good], train=self.train,
+            [image for _, _, image in good], [index for _, index, _ in good], train=self.train,
             size=self.image_size, epoch=epoch, seed=self.seed, crop_scale=self.crop_scale,
             crop_ratio=self.crop_ratio, hflip=self.hflip, val_crop_ratio=self.val_crop_ratio,
         )
-        images = normalise(images, self.mean, self.std)
-        if self.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
-        labels = torch.tensor([label for _, label, _ in good], dtype=torch.int64)
-        if self.device.type != "cpu":
+        images = normalise_cast(images, self.mean, self.std, self.dtype, self.channels_last)
+        positions = [k for k, _, _ in good]
+        labels = batch.labels
+        if positions != list(range(len(batch))):  # a file skipped or a slot refilled
+            labels = torch.tensor([batch.samples[k].label for k in positions], dtype=torch.int64)
+        if self.device.type != "cpu" and not labels.is_pinned():
             labels = labels.pin_memory()  # so that the copy below is asynchronous
         labels = labels.to(self.device, non_blocking=True)
-        return images.to(self.dtype), labels
+        return images, labels
 
 
 def build_nvjpeg_loaders(
@@ -400,7 +447,7 @@ def build_nvjpeg_loaders(
     val_crop_ratio: float = VAL_CROP_RATIO,
     pin_memory: bool = False,
     val_batch_size: int | None = None,
-    prefetch_batches: int = 1,
+    prefetch_batches: int = 2,
 ) -> tuple[NvjpegLoader, NvjpegLoader, int]:
     """Train and val loaders of ``root/train`` and ``root/val`` decoding on ``device``.
 
@@ -415,8 +462,10 @@ def build_nvjpeg_loaders(
             consumer's thread when it asks for the batch).
 
     ``workers`` DataLoader processes per rank read the files (and decode on the CPU the few
-    nvJPEG cannot); ``pin_memory`` pins their byte tensors. Returns ``(train_loader,
-    val_loader, num_classes)``.
+    nvJPEG cannot) and join each batch's bytes into one :class:`EncodedBatch`, each worker
+    two batches ahead; ``pin_memory`` pins it (always on a CUDA device). With the
+    ``prefetch_batches`` the decode thread holds, at least 2 batches are ready ahead of the
+    step. Returns ``(train_loader, val_loader, num_classes)``.
     """
     if not 0 < val_crop_ratio <= 1:
         raise ValueError(f"val_crop_ratio must be in (0, 1], got {val_crop_ratio}")
@@ -424,8 +473,9 @@ def build_nvjpeg_loaders(
     train_set = RobustImageFolder(split_folder(root, "train"))
     val_set = RobustImageFolder(split_folder(root, "val"))
     _check_same_classes(train_set, val_set)
+    pin_memory = pin_memory or torch.device(device).type == "cuda"
     common: dict[str, Any] = dict(num_workers=workers, pin_memory=pin_memory,
-                                  persistent_workers=workers > 0, collate_fn=_as_list)
+                                  persistent_workers=workers > 0, collate_fn=collate_encoded)
     if workers > 0:
         # Workers outlive a SIGTERM/SIGINT sent to the whole job until this process has saved.
         common.update(prefetch_factor=2, worker_init_fn=ignoring_stop_signals())
