@@ -53,6 +53,7 @@ from largebatch.data.augment import (
     TRAIN_CROP_SCALE,
     VAL_CROP_RATIO,
     augment_batch,
+    augment_each,
     normalise_cast,
 )
 from largebatch.data.background import in_background
@@ -415,7 +416,11 @@ class NvjpegLoader(LoaderView):
             return None
         if self.train and len(good) < len(batch):  # keep the batch size: refill cyclically
             good += [good[i % len(good)] for i in range(len(batch) - len(good))]
-        images = augment_batch(
+        # Batched on accelerators (a few large kernels instead of ~5 per image); image by image
+        # on the CPU, where the batched path's dense resize matrices measured 1.1-21x slower
+        # (benchmarks/augment.py, benchmarks/README.md). Both give the same crops.
+        augment = augment_each if self.device.type == "cpu" else augment_batch
+        images = augment(
             [image for _, _, image in good], [index for _, index, _ in good], train=self.train,
             size=self.image_size, epoch=epoch, seed=self.seed, crop_scale=self.crop_scale,
             crop_ratio=self.crop_ratio, hflip=self.hflip, val_crop_ratio=self.val_crop_ratio,
