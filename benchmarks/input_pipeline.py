@@ -19,12 +19,14 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
 
+from largebatch.data.contract import LoaderSpec
 from largebatch.data.pipelines.dali_files import build_dali_loaders
 from largebatch.data.pipelines.dali_graph import dali_available
 from largebatch.data.pipelines.torchvision import build_loaders
@@ -123,21 +125,21 @@ def main(argv: list[str] | None = None) -> int:
         for path in Path(root, "train").rglob("*"):  # warm the page cache: time decoding, not disk
             if path.is_file():
                 path.read_bytes()
-        common = dict(image_size=args.image_size, batch_size=args.batch_size, workers=args.threads)
+        spec = LoaderSpec(image_size=args.image_size, batch_size=args.batch_size, workers=args.threads)
         rows: list[tuple[str, tuple[float, float]]] = []
         nosync = lambda: None  # noqa: E731
         if not args.skip_torchvision:
-            train, _, _ = build_loaders(root, **common)
+            train, _, _ = build_loaders(root, spec)
             rows.append((f"torchvision DataLoader ({args.threads} workers)",
                          time_epochs(train, args.epochs, nosync)))
             del train
-        train, _, _ = build_dali_loaders(root, **common)
+        train, _, _ = build_dali_loaders(root, spec)
         rows.append((f"DALI cpu ({args.threads} threads)",
                      time_epochs(train, args.epochs, nosync)))
         del train
         if gpu:
             for load in (float(x) for x in args.hw_decoder_load.split(",")):
-                train, _, _ = build_dali_loaders(root, **common, device_id=0, hw_decoder_load=load)
+                train, _, _ = build_dali_loaders(root, replace(spec, device="cuda:0"), hw_decoder_load=load)
                 rows.append((f"DALI mixed, hw_decoder_load {load:g} ({args.threads} threads)",
                              time_epochs(train, args.epochs, torch.cuda.synchronize)))
                 del train

@@ -257,22 +257,23 @@ def synthetic_batches(batch: int, size: int, device: torch.device, channels_last
 def loader_batches(kind: str, args: argparse.Namespace, device: torch.device, channels_last: bool,
                    dtype: Optional[torch.dtype]) -> Iterator:
     """Endless training batches on the device from the ``kind`` pipeline on ``args.root``."""
-    common = dict(image_size=args.image_size, batch_size=args.batch, workers=args.workers)
+    from largebatch.data.contract import LoaderSpec
+
+    spec = LoaderSpec(image_size=args.image_size, batch_size=args.batch, workers=args.workers,
+                      device=device if device.type == "cuda" else torch.device("cpu"),
+                      dtype=dtype or torch.float32, channels_last=channels_last)
     if kind == "dali":
         from largebatch.data.pipelines.dali_files import build_dali_loaders
 
-        train, _, _ = build_dali_loaders(
-            args.root, device_id=(device.index or 0) if device.type == "cuda" else None,
-            layout="NHWC" if channels_last else "NCHW", **common)
+        train, _, _ = build_dali_loaders(args.root, spec)
     elif kind == "nvjpeg":
         from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 
-        train, _, _ = build_nvjpeg_loaders(args.root, device=device, dtype=dtype or torch.float32,
-                                           channels_last=channels_last, pin_memory=device.type == "cuda", **common)
+        train, _, _ = build_nvjpeg_loaders(args.root, spec)
     else:
         from largebatch.data.pipelines.torchvision import build_loaders
 
-        train, _, _ = build_loaders(args.root, pin_memory=device.type == "cuda", **common)
+        train, _, _ = build_loaders(args.root, spec)
     for epoch in itertools.count():
         train.set_epoch(epoch)
         for images, labels, *_ in train:  # already on the device for dali/nvjpeg: .to is a no-op

@@ -112,15 +112,18 @@ def _resume_setting(resume: Optional[str]) -> Optional[str]:
 
 
 def _channels_last(cfg: Any, backend: Any) -> bool:
-    """``model.channels_last``; unset: on CUDA devices (NHWC convolutions use the tensor cores)."""
+    """``model.channels_last``; unset: on CUDA devices (NHWC convolutions use the tensor cores).
+    Called once per run; the model, the loaders (``LoaderSpec``) and the hooks get the answer."""
     if cfg.model.channels_last is None:
         return backend.device.type == "cuda"
     return bool(cfg.model.channels_last)
 
 
-def _data(cfg: Any, backend: Any, plan: BatchPlan, dtype: Optional[torch.dtype]) -> tuple[Path, Any, Any, int]:
-    """The data folder and this rank's loaders (``largebatch.data.build``)."""
+def _data(cfg: Any, backend: Any, plan: BatchPlan, dtype: Optional[torch.dtype],
+          channels_last: bool) -> tuple[Path, Any, Any, int]:
+    """The data folder and this rank's loaders (``largebatch.data.build``), from one ``LoaderSpec``."""
     from largebatch.data.build import build_run_loaders, resolve_data_root
+    from largebatch.data.contract import LoaderSpec
 
     data = cfg.data
     syn = data.synthetic
@@ -130,19 +133,20 @@ def _data(cfg: Any, backend: Any, plan: BatchPlan, dtype: Optional[torch.dtype])
                        val_per_class=syn.val_per_class, image_size=syn.image_size, seed=syn.seed),
     )
     device = backend.device
-    on_gpu = device.type == "cuda"  # pinned host memory, DALI's mixed decode and nvJPEG need a GPU
-    train, val, num_classes = build_run_loaders(
-        root, loader=data.loader, shards=data.shards, backend=backend, image_size=data.image_size,
-        batch_size=plan.per_device, workers=data.workers, seed=cfg.seed, crop_scale=data.crop_scale,
-        val_crop_ratio=data.val_crop_ratio, pin_memory=on_gpu,
-        dali_device_id=(device.index if device.index is not None else backend.local_rank) if on_gpu else None,
-        layout="NHWC" if _channels_last(cfg, backend) else "NCHW",
-        device=device if on_gpu else torch.device("cpu"), dtype=dtype, gpu_decode=on_gpu,
+    if device.type == "cuda" and device.index is None:  # DALI's mixed decode needs the GPU's index
+        device = torch.device("cuda", backend.local_rank)
+    elif device.type != "cuda":  # pipelines decode on a GPU or on the host (an XLA device: the host)
+        device = torch.device("cpu")
+    spec = LoaderSpec(
+        image_size=data.image_size, batch_size=plan.per_device, workers=data.workers, seed=cfg.seed,
+        crop_scale=tuple(data.crop_scale), val_crop_ratio=data.val_crop_ratio, rank=backend.rank,
+        world_size=backend.world_size, device=device, dtype=dtype or torch.float32, channels_last=channels_last,
     )
+    train, val, num_classes = build_run_loaders(root, spec, loader=data.loader, shards=data.shards, backend=backend)
     return root, train, val, num_classes
 
 
-def _model(cfg: Any, backend: Any, num_classes: int) -> Any:
+def _model(cfg: Any, backend: Any, num_classes: int, channels_last: bool) -> Any:
     """The timm model on the device, with grouped BN (``bn.group_size``) across ranks."""
     from largebatch.models import build_model
     from largebatch.nn import convert_group_sync_batchnorm
@@ -150,7 +154,7 @@ def _model(cfg: Any, backend: Any, num_classes: int) -> Any:
     m = cfg.model
     model = build_model(m.name, num_classes, zero_init_last_bn_gamma=m.zero_init_last_bn,
                         drop_rate=m.drop_rate, drop_path_rate=m.drop_path_rate)
-    model = backend.prepare_model(model, channels_last=_channels_last(cfg, backend))
+    model = backend.prepare_model(model, channels_last=channels_last)
     if cfg.bn.group_size != 1 and backend.world_size > 1:
         model = convert_group_sync_batchnorm(model, cfg.bn.group_size, backend.bn_reducer(cfg.bn.group_size))
     return model
@@ -272,15 +276,16 @@ def _hooks(cfg: Any, backend: Any, run_dir: Path, val_loader: Any, resolved: dic
     """The run's hooks (``largebatch.engine.assemble``) from the config's plain values."""
     from largebatch.engine.assemble import build_run_hooks
 
+    channels_last = resolved["channels_last"]  # resolved once (_channels_last)
     config_dict = OmegaConf.to_container(raw_cfg, resolve=True) if raw_cfg is not None else None
     ckpt = cfg.checkpoint
     return build_run_hooks(
         run_dir=run_dir, is_main=backend.is_main,
-        val_loader=backend.wrap_loader(val_loader, channels_last=_channels_last(cfg, backend)),
+        val_loader=backend.wrap_loader(val_loader, channels_last=channels_last),
         # Agree on a stop every step on CPU/gloo (cheap), every log step on accelerators.
         agree_every=1 if backend.device.type == "cpu" else cfg.log_every,
         progress=cfg.progress, eval_every=cfg.eval_every, target_top1=cfg.target_top1,
-        stop_at_target=cfg.stop_at_target, channels_last=_channels_last(cfg, backend),
+        stop_at_target=cfg.stop_at_target, channels_last=channels_last,
         checkpoint_every_epochs=ckpt.every_epochs, checkpoint_every_steps=ckpt.every_steps, checkpoint_keep=ckpt.keep,
         checkpoint_extra=lambda: {"config": config_dict, "resolved": resolved, "model_name": cfg.model.name},
         tensorboard=cfg.tensorboard,
@@ -350,8 +355,10 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
             log.warning("%s", note)
         torch.manual_seed(cfg.seed)
         precision = resolve_precision(cfg.precision.name, backend)
-        data_root, train_loader, val_loader, num_classes = _data(cfg, backend, plan, precision.autocast_dtype)
-        model = _model(cfg, backend, num_classes)
+        channels_last = _channels_last(cfg, backend)
+        data_root, train_loader, val_loader, num_classes = _data(cfg, backend, plan, precision.autocast_dtype,
+                                                                 channels_last)
+        model = _model(cfg, backend, num_classes, channels_last)
         lr = scale_lr(cfg.optimizer.lr, cfg.global_batch_size, cfg.base_batch_size, cfg.lr_scaling)
         optimizer = _optimizer(cfg, model, lr)
         ema = _ema(cfg, model)
@@ -370,13 +377,13 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
             )
         resolved = _resolved(cfg, backend, plan, lr=lr, steps_per_epoch=steps_per_epoch, precision=precision.name,
                              num_classes=num_classes, data_root=data_root, run_dir=run_dir,
-                             channels_last=_channels_last(cfg, backend))
+                             channels_last=channels_last)
         if backend.is_main:
             _announce(resolved, run_dir, raw_cfg)
         hooks = _hooks(cfg, backend, run_dir, val_loader, resolved, raw_cfg, ema)
         trainer = Trainer(
             model=train_model, optimizer=optimizer, scheduler=scheduler,
-            train_loader=backend.wrap_loader(train_loader, channels_last=_channels_last(cfg, backend)),
+            train_loader=backend.wrap_loader(train_loader, channels_last=channels_last),
             backend=backend, epochs=cfg.epochs, global_batch_size=plan.global_batch_size,
             accumulation_steps=plan.accumulation_steps, label_smoothing=cfg.label_smoothing,
             autocast_dtype=precision.autocast_dtype, scaler=scaler, log_every=cfg.log_every,

@@ -17,6 +17,7 @@ from typing import Callable
 import pytest
 from PIL import Image
 
+from largebatch.data.contract import LoaderSpec
 from largebatch.data.pipelines.torchvision import DataError, build_loaders
 from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 from largebatch.data.synthetic import make_synthetic_imagenet
@@ -84,13 +85,13 @@ def _epochs(loader) -> int:  # type: ignore[no-untyped-def]
 
 
 def _torchvision(root: Path) -> int:
-    train, _, _ = build_loaders(root, image_size=16, batch_size=3, workers=WORKERS)
+    train, _, _ = build_loaders(root, LoaderSpec(image_size=16, batch_size=3, workers=WORKERS))
     _epochs(train)
     return train.skipped
 
 
 def _nvjpeg(root: Path) -> int:
-    train, _, _ = build_nvjpeg_loaders(root, image_size=16, batch_size=3, workers=WORKERS, device="cpu")
+    train, _, _ = build_nvjpeg_loaders(root, LoaderSpec(image_size=16, batch_size=3, workers=WORKERS, device="cpu"))
     _epochs(train)
     return train.skipped
 
@@ -102,7 +103,7 @@ def _dali(root: Path) -> int:
 
     report = check_dataset(root, workers=WORKERS, splits=("train", "val"))
     lists = {split: require_checked(root, split) for split in ("train", "val")}
-    train, _, _ = build_dali_loaders(root, image_size=16, batch_size=3, workers=1, file_list=lists)
+    train, _, _ = build_dali_loaders(root, LoaderSpec(image_size=16, batch_size=3, workers=1), file_list=lists)
     _epochs(train)
     return len([p for p in report.problems if p.fatal])
 

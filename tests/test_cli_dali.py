@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ pytest.importorskip("nvidia.dali")
 
 from largebatch.cli import main  # noqa: E402
 from largebatch.data.check import check_dataset  # noqa: E402
+from largebatch.data.contract import LoaderSpec  # noqa: E402
 from largebatch.data.pipelines.dali_files import build_dali_loaders  # noqa: E402
 from largebatch.data.pipelines.torchvision import build_loaders  # noqa: E402
 from largebatch.data.synthetic import make_synthetic_imagenet  # noqa: E402
@@ -137,11 +139,11 @@ def test_resumed_epoch_skips_the_batches_already_trained(tmp_path: Path, pipelin
     root = make_synthetic_imagenet(tmp_path / "set", num_classes=2, train_per_class=8,
                                    val_per_class=2, image_size=24)
     # crop_scale (1, 1): the crop is the whole image, so each sample's sum is fixed.
-    kw = dict(image_size=16, batch_size=4, seed=5, crop_scale=(1.0, 1.0))
+    spec = LoaderSpec(image_size=16, batch_size=4, workers=0, seed=5, crop_scale=(1.0, 1.0))
     if pipeline == "dali":
-        train = build_dali_loaders(root, workers=1, **kw)[0]
+        train = build_dali_loaders(root, replace(spec, workers=1))[0]
     else:
-        train = build_loaders(root, workers=0, **kw)[0]
+        train = build_loaders(root, spec)[0]
     assert len(train) == 4
     whole = _trained_sums(train, epoch_step=0)
     resumed = _trained_sums(train, epoch_step=3)
@@ -190,7 +192,7 @@ def test_a_file_broken_after_the_check_stops_dali_with_one_line(
     report = check_dataset(root, workers=1)
     victim = next((root / "train" / "n0001").glob("*.JPEG"))
     victim.write_bytes(b"\0" * victim.stat().st_size)
-    train, _, _ = build_dali_loaders(root, image_size=16, batch_size=8, workers=1,
+    train, _, _ = build_dali_loaders(root, LoaderSpec(image_size=16, batch_size=8, workers=1),
                                      file_list={"train": report.splits["train"].file_list})
     train.set_epoch(0)
     with pytest.raises(DataError) as exc:

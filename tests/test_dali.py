@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from PIL import Image
 pytest.importorskip("nvidia.dali")
 
 from largebatch.data.check import check_dataset, require_checked  # noqa: E402
+from largebatch.data.contract import LoaderSpec  # noqa: E402
 from largebatch.data.pipelines.dali_files import build_dali_loaders  # noqa: E402
 from largebatch.data.pipelines.dali_graph import TRAIN_ASPECT_RATIO, dali_available, decode_random_crop  # noqa: E402
 from largebatch.data.pipelines.torchvision import DataError, build_loaders  # noqa: E402
@@ -54,9 +56,9 @@ def test_dali_available() -> None:
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_same_samples_labels_and_val_pixels_as_torchvision(dataset: Path, lists, world_size: int) -> None:
     for rank in range(world_size):
-        kw = dict(image_size=SIZE, batch_size=4, rank=rank, world_size=world_size, seed=3)
-        d_train, d_val, d_classes = build_dali_loaders(dataset, workers=1, file_list=lists, **kw)
-        t_train, t_val, t_classes = build_loaders(dataset, workers=0, **kw)
+        spec = LoaderSpec(image_size=SIZE, batch_size=4, workers=1, rank=rank, world_size=world_size, seed=3)
+        d_train, d_val, d_classes = build_dali_loaders(dataset, spec, file_list=lists)
+        t_train, t_val, t_classes = build_loaders(dataset, replace(spec, workers=0))
         assert d_classes == t_classes == 4
         assert len(d_train) == len(t_train) and len(d_val) == len(t_val)
         for epoch in (0, 1):  # same sampler: the same images, in the same order, every epoch
@@ -75,8 +77,7 @@ def test_same_samples_labels_and_val_pixels_as_torchvision(dataset: Path, lists,
 
 
 def test_train_batches_are_typed_and_change_every_epoch(dataset: Path, lists) -> None:
-    train, _, _ = build_dali_loaders(dataset, image_size=SIZE, batch_size=4, workers=1,
-                                     file_list=lists)
+    train, _, _ = build_dali_loaders(dataset, LoaderSpec(image_size=SIZE, batch_size=4, workers=1), file_list=lists)
     epochs = []
     for epoch in range(2):
         train.set_epoch(epoch)
@@ -98,8 +99,8 @@ def test_train_shards_disjoint_and_reshuffled(dataset: Path, tmp_path: Path, wor
     per_rank = (n // world_size) // batch * batch
     seen: dict[int, list[list[int]]] = {}
     for rank in range(world_size):
-        train, _, _ = build_dali_loaders(dataset, image_size=SIZE, batch_size=batch, workers=1,
-                                         rank=rank, world_size=world_size, file_list={"train": flist})
+        spec = LoaderSpec(image_size=SIZE, batch_size=batch, workers=1, rank=rank, world_size=world_size)
+        train, _, _ = build_dali_loaders(dataset, spec, file_list={"train": flist})
         for epoch in (0, 1):
             train.set_epoch(epoch)
             ids = [i for labs in labels_of(train) for i in labs]
@@ -120,9 +121,8 @@ def test_val_counts_every_image_exactly_once(dataset: Path, tmp_path: Path, worl
         flist = unique_label_list(dataset, "val", tmp_path / f"val{count}.txt", count)
         ids, batches = [], 0
         for rank in range(world_size):
-            _, val, _ = build_dali_loaders(dataset, image_size=SIZE, batch_size=5, workers=1,
-                                           rank=rank, world_size=world_size,
-                                           file_list={"val": flist})
+            spec = LoaderSpec(image_size=SIZE, batch_size=5, workers=1, rank=rank, world_size=world_size)
+            _, val, _ = build_dali_loaders(dataset, spec, file_list={"val": flist})
             for _ in range(2):  # evaluating twice gives the same batches
                 got = labels_of(val)
                 assert len(got) == len(val)
@@ -135,8 +135,7 @@ def test_val_counts_every_image_exactly_once(dataset: Path, tmp_path: Path, worl
 
 
 def test_set_epoch_skip_batches_resumes_mid_epoch(dataset: Path, lists) -> None:
-    train, _, _ = build_dali_loaders(dataset, image_size=SIZE, batch_size=4, workers=1,
-                                     file_list=lists)
+    train, _, _ = build_dali_loaders(dataset, LoaderSpec(image_size=SIZE, batch_size=4, workers=1), file_list=lists)
     train.set_epoch(2)
     full = labels_of(train)
     train.set_epoch(2, skip_batches=5)
@@ -147,8 +146,7 @@ def test_set_epoch_skip_batches_resumes_mid_epoch(dataset: Path, lists) -> None:
 
 
 def test_an_epoch_left_half_read_does_not_leak_into_the_next(dataset: Path, lists) -> None:
-    train, _, _ = build_dali_loaders(dataset, image_size=SIZE, batch_size=4, workers=1,
-                                     file_list=lists)
+    train, _, _ = build_dali_loaders(dataset, LoaderSpec(image_size=SIZE, batch_size=4, workers=1), file_list=lists)
     train.set_epoch(4)
     expected = labels_of(train)
     train.set_epoch(3)
@@ -160,10 +158,10 @@ def test_an_epoch_left_half_read_does_not_leak_into_the_next(dataset: Path, list
 
 
 def test_nhwc_and_float16_outputs(dataset: Path, lists) -> None:
-    kw = dict(image_size=SIZE, batch_size=8, workers=1, file_list=lists)
-    _, nchw, _ = build_dali_loaders(dataset, **kw)
-    _, nhwc, _ = build_dali_loaders(dataset, layout="NHWC", **kw)
-    _, half, _ = build_dali_loaders(dataset, dtype=torch.float16, **kw)
+    spec = LoaderSpec(image_size=SIZE, batch_size=8, workers=1)
+    _, nchw, _ = build_dali_loaders(dataset, spec, file_list=lists)
+    _, nhwc, _ = build_dali_loaders(dataset, replace(spec, channels_last=True), file_list=lists)
+    _, half, _ = build_dali_loaders(dataset, spec, dtype=torch.float16, file_list=lists)
     a, b, c = next(iter(nchw))[0], next(iter(nhwc))[0], next(iter(half))[0]
     assert b.shape == a.shape and b.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(a, b)
@@ -171,15 +169,15 @@ def test_nhwc_and_float16_outputs(dataset: Path, lists) -> None:
 
 
 def test_bad_arguments_raise_one_clear_error(dataset: Path, tmp_path: Path) -> None:
-    kw = dict(image_size=SIZE, batch_size=4, workers=1)
-    with pytest.raises(ValueError, match="layout"):
-        build_dali_loaders(dataset, layout="HWC", **kw)
+    spec = LoaderSpec(image_size=SIZE, batch_size=4, workers=1)
     with pytest.raises(ValueError, match="bfloat16"):
-        build_dali_loaders(dataset, dtype=torch.bfloat16, **kw)
+        build_dali_loaders(dataset, spec, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="rank must be in 0..1"):
+        build_dali_loaders(dataset, replace(spec, rank=2, world_size=2))
     with pytest.raises(DataError, match="does not exist"):
-        build_dali_loaders(tmp_path / "missing", **kw)
+        build_dali_loaders(tmp_path / "missing", spec)
     with pytest.raises(DataError, match="largebatch-check-data"):
-        build_dali_loaders(dataset, file_list=tmp_path / "nope.txt", **kw)
+        build_dali_loaders(dataset, spec, file_list=tmp_path / "nope.txt")
 
 
 def _coordinate_png(path: Path, width: int, height: int) -> None:
@@ -239,9 +237,9 @@ def test_crop_area_and_aspect_statistics_match_torchvision(tmp_path: Path) -> No
 
 @pytest.mark.gpu
 def test_gpu_mixed_decode_matches_cpu(dataset: Path, lists) -> None:
-    kw = dict(image_size=SIZE, batch_size=8, workers=2, file_list=lists)
-    gpu_train, gpu_val, _ = build_dali_loaders(dataset, device_id=0, **kw)
-    cpu_train, cpu_val, _ = build_dali_loaders(dataset, **kw)
+    spec = LoaderSpec(image_size=SIZE, batch_size=8, workers=2)
+    gpu_train, gpu_val, _ = build_dali_loaders(dataset, replace(spec, device="cuda:0"), file_list=lists)
+    cpu_train, cpu_val, _ = build_dali_loaders(dataset, spec, file_list=lists)
     images, labels = next(iter(gpu_train))
     assert images.is_cuda and labels.is_cuda and labels.dtype == torch.int64
     assert labels_of(gpu_train) == labels_of(cpu_train)  # grayscale, CMYK and PNG files included

@@ -18,6 +18,7 @@ from typing import Callable
 
 import pytest
 
+from largebatch.data.contract import LoaderSpec
 from largebatch.data.images import list_split
 from largebatch.data.pipelines.torchvision import build_loaders
 from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
@@ -29,12 +30,12 @@ SMALL = dict(num_classes=2, train_per_class=4, val_per_class=2, image_size=32)
 
 
 def _torchvision(root: Path) -> int:
-    train, _, _ = build_loaders(root, image_size=24, batch_size=2, workers=0)
+    train, _, _ = build_loaders(root, LoaderSpec(image_size=24, batch_size=2, workers=0))
     return len(train.dataset)
 
 
 def _nvjpeg(root: Path) -> int:
-    train, _, _ = build_nvjpeg_loaders(root, image_size=24, batch_size=2, workers=0, device="cpu")
+    train, _, _ = build_nvjpeg_loaders(root, LoaderSpec(image_size=24, batch_size=2, workers=0, device="cpu"))
     return len(train.dataset)
 
 

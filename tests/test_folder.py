@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 from PIL import Image
 
 from largebatch.data.augment import build_train_transform, build_val_transform
+from largebatch.data.contract import LoaderSpec
 from largebatch.data.pipelines.torchvision import RobustImageFolder, build_loaders, collate_skipping
 from largebatch.data.images import Unreadable, load_rgb
 from largebatch.data.synthetic import make_synthetic_imagenet, oddity_positions
@@ -87,7 +89,7 @@ def test_loaders_count_skips_and_keep_train_batch_size(copy_root: Path, workers:
     _break_files(copy_root)
     (copy_root / "val" / "n0002" / "zero.JPEG").write_bytes(b"")
     train, val, num_classes = build_loaders(
-        copy_root, image_size=16, batch_size=7, workers=workers, crop_scale=(0.25, 1.0)
+        copy_root, LoaderSpec(image_size=16, batch_size=7, workers=workers, crop_scale=(0.25, 1.0))
     )
     assert num_classes == 3 and len(train) == 3  # 21 files, batch 7, 1 rank
     for epoch in range(2):
@@ -102,8 +104,8 @@ def test_loaders_count_skips_and_keep_train_batch_size(copy_root: Path, workers:
 def test_loaders_shard_val_exactly(data_root: Path) -> None:
     labels = []
     for rank in range(4):
-        _, val, _ = build_loaders(data_root, image_size=16, batch_size=2, workers=0, rank=rank,
-                                  world_size=4)
+        _, val, _ = build_loaders(data_root, LoaderSpec(image_size=16, batch_size=2, workers=0, rank=rank,
+                                                        world_size=4))
         labels.append(torch.cat([y for _, y in val]) if len(val) else torch.empty(0))
     assert [len(y) for y in labels] == [3, 2, 2, 2]
     assert sorted(torch.cat(labels).tolist()) == [0] * 3 + [1] * 3 + [2] * 3
@@ -111,10 +113,10 @@ def test_loaders_shard_val_exactly(data_root: Path) -> None:
 
 def test_missing_root_and_split(tmp_path: Path, copy_root: Path) -> None:
     with pytest.raises(DataError, match="does not exist"):
-        build_loaders(tmp_path / "nope", image_size=16, batch_size=2, workers=0)
+        build_loaders(tmp_path / "nope", LoaderSpec(image_size=16, batch_size=2, workers=0))
     shutil.rmtree(copy_root / "val")
     with pytest.raises(DataError, match="no val/ folder"):
-        build_loaders(copy_root, image_size=16, batch_size=2, workers=0)
+        build_loaders(copy_root, LoaderSpec(image_size=16, batch_size=2, workers=0))
     with pytest.raises(DataError, match="does not exist"):
         RobustImageFolder(tmp_path / "nope")
 
@@ -135,7 +137,7 @@ def test_no_class_folders(tmp_path: Path) -> None:
 def test_train_and_val_classes_differ(copy_root: Path) -> None:
     shutil.rmtree(copy_root / "val" / "n0002")
     with pytest.raises(DataError, match=r"class folders differ.*1 only in train \['n0002'\]"):
-        build_loaders(copy_root, image_size=16, batch_size=2, workers=0)
+        build_loaders(copy_root, LoaderSpec(image_size=16, batch_size=2, workers=0))
 
 
 def test_data_error_is_a_value_error() -> None:
@@ -149,9 +151,9 @@ def _epoch_batches(loader, epoch: int, skip_batches: int = 0) -> list[tuple[torc
 
 def test_augmentation_is_the_same_with_0_and_2_workers_and_after_a_mid_epoch_start(data_root: Path) -> None:
     """Crops are a function of (seed, epoch, index): not of the worker process or stop point."""
-    args = dict(image_size=16, batch_size=3, crop_scale=(0.08, 1.0), seed=7)
-    zero, _, _ = build_loaders(data_root, workers=0, **args)
-    two, _, _ = build_loaders(data_root, workers=2, **args)
+    spec = LoaderSpec(image_size=16, batch_size=3, workers=0, crop_scale=(0.08, 1.0), seed=7)
+    zero, _, _ = build_loaders(data_root, spec)
+    two, _, _ = build_loaders(data_root, replace(spec, workers=2))
     for epoch in (0, 1):
         a, b = _epoch_batches(zero, epoch), _epoch_batches(two, epoch)
         assert len(a) == len(b) == 6
@@ -168,7 +170,7 @@ def test_a_class_without_one_readable_image_stops_the_run(copy_root: Path, worke
     cls = copy_root / "train" / "n0002"
     for f in cls.iterdir():
         f.write_bytes(b"not an image")
-    train, _, _ = build_loaders(copy_root, image_size=16, batch_size=6, workers=workers)
+    train, _, _ = build_loaders(copy_root, LoaderSpec(image_size=16, batch_size=6, workers=workers))
     train.set_epoch(0)
     with pytest.raises(DataError, match="class 'n0002' has no readable training image: all 6 file"):
         for _ in train:
@@ -184,8 +186,8 @@ def test_train_augmentation_follows_the_seed(data_root: Path, workers: int) -> N
     def whole_split(seed: int) -> torch.Tensor:
         if workers == 0:
             torch.manual_seed(seed)  # the CLI seeds the global generator: workers=0 draws from it
-        train, _, _ = build_loaders(data_root, image_size=16, batch_size=18, workers=workers,
-                                    seed=seed, crop_scale=(0.25, 1.0))
+        train, _, _ = build_loaders(data_root, LoaderSpec(image_size=16, batch_size=18, workers=workers,
+                                                          seed=seed, crop_scale=(0.25, 1.0)))
         x, _ = next(iter(train))
         return x
 

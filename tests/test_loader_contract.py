@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from largebatch.data.contract import Loader
+from largebatch.data.contract import Loader, LoaderSpec
 from largebatch.data.synthetic import make_synthetic_imagenet
 
 SIZE, BATCH = 16, 4
@@ -31,14 +31,15 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _torchvision(root: Path, tmp: Path) -> tuple[Any, Any]:
     from largebatch.data.pipelines.torchvision import build_loaders
 
-    train, val, _ = build_loaders(root, image_size=SIZE, batch_size=BATCH, workers=0)
+    train, val, _ = build_loaders(root, LoaderSpec(image_size=SIZE, batch_size=BATCH, workers=0))
     return train, val
 
 
 def _nvjpeg(root: Path, tmp: Path) -> tuple[Any, Any]:
     from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 
-    train, val, _ = build_nvjpeg_loaders(root, image_size=SIZE, batch_size=BATCH, workers=0, device="cpu")
+    spec = LoaderSpec(image_size=SIZE, batch_size=BATCH, workers=0, device="cpu")
+    train, val, _ = build_nvjpeg_loaders(root, spec)
     return train, val
 
 
@@ -46,7 +47,7 @@ def _dali_files(root: Path, tmp: Path) -> tuple[Any, Any]:
     pytest.importorskip("nvidia.dali")
     from largebatch.data.pipelines.dali_files import build_dali_loaders
 
-    train, val, _ = build_dali_loaders(root, image_size=SIZE, batch_size=BATCH, workers=1)
+    train, val, _ = build_dali_loaders(root, LoaderSpec(image_size=SIZE, batch_size=BATCH, workers=1))
     return train, val
 
 
@@ -60,7 +61,7 @@ def _dali_shards(root: Path, tmp: Path) -> tuple[Any, Any]:
     if not shards.exists():
         check_dataset(root, workers=1)
         make_shards(root, shards, shard_size=7)
-    train, val, _ = build_dali_shard_loaders(shards, image_size=SIZE, batch_size=BATCH, workers=1)
+    train, val, _ = build_dali_shard_loaders(shards, LoaderSpec(image_size=SIZE, batch_size=BATCH, workers=1))
     return train, val
 
 

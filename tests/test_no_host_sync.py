@@ -23,6 +23,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from largebatch.backends.torch_dist import TorchDistributedBackend
+from largebatch.data.contract import LoaderSpec
 from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 from largebatch.data.synthetic import make_synthetic_imagenet
 from largebatch.engine.loop import Trainer
@@ -75,7 +76,7 @@ class PerStep:
 def _steps(tmp_path: Path, device: str, hook_type: type = PerStep) -> dict[int, int]:
     root = make_synthetic_imagenet(tmp_path / "ds", num_classes=3, train_per_class=12, val_per_class=2,
                                    image_size=40)
-    train, _, _ = build_nvjpeg_loaders(root, image_size=24, batch_size=4, workers=1, device=device,
+    train, _, _ = build_nvjpeg_loaders(root, LoaderSpec(image_size=24, batch_size=4, workers=1, device=device),
                                        prefetch_batches=2)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),

@@ -7,6 +7,7 @@ import io
 import logging
 import random
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from PIL import Image
 from largebatch.backends.torch_dist import TorchDistributedBackend
 from largebatch.data.pipelines import nvjpeg as nv
 from largebatch.data.background import in_background
+from largebatch.data.contract import LoaderSpec
 from largebatch.data.pipelines.torchvision import build_loaders
 from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders, cpu_decode_reason, jpeg_frame
 from largebatch.data.synthetic import make_synthetic_imagenet
@@ -23,7 +25,7 @@ from largebatch.data.augment import centre_crop_box, random_resized_crop_box, sa
 from largebatch.errors import DataError
 
 SMALL = dict(num_classes=3, train_per_class=8, val_per_class=3, image_size=40)
-LOADER = dict(image_size=24, batch_size=4, workers=0, device="cpu")
+LOADER = LoaderSpec(image_size=24, batch_size=4, workers=0, device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +100,7 @@ def test_constant_image_normalises_like_the_torchvision_transform(tmp_path: Path
         (tmp_path / split / "a").mkdir(parents=True)
         for i in range(4):
             Image.new("RGB", (50, 37), (10, 200, 30)).save(tmp_path / split / "a" / f"{i}.JPEG", quality=100)
-    train, val, n = build_nvjpeg_loaders(tmp_path, **LOADER)
+    train, val, n = build_nvjpeg_loaders(tmp_path, LOADER)
     assert n == 1
     for loader in (train, val):
         (images, labels), = _epoch(loader, 0)
@@ -113,8 +115,8 @@ def test_constant_image_normalises_like_the_torchvision_transform(tmp_path: Path
 
 def test_val_batches_match_the_torchvision_loader(data_root: Path) -> None:
     """Same files, order and geometry: only the resize kernels differ (tensor vs Pillow)."""
-    _, val, _ = build_nvjpeg_loaders(data_root, **LOADER)
-    _, reference, _ = build_loaders(data_root, image_size=24, batch_size=4, workers=0)
+    _, val, _ = build_nvjpeg_loaders(data_root, LOADER)
+    _, reference, _ = build_loaders(data_root, LoaderSpec(image_size=24, batch_size=4, workers=0))
     ours, theirs = _epoch(val, 0), list(reference)
     assert len(ours) == len(theirs) == 3  # 9 val images, batch 4: 4 + 4 + 1, nothing dropped
     for (a, la), (b, lb) in zip(ours, theirs):
@@ -123,12 +125,12 @@ def test_val_batches_match_the_torchvision_loader(data_root: Path) -> None:
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
-def test_same_shards_and_order_as_the_torchvision_loader(data_root: Path, world_size: int) -> None:
+def test_same_rank_parts_and_order_as_the_torchvision_loader(data_root: Path, world_size: int) -> None:
     seen_val = []
     for rank in range(world_size):
-        kw = dict(image_size=24, batch_size=2, workers=0, rank=rank, world_size=world_size, seed=5)
-        train, val, _ = build_nvjpeg_loaders(data_root, device="cpu", **kw)
-        ref_train, ref_val, _ = build_loaders(data_root, **kw)
+        spec = LoaderSpec(image_size=24, batch_size=2, workers=0, rank=rank, world_size=world_size, seed=5)
+        train, val, _ = build_nvjpeg_loaders(data_root, spec)
+        ref_train, ref_val, _ = build_loaders(data_root, spec)
         for epoch in (0, 1):
             ref_train.set_epoch(epoch)
             train.set_epoch(epoch)
@@ -143,17 +145,17 @@ def test_same_shards_and_order_as_the_torchvision_loader(data_root: Path, world_
 
 
 def test_batches_do_not_depend_on_workers(data_root: Path) -> None:
-    one = _epoch(build_nvjpeg_loaders(data_root, **LOADER)[0], 1)
-    two = _epoch(build_nvjpeg_loaders(data_root, **(LOADER | {"workers": 2}))[0], 1)
+    one = _epoch(build_nvjpeg_loaders(data_root, LOADER)[0], 1)
+    two = _epoch(build_nvjpeg_loaders(data_root, replace(LOADER, workers=2))[0], 1)
     assert len(one) == len(two) == 6
     for (a, la), (b, lb) in zip(one, two):
         assert torch.equal(a, b) and torch.equal(la, lb)
 
 
 def test_resume_skip_yields_the_uninterrupted_batches(data_root: Path) -> None:
-    train = build_nvjpeg_loaders(data_root, **LOADER)[0]
+    train = build_nvjpeg_loaders(data_root, LOADER)[0]
     full = _epoch(train, 3)
-    resumed = _epoch(build_nvjpeg_loaders(data_root, **LOADER)[0], 3, skip=2)
+    resumed = _epoch(build_nvjpeg_loaders(data_root, LOADER)[0], 3, skip=2)
     assert len(resumed) == len(full) - 2
     for (a, la), (b, lb) in zip(full[2:], resumed):
         assert torch.equal(a, b) and torch.equal(la, lb)
@@ -162,7 +164,7 @@ def test_resume_skip_yields_the_uninterrupted_batches(data_root: Path) -> None:
 
 
 def test_dtype_and_channels_last(data_root: Path) -> None:
-    train, val, _ = build_nvjpeg_loaders(data_root, dtype=torch.bfloat16, channels_last=True, **LOADER)
+    train, val, _ = build_nvjpeg_loaders(data_root, replace(LOADER, dtype=torch.bfloat16, channels_last=True))
     for loader in (train, val):
         images, labels = _epoch(loader, 0)[0]
         assert images.dtype == torch.bfloat16 and labels.dtype == torch.int64
@@ -171,7 +173,7 @@ def test_dtype_and_channels_last(data_root: Path) -> None:
 
 def test_device_batches_are_not_copied_again_by_the_backend(data_root: Path) -> None:
     backend = TorchDistributedBackend("cpu")
-    train = build_nvjpeg_loaders(data_root, channels_last=True, **LOADER)[0]
+    train = build_nvjpeg_loaders(data_root, replace(LOADER, channels_last=True))[0]
     train.set_epoch(0)
     raw = next(iter(train))
     wrapped = next(iter(backend.wrap_loader(train, channels_last=True)))
@@ -201,7 +203,7 @@ def _plant_bad_files(root: Path) -> dict[str, Path]:
 
 def test_bad_files_are_decoded_on_the_cpu_or_skipped(copy_root: Path, caplog: pytest.LogCaptureFixture) -> None:
     planted = _plant_bad_files(copy_root)
-    train, val, _ = build_nvjpeg_loaders(copy_root, **LOADER)
+    train, val, _ = build_nvjpeg_loaders(copy_root, LOADER)
     with caplog.at_level(logging.WARNING, logger="largebatch.data.pipelines.nvjpeg"):
         batches = _epoch(val, 0)
     assert sum(len(y) for _, y in batches) == 9 - 2
@@ -212,7 +214,7 @@ def test_bad_files_are_decoded_on_the_cpu_or_skipped(copy_root: Path, caplog: py
     assert f"skipping unreadable image {planted['truncated']}" in log
     assert f"skipping unreadable image {planted['empty']}: empty file" in log
     # the CPU-decoded images are the torchvision loader's images
-    _, reference, _ = build_loaders(copy_root, image_size=24, batch_size=4, workers=0)
+    _, reference, _ = build_loaders(copy_root, LoaderSpec(image_size=24, batch_size=4, workers=0))
     ref = list(reference)
     assert reference.skipped == 2
     for (a, la), (b, lb) in zip(batches, ref):
@@ -229,7 +231,7 @@ def test_a_file_the_gpu_decoder_rejects_is_decoded_with_pillow(
     """nvJPEG refuses some JPEGs that libjpeg reads (e.g. unusual sampling factors): the file
     is retried alone, then decoded by Pillow; the rest of the batch stays on the device path.
     The device decoder here is the real one, refusing the one file a real nvJPEG might."""
-    _, val, _ = build_nvjpeg_loaders(data_root, **LOADER)
+    _, val, _ = build_nvjpeg_loaders(data_root, LOADER)
     reference = _epoch(val, 0)
     refused = Path(val.dataset.samples[1][0]).read_bytes()
     real = nv.decode_jpeg
@@ -256,31 +258,31 @@ def test_a_jpeg_neither_decoder_reads_is_skipped(copy_root: Path) -> None:
     data[start:start + 2] = b"\xff\x00"  # the scan header is gone: markers intact, data invalid
     victim.write_bytes(bytes(data))
     assert cpu_decode_reason(bytes(data)) is None  # looks like a JPEG: goes to the device decoder
-    _, val, _ = build_nvjpeg_loaders(copy_root, **LOADER)
+    _, val, _ = build_nvjpeg_loaders(copy_root, LOADER)
     assert sum(len(y) for _, y in _epoch(val, 0)) == 8 and val.skipped == 1
 
 
 def test_a_training_batch_of_unreadable_files_is_an_error(copy_root: Path) -> None:
     for path in (copy_root / "train").rglob("*.JPEG"):
         path.write_bytes(b"")
-    train, _, _ = build_nvjpeg_loaders(copy_root, **LOADER)
+    train, _, _ = build_nvjpeg_loaders(copy_root, LOADER)
     with pytest.raises(DataError, match="all 4 images of a training batch are unreadable"):
         _epoch(train, 0)
 
 
 def test_missing_folders_and_bad_crop_ratio(tmp_path: Path, data_root: Path) -> None:
     with pytest.raises(DataError, match="does not exist"):
-        build_nvjpeg_loaders(tmp_path / "nope", **LOADER)
+        build_nvjpeg_loaders(tmp_path / "nope", LOADER)
     with pytest.raises(ValueError, match="val_crop_ratio"):
-        build_nvjpeg_loaders(data_root, val_crop_ratio=1.5, **LOADER)
+        build_nvjpeg_loaders(data_root, replace(LOADER, val_crop_ratio=1.5))
 
 
 # -- background decode -----------------------------------------------------------------
 
 
 def test_background_decode_gives_the_same_batches(data_root: Path) -> None:
-    inline = _epoch(build_nvjpeg_loaders(data_root, prefetch_batches=0, **LOADER)[0], 2)
-    ahead = _epoch(build_nvjpeg_loaders(data_root, prefetch_batches=2, **LOADER)[0], 2)
+    inline = _epoch(build_nvjpeg_loaders(data_root, LOADER, prefetch_batches=0)[0], 2)
+    ahead = _epoch(build_nvjpeg_loaders(data_root, LOADER, prefetch_batches=2)[0], 2)
     assert len(inline) == len(ahead) == 6
     for (a, la), (b, lb) in zip(inline, ahead):
         assert torch.equal(a, b) and torch.equal(la, lb)
@@ -289,7 +291,7 @@ def test_background_decode_gives_the_same_batches(data_root: Path) -> None:
 def test_leaving_an_epoch_early_stops_the_decode_thread(data_root: Path) -> None:
     import threading
 
-    train = build_nvjpeg_loaders(data_root, **LOADER)[0]
+    train = build_nvjpeg_loaders(data_root, LOADER)[0]
     train.set_epoch(0)
     batches = iter(train)
     next(batches)
@@ -316,8 +318,8 @@ def test_a_new_epoch_ends_the_unfinished_one(data_root: Path, workers: int) -> N
     share one DataLoader iterator): the new pass must not race with the old one's thread."""
     import threading
 
-    reference = _epoch(build_nvjpeg_loaders(data_root, **(LOADER | {"workers": workers}))[0], 1)
-    train = build_nvjpeg_loaders(data_root, **(LOADER | {"workers": workers}))[0]
+    reference = _epoch(build_nvjpeg_loaders(data_root, replace(LOADER, workers=workers))[0], 1)
+    train = build_nvjpeg_loaders(data_root, replace(LOADER, workers=workers))[0]
     train.set_epoch(0)
     old = iter(train)
     next(old)
@@ -356,7 +358,7 @@ def test_collate_joins_the_bytes_into_one_buffer_and_keeps_the_rest() -> None:
 
 
 def test_workers_hand_over_one_buffer_per_batch(data_root: Path) -> None:
-    train, val, _ = build_nvjpeg_loaders(data_root, **(LOADER | {"workers": 2}))
+    train, val, _ = build_nvjpeg_loaders(data_root, replace(LOADER, workers=2))
     assert train.prefetch_batches >= 2 and train.loader.prefetch_factor == 2  # >= 2 batches ahead
     train.set_epoch(0)
     for batch in train.loader:

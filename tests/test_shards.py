@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from largebatch.data.check import check_dataset, require_checked
+from largebatch.data.contract import LoaderSpec
 from largebatch.data.images import read_file_list
 from largebatch.data.shards import iter_shard_samples, make_shards
 from largebatch.data.synthetic import make_synthetic_imagenet
@@ -100,9 +101,8 @@ def test_dali_reads_shards_disjoint_per_epoch_and_val_exactly_once(shards: Path,
     per_rank = (20 // world_size) // 2 * 2
     val_ids, epochs = [], {0: [], 1: []}
     for rank in range(world_size):
-        train, val, classes = build_dali_shard_loaders(
-            shards, image_size=16, batch_size=2, workers=1, rank=rank, world_size=world_size,
-            shuffle_buffer=4)
+        spec = LoaderSpec(image_size=16, batch_size=2, workers=1, rank=rank, world_size=world_size)
+        train, val, classes = build_dali_shard_loaders(shards, spec, shuffle_buffer=4)
         assert classes == 20 and len(train) == per_rank // 2  # the same step count on every rank
         for epoch in epochs:
             train.set_epoch(epoch)
@@ -134,7 +134,7 @@ def test_readme_shard_loader_example_runs(checked: Path, tmp_path: Path) -> None
     make_shards(checked, out, shard_size=16)
     program = (block.replace('"/data/imagenet-shards"', repr(str(out))).replace("image_size=224", "image_size=16")
                .replace("batch_size=256", "batch_size=4").replace("workers=8", "workers=1")
-               .replace("device_id=0,", "device_id=None,"))
+               .replace('device="cuda:0",', 'device="cpu",'))
     scope: dict = {}
     exec(compile(program, "README.md", "exec"), scope)
     assert scope["num_classes"] > 1 and tuple(scope["images"].shape) == (4, 3, 16, 16)

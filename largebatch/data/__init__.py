@@ -11,7 +11,8 @@ module                 what it holds
                        ``dali_files``, ``dali_shards`` (and ``dali_graph``, what the
                        two DALI readers share)
 ``contract``           the loader contract (``Loader``, a Protocol every loader satisfies),
-                       ``LoaderView`` (DataLoader-backed loaders), ``UnreadableTally``
+                       ``LoaderSpec`` (what every builder is told), ``LoaderView``
+                       (DataLoader-backed loaders), ``UnreadableTally``
 ``images``             listing and checking image folders (every loader and the data
                        check), decoding one file, DALI file lists
 ``augment``            the ImageNet augmentation: PIL transforms and tensor ops, one recipe
@@ -38,6 +39,7 @@ from typing import Any
 _EXPORTS = {
     "IMAGENET_DEFAULT_MEAN": "augment",
     "IMAGENET_DEFAULT_STD": "augment",
+    "LoaderSpec": "contract",
     "DataError": "pipelines.torchvision",
     "RobustImageFolder": "pipelines.torchvision",
     "SkipCountingLoader": "pipelines.torchvision",

@@ -14,16 +14,20 @@ val loaders:
 * ``shards=DIR``: DALI's webdataset reader over ``largebatch-make-shards`` output.
 
 Rank 0 decides between DALI and torchvision and tells the others, so every rank reads with the
-same pipeline. Everything is plain keyword arguments: no config object.
+same pipeline. What every pipeline is told comes as one :class:`LoaderSpec` (built once by
+``run._data``); no config object.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Optional
 
 from largebatch.errors import DataError
+
+if TYPE_CHECKING:
+    from largebatch.data.contract import LoaderSpec
 
 __all__ = ["DaliDecision", "build_run_loaders", "dali_decision", "ensure_checked", "resolve_data_root"]
 
@@ -123,45 +127,20 @@ def _agree_on_dali(requested: str, root: Path, backend: Any, fallback: str) -> D
 
 
 def build_run_loaders(
-    root: Path,
-    *,
-    loader: str,
-    shards: Optional[str],
-    backend: Any,
-    image_size: int,
-    batch_size: int,
-    workers: int,
-    seed: int,
-    crop_scale: Sequence[float],
-    val_crop_ratio: float,
-    pin_memory: bool = False,
-    dali_device_id: Optional[int] = None,
-    layout: str = "NCHW",
-    device: Any = None,
-    dtype: Any = None,
-    gpu_decode: bool = False,
+    root: Path, spec: LoaderSpec, *, loader: str, shards: Optional[str], backend: Any
 ) -> tuple[Any, Any, int]:
     """This rank's ``(train_loader, val_loader, num_classes)``.
 
     Args:
         root: the image folder (:func:`resolve_data_root`).
-        loader: ``torchvision``, ``dali`` or ``auto`` (see the module docstring).
+        spec: what every pipeline is told (:class:`LoaderSpec`; ``batch_size`` is per device,
+            ``rank``/``world_size`` the backend's). A CUDA ``spec.device`` decodes on the GPU
+            (DALI's mixed decode, nvJPEG), so ``auto`` falls back to nvjpeg there, not torchvision.
+        loader: ``torchvision``, ``nvjpeg``, ``dali`` or ``auto`` (see the module docstring).
         shards: a ``largebatch-make-shards`` folder, read by DALI instead of ``root``; or None.
-        backend: the run's backend (rank, world size, ``broadcast_object``).
-        image_size, batch_size, workers, seed, crop_scale, val_crop_ratio: as for
-            :func:`largebatch.data.pipelines.torchvision.build_loaders` (``batch_size`` is per device).
-        pin_memory: pin host batches (torchvision loader; worth it for a CUDA device).
-        dali_device_id: DALI's GPU for mixed (GPU) decode; None: CPU decode.
-        layout: the output layout, ``NCHW`` or ``NHWC`` (channels-last models), for DALI and nvjpeg.
-        device: the ``torch.device`` nvjpeg decodes and augments on (None: the CPU).
-        dtype: the compute dtype nvjpeg yields images in (None: float32).
-        gpu_decode: ``device`` is a GPU with nvJPEG: ``auto`` falls back to nvjpeg, not torchvision.
+        backend: the run's backend (``is_main``, ``broadcast_object``).
     """
-    common = dict(
-        image_size=image_size, batch_size=batch_size, workers=workers, rank=backend.rank,
-        world_size=backend.world_size, seed=seed, crop_scale=tuple(crop_scale), val_crop_ratio=val_crop_ratio,
-    )
-    decode = "mixed (GPU)" if dali_device_id is not None else "CPU"
+    decode = "mixed (GPU)" if spec.on_gpu else "CPU"
     if shards:
         from largebatch.data.pipelines.dali_graph import require_dali
         from largebatch.data.pipelines.dali_shards import build_dali_shard_loaders
@@ -172,49 +151,34 @@ def build_run_loaders(
                 f"or drop data.shards to read data.root's files with torchvision"
             )
         require_dali()
-        train, val, num_classes = build_dali_shard_loaders(shards, device_id=dali_device_id, layout=layout, **common)
+        train, val, num_classes = build_dali_shard_loaders(shards, spec)
         if backend.is_main:
             log.info("input pipeline: DALI webdataset reader over the shards in %s, %s decode, %s",
-                     shards, decode, layout)
+                     shards, decode, spec.layout)
         return train, val, num_classes
-    fallback = "nvjpeg" if loader == "nvjpeg" or (loader == "auto" and gpu_decode) else "torchvision"
+    fallback = "nvjpeg" if loader == "nvjpeg" or (loader == "auto" and spec.on_gpu) else "torchvision"
     decision = DaliDecision(False) if loader in ("torchvision", "nvjpeg") else _agree_on_dali(
         loader, root, backend, fallback)
     if not decision.use_dali and fallback == "nvjpeg":
-        return _nvjpeg_loaders(root, device=device, dtype=dtype, layout=layout, pin_memory=pin_memory,
-                               is_main=backend.is_main, **common)
+        from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
+
+        if backend.is_main:
+            log.info("input pipeline: nvjpeg, %s decode and augmentation on %s, %d file-reading worker(s) per "
+                     "rank, %s", "nvJPEG (GPU)" if spec.on_gpu else "CPU", spec.device, spec.workers, spec.layout)
+        return build_nvjpeg_loaders(root, spec)
     if not decision.use_dali:
         from largebatch.data.pipelines.torchvision import build_loaders
 
         if backend.is_main:
-            log.info("input pipeline: torchvision DataLoader, %d worker(s) per rank", workers)
-        return build_loaders(root, pin_memory=pin_memory, **common)
+            log.info("input pipeline: torchvision DataLoader, %d worker(s) per rank", spec.workers)
+        return build_loaders(root, spec)
     from largebatch.data.pipelines.dali_files import build_dali_loaders
 
-    train, val, num_classes = build_dali_loaders(
-        root, device_id=dali_device_id, layout=layout, file_list=decision.file_lists, **common
-    )
+    train, val, num_classes = build_dali_loaders(root, spec, file_list=decision.file_lists)
     if backend.is_main:
         log.info(
             "input pipeline: DALI, %s decode, %d thread(s), %s; %d train / %d val files from the "
-            "data check's lists", decode, max(1, workers), layout, train.sampler.dataset_len, val.sampler.dataset_len,
+            "data check's lists", decode, max(1, spec.workers), spec.layout, train.sampler.dataset_len,
+            val.sampler.dataset_len,
         )
-    return train, val, num_classes
-
-
-def _nvjpeg_loaders(root: Path, *, device: Any, dtype: Any, layout: str, pin_memory: bool, is_main: bool,
-                    **common: Any) -> tuple[Any, Any, int]:
-    """Loaders that decode with torchvision's nvJPEG on ``device`` (on the CPU where it is a CPU)."""
-    import torch
-
-    from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
-
-    device = torch.device("cpu") if device is None else device
-    train, val, num_classes = build_nvjpeg_loaders(
-        root, device=device, dtype=dtype or torch.float32, channels_last=layout == "NHWC",
-        pin_memory=pin_memory, **common,
-    )
-    if is_main:
-        log.info("input pipeline: nvjpeg, %s decode and augmentation on %s, %d file-reading worker(s) per rank, %s",
-                 "CPU" if device.type == "cpu" else "nvJPEG (GPU)", device, common["workers"], layout)
     return train, val, num_classes

@@ -19,23 +19,31 @@ all four. The contract, written once:
   ``skipped`` stays 0;
 * ``batch_size`` is the batch size of this rank.
 
+:class:`LoaderSpec` is what every builder is told (sizes, this rank's place, the device);
 :class:`LoaderView` is the base of the loaders that wrap a ``torch.utils.data.DataLoader``
 (torchvision, nvjpeg).
+
+Words: a rank's *part* is the samples one data-parallel rank reads in an epoch; a *shard* is only
+a packed WebDataset tar file of ``largebatch-make-shards`` (``data.shards``). DALI calls a rank's
+part a "shard" (``shard_id``/``num_shards``): those are DALI's argument names, kept where passed.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator, Protocol, Sequence, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional, Protocol, Sequence, runtime_checkable
 
+import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from largebatch.data.augment import TRAIN_CROP_SCALE, VAL_CROP_RATIO
 from largebatch.data.samplers import ShardedSampler
 from largebatch.data.worker_signals import stop_signals_blocked
 from largebatch.errors import DataError
 
-__all__ = ["Loader", "LoaderView", "UnreadableTally"]
+__all__ = ["Loader", "LoaderSpec", "LoaderView", "UnreadableTally"]
 
 
 @runtime_checkable
@@ -50,6 +58,73 @@ class Loader(Protocol):
     def __len__(self) -> int: ...
 
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None: ...
+
+
+@dataclass(frozen=True)
+class LoaderSpec:
+    """What every loader builder is told: one value per option, built once (``run._data``).
+
+    Options only one pipeline reads (nvjpeg's ``prefetch_batches``, DALI's ``file_list`` ...)
+    stay keyword arguments of that pipeline's builder. Change one with
+    ``dataclasses.replace(spec, workers=2)``.
+
+    Args:
+        image_size: side of the training crop and of the val centre crop, pixels.
+        batch_size: per-device training batch (the global batch is this x world size).
+        workers: DataLoader worker processes per rank (torchvision, nvjpeg); DALI's CPU threads.
+        seed: seed of the epoch permutation and of the augmentation.
+        crop_scale: random-resized-crop area range (fraction of the image).
+        val_crop_ratio: val centre crop / resized shorter side, in (0, 1].
+        val_batch_size: per-device val batch; None: ``batch_size``.
+        rank, world_size: this rank's place among the data-parallel ranks (each reads its part).
+        device: the ``torch.device`` of the run. A CUDA device pins host batches, decodes with
+            nvJPEG (nvjpeg) and with DALI's mixed decoder on ``device.index``; the CPU decodes there.
+        dtype: the compute dtype nvjpeg yields images in (DALI: its builders' own ``dtype``,
+            as DALI has no bfloat16 output).
+        channels_last: yield NCHW-shaped images in ``torch.channels_last`` memory (the model's).
+    """
+
+    image_size: int
+    batch_size: int
+    workers: int
+    seed: int = 0
+    crop_scale: tuple[float, float] = field(default=tuple(TRAIN_CROP_SCALE))  # type: ignore[assignment]
+    val_crop_ratio: float = VAL_CROP_RATIO
+    val_batch_size: Optional[int] = None
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = field(default=torch.device("cpu"))
+    dtype: torch.dtype = torch.float32
+    channels_last: bool = False
+
+    def __post_init__(self) -> None:  # accept "cpu"/"cuda:0" and a list crop_scale (the config's)
+        object.__setattr__(self, "device", torch.device(self.device))
+        object.__setattr__(self, "crop_scale", tuple(self.crop_scale))
+
+    @property
+    def on_gpu(self) -> bool:
+        """A CUDA device: pinned host memory, nvJPEG and DALI's mixed decode."""
+        return self.device.type == "cuda"
+
+    @property
+    def pin_memory(self) -> bool:
+        return self.on_gpu
+
+    @property
+    def layout(self) -> str:
+        """DALI's output layout: ``NHWC`` for :attr:`channels_last`, else ``NCHW``."""
+        return "NHWC" if self.channels_last else "NCHW"
+
+    @property
+    def device_id(self) -> Optional[int]:
+        """DALI's GPU (mixed decode), None: decode on the CPU."""
+        if not self.on_gpu:
+            return None
+        return self.device.index if self.device.index is not None else torch.cuda.current_device()
+
+    @property
+    def val_batch(self) -> int:
+        return self.val_batch_size or self.batch_size
 
 
 class LoaderView:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from largebatch.cli import main
+from largebatch.data.contract import LoaderSpec
 from largebatch.data.pipelines import nvjpeg as nv
 from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 from largebatch.data.synthetic import make_synthetic_imagenet
@@ -35,8 +36,9 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def _loaders(root: Path, device: str, **kw: object):  # type: ignore[no-untyped-def]
-    return build_nvjpeg_loaders(root, image_size=64, batch_size=8, workers=2, device=device, **kw)
+def _loaders(root: Path, device: str, prefetch_batches: int = 2, **spec: object):  # type: ignore[no-untyped-def]
+    spec = LoaderSpec(image_size=64, batch_size=8, workers=2, device=device, **spec)  # type: ignore[arg-type]
+    return build_nvjpeg_loaders(root, spec, prefetch_batches=prefetch_batches)
 
 
 def _raw_decode_bound(root: Path, std: tuple[float, ...]) -> float:

@@ -4,7 +4,7 @@ Order of the samples. A DALI reader owns its order, so a resumed run could neith
 epoch nor skip batches without decoding them. Here the order is ours: each batch's file paths
 come from a small Python callback (``fn.external_source``), drawn from
 :class:`ShardedSampler` (training: one permutation per epoch, seeded by ``seed + epoch``, rank
-``r`` of ``w`` takes ``perm[r::w]``, trimmed to whole batches, the same as the torchvision
+``r`` of ``w`` takes the part ``perm[r::w]``, trimmed to whole batches, the same as the torchvision
 path) or :class:`ExactShardSampler` (evaluation: contiguous blocks, every image once, the last
 batch short). DALI then reads the files (``fn.io.file.read``, in its thread pool) and decodes
 them (:mod:`largebatch.data.pipelines.dali_graph`). So ranks are disjoint every epoch, the
@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from largebatch.data.augment import TRAIN_CROP_SCALE, VAL_CROP_RATIO
+from largebatch.data.contract import LoaderSpec
 from largebatch.data.images import list_split, read_file_list
 from largebatch.data.pipelines.dali_graph import (
     DEFAULT_HW_DECODER_LOAD,
@@ -126,8 +126,8 @@ class DaliLoader:
 
     def epoch_batches(self) -> list[list[int]]:
         """Sample indices of each batch still to come in the current epoch."""
-        shard = self.sampler.shard() if isinstance(self.sampler, ShardedSampler) else list(self.sampler)
-        batches = [shard[i : i + self.batch_size] for i in range(0, len(shard), self.batch_size)]
+        part = self.sampler.shard() if isinstance(self.sampler, ShardedSampler) else list(self.sampler)
+        batches = [part[i : i + self.batch_size] for i in range(0, len(part), self.batch_size)]
         if self.drop_last and batches and len(batches[-1]) < self.batch_size:
             batches.pop()
         return batches[self.skip_batches :]
@@ -218,20 +218,10 @@ def _class_count(root: str) -> int | None:
 
 def build_dali_loaders(
     root: str | os.PathLike,
+    spec: LoaderSpec,
     *,
-    image_size: int,
-    batch_size: int,
-    workers: int,
-    rank: int = 0,
-    world_size: int = 1,
-    seed: int = 0,
-    crop_scale: Sequence[float] = TRAIN_CROP_SCALE,
-    val_crop_ratio: float = VAL_CROP_RATIO,
-    device_id: int | None = None,
-    layout: str = "NCHW",
     dtype: torch.dtype = torch.float32,
     file_list: str | os.PathLike | Mapping[str, str | os.PathLike] | None = None,
-    val_batch_size: int | None = None,
     hw_decoder_load: float = DEFAULT_HW_DECODER_LOAD,
     prefetch_queue_depth: int = 2,
 ) -> tuple[DaliLoader, DaliLoader, int]:
@@ -239,29 +229,24 @@ def build_dali_loaders(
 
     Args:
         root: folder holding ``train/<class>/`` and ``val/<class>/`` (ImageFolder layout).
-        image_size: side of the training crop and of the val centre crop, pixels.
-        batch_size: per-device batch size.
-        workers: DALI CPU threads of each pipeline.
-        rank, world_size: this rank's place (training shard ``perm[rank::world_size]`` of
-            whole batches; val: a contiguous block, every image counted once over all ranks).
-        seed: seed of the shard permutation (``seed + epoch``) and of the augmentation.
-        crop_scale: random crop area range (fraction of the image).
-        val_crop_ratio: val centre crop / resized shorter side.
-        device_id: local GPU for ``mixed`` decode and GPU augmentation; None: CPU only.
-        layout: "NCHW", or "NHWC" (NCHW-shaped tensors in channels_last memory).
-        dtype: torch.float32 or torch.float16 images.
+        spec: sizes, this rank's place and the device (:class:`LoaderSpec`): ``spec.workers``
+            DALI CPU threads per pipeline; training reads this rank's part
+            ``perm[rank::world_size]`` of whole batches (``perm`` seeded by ``seed + epoch``),
+            val a contiguous block (every image counted once over all ranks); a CUDA
+            ``spec.device`` decodes ``mixed`` and augments on that GPU, the CPU on the CPU;
+            ``spec.channels_last`` yields NCHW-shaped tensors in channels_last memory.
+        dtype: torch.float32 or torch.float16 images (DALI has no bfloat16 output).
         file_list: the clean file list(s) of ``largebatch-check-data`` (paths relative to
             ``root``): one path (train) or ``{"train": ..., "val": ...}``; a split without
             one is listed from its folder.
-        val_batch_size: per-device val batch (default ``batch_size``).
         hw_decoder_load: share of JPEGs for the GPU's hardware decoder (mixed decode only).
         prefetch_queue_depth: batches DALI prepares ahead of the one being trained on.
 
     Returns ``(train_loader, val_loader, num_classes)``.
     """
-    _check_common(image_size, batch_size, workers, layout, dtype, rank, world_size)
-    if not 0 < val_crop_ratio <= 1:
-        raise UsageError(f"val_crop_ratio must be in (0, 1], got {val_crop_ratio}")
+    _check_common(spec, dtype)
+    if not 0 < spec.val_crop_ratio <= 1:
+        raise UsageError(f"val_crop_ratio must be in (0, 1], got {spec.val_crop_ratio}")
     root = os.fspath(root)
     if not os.path.isdir(root):
         raise DataError(f"data root {root} does not exist: set data.root to a folder holding "
@@ -276,26 +261,28 @@ def build_dali_loaders(
     if not train_paths:
         raise DataError(f"{root}/train holds no image")
 
+    layout = spec.layout
+
     def train_graph(encoded: Any, gpu: bool) -> Any:
-        return _train_images(encoded, gpu=gpu, image_size=image_size, crop_scale=crop_scale,
+        return _train_images(encoded, gpu=gpu, image_size=spec.image_size, crop_scale=spec.crop_scale,
                              layout=layout, dtype=dtype, hw_decoder_load=hw_decoder_load)
 
     def val_graph(encoded: Any, gpu: bool) -> Any:
-        return _val_images(encoded, gpu=gpu, image_size=image_size, val_crop_ratio=val_crop_ratio,
+        return _val_images(encoded, gpu=gpu, image_size=spec.image_size, val_crop_ratio=spec.val_crop_ratio,
                            layout=layout, dtype=dtype, hw_decoder_load=hw_decoder_load)
 
-    common = dict(workers=workers, device_id=device_id, layout=layout,
-                  prefetch_queue_depth=prefetch_queue_depth, data_root=root)
+    common = dict(workers=spec.workers, device_id=spec.device_id, layout=layout,
+                  prefetch_queue_depth=prefetch_queue_depth, data_root=root,
+                  seed=_aug_seed(spec.seed, spec.rank))
     train = DaliLoader(
-        train_paths, train_labels, batch_size=batch_size, drop_last=True, graph=train_graph,
-        sampler=ShardedSampler(len(train_paths), rank=rank, world_size=world_size,
-                               batch_size=batch_size, seed=seed),
-        seed=_aug_seed(seed, rank), **common,
+        train_paths, train_labels, batch_size=spec.batch_size, drop_last=True, graph=train_graph,
+        sampler=ShardedSampler(len(train_paths), rank=spec.rank, world_size=spec.world_size,
+                               batch_size=spec.batch_size, seed=spec.seed),
+        **common,
     )
     val = DaliLoader(
-        val_paths, val_labels, batch_size=val_batch_size or batch_size, drop_last=False,
-        graph=val_graph, sampler=ExactShardSampler(len(val_paths), rank=rank, world_size=world_size),
-        seed=_aug_seed(seed, rank), **common,
+        val_paths, val_labels, batch_size=spec.val_batch, drop_last=False, graph=val_graph,
+        sampler=ExactShardSampler(len(val_paths), rank=spec.rank, world_size=spec.world_size), **common,
     )
     return train, val, num_classes
 

@@ -31,6 +31,7 @@ from largebatch.data.augment import (
     TRAIN_CROP_RATIO,
     TRAIN_CROP_SCALE,
 )
+from largebatch.data.contract import LoaderSpec
 from largebatch.errors import DataError, UsageError
 
 __all__ = [
@@ -154,16 +155,15 @@ def _val_images(encoded: Any, *, gpu: bool, image_size: int, val_crop_ratio: flo
 # helpers of both readers
 
 
-def _check_common(image_size: int, batch_size: int, workers: int, layout: str,
-                  dtype: torch.dtype, rank: int, world_size: int) -> None:
+def _check_common(spec: LoaderSpec, dtype: torch.dtype) -> None:
+    image_size, batch_size, workers, rank, world_size = (
+        spec.image_size, spec.batch_size, spec.workers, spec.rank, spec.world_size)
     if image_size < 8:
         raise UsageError(f"image_size must be >= 8 pixels, got {image_size}")
     if batch_size < 1:
         raise UsageError(f"batch_size must be >= 1, got {batch_size}")
     if workers < 0:
         raise UsageError(f"workers must be >= 0, got {workers}")
-    if layout not in ("NCHW", "NHWC"):
-        raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
     if dtype not in (torch.float32, torch.float16):
         raise ValueError(f"dtype must be torch.float32 or torch.float16 (DALI has no bfloat16 "
                          f"output; cast on the device), got {dtype}")

@@ -2,8 +2,8 @@
 
 Written by ``largebatch-make-shards`` (:mod:`largebatch.data.shards`). Each epoch the archive
 order is permuted (seed + epoch, the same on every rank), DALI splits the concatenated samples
-into ``world_size`` contiguous, disjoint parts (its ``shard_id``/``num_shards``), and a shuffle
-buffer mixes samples inside a rank's part. The pipeline is rebuilt per epoch (so any epoch can
+into ``world_size`` contiguous, disjoint parts, one per rank (what DALI's ``shard_id``/
+``num_shards`` arguments name), and a shuffle buffer mixes samples inside a rank's part. The pipeline is rebuilt per epoch (so any epoch can
 be started), and ``skip_batches`` reads and drops batches. Decode and augmentation:
 :mod:`largebatch.data.pipelines.dali_graph`.
 """
@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from largebatch.data.augment import TRAIN_CROP_SCALE, VAL_CROP_RATIO
+from largebatch.data.contract import LoaderSpec
 from largebatch.data.pipelines.dali_graph import (
     DEFAULT_HW_DECODER_LOAD,
     _SHARD_IMAGE_EXT,
@@ -37,18 +37,19 @@ __all__ = ["DaliShardLoader", "build_dali_shard_loaders", "read_shard_meta"]
 # packed shards: DALI's webdataset reader owns the order inside an epoch
 
 
-def _dali_shard_bounds(n: int, shard_id: int, num_shards: int) -> tuple[int, int]:
-    """Samples ``[begin, end)`` DALI's readers give shard ``shard_id`` of ``num_shards``."""
-    return n * shard_id // num_shards, n * (shard_id + 1) // num_shards
+def _rank_part_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:
+    """Samples ``[begin, end)`` DALI's readers give rank ``rank``'s part of ``world_size``
+    (DALI's ``shard_id=rank`` of ``num_shards=world_size``)."""
+    return n * rank // world_size, n * (rank + 1) // world_size
 
 
 class DaliShardLoader:
     """A DALI ``readers.webdataset`` pipeline over packed shards (see the module docstring).
 
     Same interface as :class:`DaliLoader`. Training: ``len()`` = ``(N // world) //
-    batch_size`` on every rank (equal step counts even when DALI's shards differ by one);
+    batch_size`` on every rank (equal step counts even when the ranks' parts differ by one);
     the pipeline is rebuilt per epoch with that epoch's archive order and shuffle seed.
-    Evaluation: the archives in stored order, this rank's DALI shard read once, padded
+    Evaluation: the archives in stored order, this rank's part read once, padded
     samples dropped (``LastBatchPolicy.PARTIAL``).
     """
 
@@ -93,7 +94,7 @@ class DaliShardLoader:
         if self.train:
             per_rank = self.total // self.world_size
             return per_rank - per_rank % self.batch_size
-        begin, end = _dali_shard_bounds(self.total, self.rank, self.world_size)
+        begin, end = _rank_part_bounds(self.total, self.rank, self.world_size)
         return end - begin
 
     def __len__(self) -> int:
@@ -122,8 +123,9 @@ class DaliShardLoader:
         reader_args: dict[str, Any] = dict(
             paths=[self.tars[i] for i in order], index_paths=[self.indexes[i] for i in order],
             ext=[_SHARD_IMAGE_EXT, "lbl"], dtypes=[dali.types.UINT8, dali.types.INT64],
-            missing_component_behavior="error", num_shards=self.world_size,
-            shard_id=self.rank, stick_to_shard=True, name="reader",
+            missing_component_behavior="error",
+            # DALI's names for a rank's part (not our packed shards): part ``rank`` of ``world_size``
+            num_shards=self.world_size, shard_id=self.rank, stick_to_shard=True, name="reader",
         )
         if self.train:
             reader_args.update(random_shuffle=True, initial_fill=max(1, self._buffer))
@@ -182,26 +184,17 @@ def read_shard_meta(shards: str | os.PathLike, split: str) -> dict[str, Any]:
 
 def build_dali_shard_loaders(
     shards: str | os.PathLike,
+    spec: LoaderSpec,
     *,
-    image_size: int,
-    batch_size: int,
-    workers: int,
-    rank: int = 0,
-    world_size: int = 1,
-    seed: int = 0,
-    crop_scale: Sequence[float] = TRAIN_CROP_SCALE,
-    val_crop_ratio: float = VAL_CROP_RATIO,
-    device_id: int | None = None,
-    layout: str = "NCHW",
     dtype: torch.dtype = torch.float32,
-    val_batch_size: int | None = None,
     hw_decoder_load: float = DEFAULT_HW_DECODER_LOAD,
     prefetch_queue_depth: int = 2,
     shuffle_buffer: int = 4096,
 ) -> tuple[DaliShardLoader, DaliShardLoader, int]:
-    """Like :func:`build_dali_loaders`, reading ``shards/{train,val}/*.tar`` of
-    ``largebatch-make-shards``; ``shuffle_buffer`` samples are mixed inside a rank's shard."""
-    _check_common(image_size, batch_size, workers, layout, dtype, rank, world_size)
+    """Like :func:`build_dali_loaders`, reading the packed shards ``shards/{train,val}/*.tar``
+    of ``largebatch-make-shards``; ``shuffle_buffer`` samples are mixed inside a rank's part."""
+    _check_common(spec, dtype)
+    image_size, layout, batch_size, world_size = spec.image_size, spec.layout, spec.batch_size, spec.world_size
     loaders = []
     num_classes = 0
     for split in ("train", "val"):
@@ -218,15 +211,15 @@ def build_dali_shard_loaders(
 
         def graph(encoded: Any, gpu: bool, train: bool = train) -> Any:
             if train:
-                return _train_images(encoded, gpu=gpu, image_size=image_size, crop_scale=crop_scale,
+                return _train_images(encoded, gpu=gpu, image_size=image_size, crop_scale=spec.crop_scale,
                                      layout=layout, dtype=dtype, hw_decoder_load=hw_decoder_load)
-            return _val_images(encoded, gpu=gpu, image_size=image_size, val_crop_ratio=val_crop_ratio,
+            return _val_images(encoded, gpu=gpu, image_size=image_size, val_crop_ratio=spec.val_crop_ratio,
                                layout=layout, dtype=dtype, hw_decoder_load=hw_decoder_load)
 
         loaders.append(DaliShardLoader(
             tars, indexes, int(meta["num_samples"]), train=train,
-            batch_size=batch_size if train else (val_batch_size or batch_size), rank=rank,
-            world_size=world_size, seed=seed, graph=graph, workers=workers, device_id=device_id,
+            batch_size=batch_size if train else spec.val_batch, rank=spec.rank,
+            world_size=world_size, seed=spec.seed, graph=graph, workers=spec.workers, device_id=spec.device_id,
             layout=layout, prefetch_queue_depth=prefetch_queue_depth, shuffle_buffer=shuffle_buffer,
         ))
     if loaders[0].num_samples == 0:

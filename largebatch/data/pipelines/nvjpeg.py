@@ -50,14 +50,12 @@ from largebatch.data.augment import (
     IMAGENET_DEFAULT_MEAN,
     IMAGENET_DEFAULT_STD,
     TRAIN_CROP_RATIO,
-    TRAIN_CROP_SCALE,
-    VAL_CROP_RATIO,
     augment_batch,
     augment_each,
     normalise_cast,
 )
 from largebatch.data.background import in_background
-from largebatch.data.contract import LoaderView, UnreadableTally
+from largebatch.data.contract import LoaderSpec, LoaderView, UnreadableTally
 from largebatch.data.pipelines.torchvision import RobustImageFolder, _check_same_classes
 from largebatch.data.images import decompression_bomb_limit, load_rgb, split_folder
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
@@ -437,49 +435,34 @@ class NvjpegLoader(LoaderView):
 
 
 def build_nvjpeg_loaders(
-    root: str | os.PathLike,
-    *,
-    image_size: int,
-    batch_size: int,
-    workers: int,
-    device: torch.device | str,
-    dtype: torch.dtype = torch.float32,
-    channels_last: bool = False,
-    rank: int = 0,
-    world_size: int = 1,
-    seed: int = 0,
-    crop_scale: Sequence[float] = TRAIN_CROP_SCALE,
-    val_crop_ratio: float = VAL_CROP_RATIO,
-    pin_memory: bool = False,
-    val_batch_size: int | None = None,
-    prefetch_batches: int = 2,
+    root: str | os.PathLike, spec: LoaderSpec, *, prefetch_batches: int = 2
 ) -> tuple[NvjpegLoader, NvjpegLoader, int]:
-    """Train and val loaders of ``root/train`` and ``root/val`` decoding on ``device``.
+    """Train and val loaders of ``root/train`` and ``root/val`` decoding on ``spec.device``.
 
-    The arguments of :func:`largebatch.data.pipelines.torchvision.build_loaders`, plus:
+    As :func:`largebatch.data.pipelines.torchvision.build_loaders`, and:
 
     Args:
-        device: where to decode and augment (a CUDA device: nvJPEG; the CPU: libjpeg, for
-            tests, slower than the torchvision loader's worker decode).
-        dtype: dtype of the images yielded (the compute dtype: bf16/fp16 halve the copy).
-        channels_last: yield NHWC-strided images (the layout of a channels_last model).
+        spec: also ``device`` (where to decode and augment: a CUDA device, nvJPEG; the CPU,
+            libjpeg, for tests, slower than the torchvision loader's worker decode), ``dtype``
+            (of the images yielded: the compute dtype, bf16/fp16 halve the copy) and
+            ``channels_last`` (NHWC-strided images, the layout of a channels_last model).
         prefetch_batches: batches decoded ahead in a background thread (0: decode in the
             consumer's thread when it asks for the batch).
 
-    ``workers`` DataLoader processes per rank read the files (and decode on the CPU the few
-    nvJPEG cannot) and join each batch's bytes into one :class:`EncodedBatch`, each worker
-    two batches ahead; ``pin_memory`` pins it (always on a CUDA device). With the
-    ``prefetch_batches`` the decode thread holds, at least 2 batches are ready ahead of the
-    step. Returns ``(train_loader, val_loader, num_classes)``.
+    ``spec.workers`` DataLoader processes per rank read the files (and decode on the CPU the
+    few nvJPEG cannot) and join each batch's bytes into one :class:`EncodedBatch`, each worker
+    two batches ahead, pinned on a CUDA device. With the ``prefetch_batches`` the decode
+    thread holds, at least 2 batches are ready ahead of the step. Returns
+    ``(train_loader, val_loader, num_classes)``.
     """
-    if not 0 < val_crop_ratio <= 1:
-        raise ValueError(f"val_crop_ratio must be in (0, 1], got {val_crop_ratio}")
+    if not 0 < spec.val_crop_ratio <= 1:
+        raise ValueError(f"val_crop_ratio must be in (0, 1], got {spec.val_crop_ratio}")
     root = os.fspath(root)
     train_set = RobustImageFolder(split_folder(root, "train"))
     val_set = RobustImageFolder(split_folder(root, "val"))
     _check_same_classes(train_set, val_set)
-    pin_memory = pin_memory or torch.device(device).type == "cuda"
-    common: dict[str, Any] = dict(num_workers=workers, pin_memory=pin_memory,
+    rank, world_size, batch_size, workers = spec.rank, spec.world_size, spec.batch_size, spec.workers
+    common: dict[str, Any] = dict(num_workers=workers, pin_memory=spec.pin_memory,
                                   persistent_workers=workers > 0, collate_fn=collate_encoded)
     if workers > 0:
         # Workers outlive a SIGTERM/SIGINT sent to the whole job until this process has saved.
@@ -487,17 +470,19 @@ def build_nvjpeg_loaders(
     train = DataLoader(
         EncodedImageFolder(train_set.samples, train_set.classes, train_set.root), batch_size=batch_size,
         drop_last=True,
-        sampler=ShardedSampler(len(train_set), rank=rank, world_size=world_size, batch_size=batch_size, seed=seed),
+        sampler=ShardedSampler(len(train_set), rank=rank, world_size=world_size, batch_size=batch_size,
+                               seed=spec.seed),
         **common,
     )
     val = DataLoader(
         EncodedImageFolder(val_set.samples, val_set.classes, val_set.root),
-        batch_size=val_batch_size or batch_size, drop_last=False,
+        batch_size=spec.val_batch, drop_last=False,
         sampler=ExactShardSampler(len(val_set), rank=rank, world_size=world_size), **common,
     )
     options: dict[str, Any] = dict(
-        device=torch.device(device), image_size=image_size, seed=seed, crop_scale=crop_scale,
-        crop_ratio=TRAIN_CROP_RATIO, hflip=0.5, val_crop_ratio=val_crop_ratio, mean=IMAGENET_DEFAULT_MEAN,
-        std=IMAGENET_DEFAULT_STD, dtype=dtype, channels_last=channels_last, prefetch_batches=prefetch_batches,
+        device=spec.device, image_size=spec.image_size, seed=spec.seed, crop_scale=spec.crop_scale,
+        crop_ratio=TRAIN_CROP_RATIO, hflip=0.5, val_crop_ratio=spec.val_crop_ratio, mean=IMAGENET_DEFAULT_MEAN,
+        std=IMAGENET_DEFAULT_STD, dtype=spec.dtype, channels_last=spec.channels_last,
+        prefetch_batches=prefetch_batches,
     )
     return NvjpegLoader(train, train=True, **options), NvjpegLoader(val, train=False, **options), len(train_set.classes)

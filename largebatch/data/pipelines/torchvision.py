@@ -25,7 +25,7 @@ Batch contract of :func:`build_loaders`:
   uneven DDP step): a skipped image's slot is refilled with a readable image of the same
   batch. If every image of a batch is unreadable, ``DataError`` is raised.
 * Val batches drop skipped images (so nothing is counted twice); a batch that loses every
-  image is not yielded. A rank whose exact shard is empty yields no batch at all.
+  image is not yielded. A rank whose exact part is empty yields no batch at all.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 
-from largebatch.data.augment import TRAIN_CROP_SCALE, VAL_CROP_RATIO, build_train_transform, build_val_transform
-from largebatch.data.contract import LoaderView, UnreadableTally
+from largebatch.data.augment import build_train_transform, build_val_transform
+from largebatch.data.contract import LoaderSpec, LoaderView, UnreadableTally
 from largebatch.data.images import Unreadable, list_folder, load_rgb, split_folder
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler, sample_seed
 from largebatch.data.worker_signals import ignoring_stop_signals
@@ -192,65 +192,46 @@ def _check_same_classes(train: RobustImageFolder, val: RobustImageFolder) -> Non
         )
 
 
-def build_loaders(
-    root: str | os.PathLike,
-    *,
-    image_size: int,
-    batch_size: int,
-    workers: int,
-    rank: int = 0,
-    world_size: int = 1,
-    seed: int = 0,
-    crop_scale: Sequence[float] = TRAIN_CROP_SCALE,
-    val_crop_ratio: float = VAL_CROP_RATIO,
-    pin_memory: bool = False,
-    val_batch_size: int | None = None,
-) -> tuple[SkipCountingLoader, SkipCountingLoader, int]:
+def build_loaders(root: str | os.PathLike, spec: LoaderSpec) -> tuple[SkipCountingLoader, SkipCountingLoader, int]:
     """Train and val loaders of ``root/train`` and ``root/val`` for one rank.
 
     Args:
         root: folder holding ``train/<class>/`` and ``val/<class>/``.
-        image_size: side of the training crop and of the val centre crop, pixels.
-        batch_size: per-device batch size (the global batch is this x world size).
-        workers: DataLoader worker processes per rank (persistent when > 0).
-        rank, world_size: this rank's place; train uses :class:`ShardedSampler` (drop_last,
-            whole batches, reshuffled per epoch via ``set_epoch``), val
-            :class:`ExactShardSampler` (every image once over all ranks).
-        seed: seed of the shard permutation and of the augmentation: each training sample's
-            crop and flip come from a generator seeded by (``seed``, epoch, sample index),
-            independent of rank, worker count and stop point.
-        crop_scale: RandomResizedCrop area range.
-        val_crop_ratio: val centre crop / resized shorter side.
-        pin_memory: pin batches for faster host-to-device copies.
-        val_batch_size: per-device val batch (default ``batch_size``).
+        spec: sizes, this rank's place, the device (:class:`LoaderSpec`). ``spec.workers``
+            DataLoader worker processes per rank (persistent when > 0); training reads this
+            rank's part with :class:`ShardedSampler` (drop_last, whole batches, reshuffled per
+            epoch via ``set_epoch``), evaluation with :class:`ExactShardSampler` (every image
+            once over all ranks). Each training sample's crop and flip come from a generator
+            seeded by (``spec.seed``, epoch, sample index), independent of rank, worker count
+            and stop point. Batches stay on the host, pinned for a CUDA ``spec.device``.
 
     Returns ``(train_loader, val_loader, num_classes)``; see the module docstring for the
     batch and skip contract.
     """
     root = os.fspath(root)
     train_set = RobustImageFolder(
-        split_folder(root, "train"), build_train_transform(image_size, scale=crop_scale), seed=seed
+        split_folder(root, "train"), build_train_transform(spec.image_size, scale=spec.crop_scale), seed=spec.seed
     )
     val_set = RobustImageFolder(
-        split_folder(root, "val"), build_val_transform(image_size, crop_ratio=val_crop_ratio)
+        split_folder(root, "val"), build_val_transform(spec.image_size, crop_ratio=spec.val_crop_ratio)
     )
     _check_same_classes(train_set, val_set)
-    train_sampler = ShardedSampler(
-        len(train_set), rank=rank, world_size=world_size, batch_size=batch_size, seed=seed, with_epoch=True
-    )
-    val_sampler = ExactShardSampler(len(val_set), rank=rank, world_size=world_size)
-    common: dict[str, Any] = dict(num_workers=workers, pin_memory=pin_memory,
+    train_sampler = ShardedSampler(len(train_set), rank=spec.rank, world_size=spec.world_size,
+                                   batch_size=spec.batch_size, seed=spec.seed, with_epoch=True)
+    val_sampler = ExactShardSampler(len(val_set), rank=spec.rank, world_size=spec.world_size)
+    workers = spec.workers
+    common: dict[str, Any] = dict(num_workers=workers, pin_memory=spec.pin_memory,
                                   persistent_workers=workers > 0)
     if workers > 0:
         # Workers outlive a SIGTERM/SIGINT sent to the whole job until this process has saved.
         common.update(prefetch_factor=2, worker_init_fn=ignoring_stop_signals())
     train = DataLoader(
-        train_set, batch_size=batch_size, sampler=train_sampler, drop_last=True,
+        train_set, batch_size=spec.batch_size, sampler=train_sampler, drop_last=True,
         collate_fn=functools.partial(collate_skipping, refill=True),
-        generator=torch.Generator().manual_seed(seed + rank), **common,
+        generator=torch.Generator().manual_seed(spec.seed + spec.rank), **common,
     )
     val = DataLoader(
-        val_set, batch_size=val_batch_size or batch_size, sampler=val_sampler, drop_last=False,
+        val_set, batch_size=spec.val_batch, sampler=val_sampler, drop_last=False,
         collate_fn=functools.partial(collate_skipping, refill=False), **common,
     )
     return SkipCountingLoader(train, require_every_class=True), SkipCountingLoader(val), len(train_set.classes)
