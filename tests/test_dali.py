@@ -18,7 +18,7 @@ from largebatch.data.contract import LoaderSpec  # noqa: E402
 from largebatch.data.pipelines.dali_files import build_dali_loaders  # noqa: E402
 from largebatch.data.pipelines.dali_graph import TRAIN_ASPECT_RATIO, dali_available, decode_random_crop  # noqa: E402
 from largebatch.data.pipelines.torchvision import DataError, build_loaders  # noqa: E402
-from largebatch.data.samplers import exact_shard_bounds  # noqa: E402
+from largebatch.data.samplers import exact_part_bounds  # noqa: E402
 from largebatch.data.synthetic import make_synthetic_imagenet  # noqa: E402
 
 SIZE = 16  # output pixels: small keeps DALI and Pillow fast
@@ -129,9 +129,9 @@ def test_val_counts_every_image_exactly_once(dataset: Path, tmp_path: Path, worl
             ids += [i for labs in got for i in labs]
             batches += len(got)
         assert sorted(ids) == list(range(count))  # every image once, no padding counted
-        shard_lens = [end - begin for begin, end in
-                      (exact_shard_bounds(count, r, world_size) for r in range(world_size))]
-        assert batches == sum(math.ceil(k / 5) for k in shard_lens)
+        part_lens = [end - begin for begin, end in
+                      (exact_part_bounds(count, r, world_size) for r in range(world_size))]
+        assert batches == sum(math.ceil(k / 5) for k in part_lens)
 
 
 def test_set_epoch_skip_batches_resumes_mid_epoch(dataset: Path, lists) -> None:

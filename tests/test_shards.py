@@ -117,8 +117,8 @@ def test_dali_reads_shards_disjoint_per_epoch_and_val_exactly_once(shards: Path,
         assert len(list(val)) == len(val)
         val_ids += ids
     assert sorted(val_ids) == list(range(20))  # every val image exactly once, padding dropped
-    for shards_of_epoch in epochs.values():
-        union = [i for ids in shards_of_epoch for i in ids]
+    for parts_of_epoch in epochs.values():
+        union = [i for ids in parts_of_epoch for i in ids]
         assert len(union) == len(set(union)) == per_rank * world_size  # disjoint
     assert epochs[0] != epochs[1]
 

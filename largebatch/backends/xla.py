@@ -218,7 +218,7 @@ class XlaBackend(Backend):
 
 
 def _eval_batch_count(loader: Any, batch_size: int) -> int:
-    """Batches every rank runs: those of the largest exact shard (same on all ranks)."""
+    """Batches every rank runs: those of the largest exact part (same on all ranks)."""
     sampler = getattr(loader, "sampler", None)
     n, world = getattr(sampler, "dataset_len", None), getattr(sampler, "world_size", None)
     if n is None or world is None:
@@ -227,7 +227,7 @@ def _eval_batch_count(loader: Any, batch_size: int) -> int:
 
 
 def _template_sample(loader: Any) -> Optional[tuple[torch.Tensor, Any]]:
-    """One readable sample of the data set (shapes for the pad batches of an empty shard)."""
+    """One readable sample of the data set (shapes for the pad batches of an empty part)."""
     dataset = getattr(loader, "dataset", None)
     if dataset is None:
         return None

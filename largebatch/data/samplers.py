@@ -1,11 +1,14 @@
-"""Samplers that split a data set between ranks: sharded training, exact evaluation.
+"""Samplers that split a data set between ranks: each rank reads its part (training, exact evaluation).
 
-``ShardedSampler`` gives each rank a disjoint, equally long shard of one permutation per
+``ShardedSampler`` gives each rank a disjoint, equally long part of one permutation per
 epoch (the same seed on every rank), with a mid-epoch start for resume. ``ExactShardSampler``
 gives each rank a contiguous block so that every validation image is counted exactly once at
 any world size (Wongpanich et al. 2020, distributed evaluation; the MLPerf rule), with no
 padding duplicates: unlike ``torch.utils.data.DistributedSampler``, a rank may get fewer
 images than another, or none.
+
+(The class names keep the older word "shard", being public; everywhere else a rank's share is
+its *part*, and a shard is a packed tar file, :mod:`largebatch.data.contract`.)
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import Sampler
 
-__all__ = ["ExactShardSampler", "ShardedSampler", "exact_shard_bounds", "sample_seed"]
+__all__ = ["ExactShardSampler", "ShardedSampler", "exact_part_bounds", "sample_seed"]
 
 
 def _check_rank(rank: int, world_size: int) -> None:
@@ -59,7 +62,7 @@ class ShardedSampler(Sampler[int]):
         dataset_len: number of samples in the data set.
         rank: this process's rank.
         world_size: number of ranks.
-        batch_size: per-rank batch size; with ``drop_last`` the shard is also trimmed to
+        batch_size: per-rank batch size; with ``drop_last`` the part is also trimmed to
             whole batches, so every rank runs the same number of full steps. None: no
             trimming beyond equal lengths.
         shuffle: permute (seeded by ``seed + epoch``, identical on all ranks) or keep order.
@@ -71,7 +74,7 @@ class ShardedSampler(Sampler[int]):
             crops depend neither on the number of loader workers nor on where a run stopped.
 
     Resume mid-epoch: ``set_epoch(e)`` then ``set_start(k)`` skips the first ``k`` samples of
-    this rank's shard of epoch ``e`` (``k`` = batches already done x ``batch_size``);
+    this rank's part of epoch ``e`` (``k`` = batches already done x ``batch_size``);
     ``len()`` then counts what is left. The skip belongs to that epoch: ``set_epoch`` with
     another epoch clears it. ``state_dict()``/``load_state_dict()`` carry both.
     """
@@ -109,8 +112,8 @@ class ShardedSampler(Sampler[int]):
                 per_rank -= per_rank % batch_size
         else:
             per_rank = -(-dataset_len // world_size)
-        self.shard_len = per_rank  # samples per rank per epoch, before any start skip
-        if self.shard_len == 0 and dataset_len > 0:
+        self.part_len = per_rank  # samples per rank per epoch, before any start skip
+        if self.part_len == 0 and dataset_len > 0:
             raise ValueError(
                 f"{dataset_len} samples on {world_size} ranks give no full batch of "
                 f"{batch_size} per rank; lower the batch size or add data"
@@ -124,32 +127,32 @@ class ShardedSampler(Sampler[int]):
 
     def set_start(self, start_index: int) -> None:
         """Skip this rank's first ``start_index`` samples of the current epoch (resume)."""
-        if not 0 <= start_index <= self.shard_len:
-            raise ValueError(f"start_index must be in 0..{self.shard_len}, got {start_index}")
+        if not 0 <= start_index <= self.part_len:
+            raise ValueError(f"start_index must be in 0..{self.part_len}, got {start_index}")
         self.start_index = start_index
 
-    def shard(self) -> list[int]:
-        """This rank's whole shard of the current epoch (ignoring ``start_index``)."""
+    def part(self) -> list[int]:
+        """This rank's whole part of the current epoch (ignoring ``start_index``)."""
         n = self.dataset_len
         if self.shuffle:
             gen = torch.Generator().manual_seed(self.seed + self.epoch)
             order = torch.randperm(n, generator=gen).tolist()
         else:
             order = list(range(n))
-        total = self.shard_len * self.world_size
+        total = self.part_len * self.world_size
         if total > n:  # pad by repeating the head (drop_last=False)
             order += (order * (total // max(n, 1) + 1))[: total - n]
         order = order[:total]
         return order[self.rank :: self.world_size]
 
     def __iter__(self) -> Iterator[Any]:
-        rest = self.shard()[self.start_index :]
+        rest = self.part()[self.start_index :]
         if self.with_epoch:
             return iter([(i, self.epoch) for i in rest])
         return iter(rest)
 
     def __len__(self) -> int:
-        return self.shard_len - self.start_index
+        return self.part_len - self.start_index
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "start_index": self.start_index}
@@ -159,7 +162,7 @@ class ShardedSampler(Sampler[int]):
         self.set_start(int(state["start_index"]))
 
 
-def exact_shard_bounds(dataset_len: int, rank: int, world_size: int) -> tuple[int, int]:
+def exact_part_bounds(dataset_len: int, rank: int, world_size: int) -> tuple[int, int]:
     """``[begin, end)`` of rank's contiguous block; the first ``len % world`` ranks get one more."""
     _check_rank(rank, world_size)
     base, extra = divmod(dataset_len, world_size)
@@ -180,7 +183,7 @@ class ExactShardSampler(Sampler[int]):
         self.dataset_len = dataset_len
         self.rank = rank
         self.world_size = world_size
-        self.begin, self.end = exact_shard_bounds(dataset_len, rank, world_size)
+        self.begin, self.end = exact_part_bounds(dataset_len, rank, world_size)
 
     def set_epoch(self, epoch: int) -> None:
         """No-op (the order is fixed); present so callers can treat both samplers alike."""

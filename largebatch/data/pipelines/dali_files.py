@@ -109,7 +109,7 @@ class DaliLoader:
     def num_samples(self) -> int:
         """Samples this rank reads in a whole epoch."""
         if isinstance(self.sampler, ShardedSampler):
-            return self.sampler.shard_len  # already whole batches
+            return self.sampler.part_len  # already whole batches
         return len(self.sampler)
 
     def __len__(self) -> int:
@@ -126,7 +126,7 @@ class DaliLoader:
 
     def epoch_batches(self) -> list[list[int]]:
         """Sample indices of each batch still to come in the current epoch."""
-        part = self.sampler.shard() if isinstance(self.sampler, ShardedSampler) else list(self.sampler)
+        part = self.sampler.part() if isinstance(self.sampler, ShardedSampler) else list(self.sampler)
         batches = [part[i : i + self.batch_size] for i in range(0, len(part), self.batch_size)]
         if self.drop_last and batches and len(batches[-1]) < self.batch_size:
             batches.pop()
