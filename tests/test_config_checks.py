@@ -15,6 +15,7 @@ CASES = [
     ("optimizer.lr=nan", "optimizer.lr=nan is out of range"),
     ("optimizer.lr=-1", "optimizer.lr=-1.0 is out of range"),
     ("data.image_size=0", "data.image_size=0 is out of range"),
+    ("data.shuffle_buffer=0", "data.shuffle_buffer=0 is out of range: it must be an integer >= 1"),
     ("checkpoint.keep=-1", "checkpoint.keep=-1 is out of range"),
     ("label_smoothing=5", "label_smoothing=5.0 is out of range"),
     ("data.crop_scale=[0.5,0.1]", "data.crop_scale=[0.5, 0.1] is out of range"),

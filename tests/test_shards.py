@@ -101,9 +101,10 @@ def test_dali_reads_shards_disjoint_per_epoch_and_val_exactly_once(shards: Path,
     per_rank = (20 // world_size) // 2 * 2
     val_ids, epochs = [], {0: [], 1: []}
     for rank in range(world_size):
-        spec = LoaderSpec(image_size=16, batch_size=2, workers=1, rank=rank, world_size=world_size)
-        train, val, classes = build_dali_shard_loaders(shards, spec, shuffle_buffer=4)
+        spec = LoaderSpec(image_size=16, batch_size=2, workers=1, rank=rank, world_size=world_size, shuffle_buffer=4)
+        train, val, classes = build_dali_shard_loaders(shards, spec)
         assert classes == 20 and len(train) == per_rank // 2  # the same step count on every rank
+        assert train._buffer == 4  # spec.shuffle_buffer is the reader's initial_fill
         for epoch in epochs:
             train.set_epoch(epoch)
             batches = list(train)
@@ -138,3 +139,24 @@ def test_readme_shard_loader_example_runs(checked: Path, tmp_path: Path) -> None
     scope: dict = {}
     exec(compile(program, "README.md", "exec"), scope)
     assert scope["num_classes"] > 1 and tuple(scope["images"].shape) == (4, 3, 16, 16)
+
+
+def test_data_shuffle_buffer_reaches_the_loader_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``data.shuffle_buffer``: the schema's key -> ``run._data``'s ``LoaderSpec`` (-> the reader, above)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import largebatch.data.build as build
+    from largebatch import run
+    from largebatch.config import compose_config, to_train_config
+
+    seen = {}
+    monkeypatch.setattr(build, "build_run_loaders", lambda root, spec, **kw: (seen.setdefault("spec", spec), None, 2))
+    backend = SimpleNamespace(device=torch.device("cpu"), rank=0, world_size=1, local_rank=0, is_main=True,
+                              barrier=lambda: None)
+    for overrides, expected in (([], 4096), (["data.shuffle_buffer=7"], 7)):
+        seen.clear()
+        cfg = to_train_config(compose_config([f"data.root={tmp_path}", *overrides]))
+        run._data(cfg, backend, SimpleNamespace(per_device=4), None, False)
+        assert seen["spec"].shuffle_buffer == expected

@@ -60,6 +60,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "schedule.end_factor": _NON_NEGATIVE,
     "data.image_size": _int_at_least(1),
     "data.workers": _int_at_least(0),
+    "data.shuffle_buffer": _int_at_least(1),
     "data.val_crop_ratio": _finite(lambda x: 0 < x <= 1, "a number in (0, 1]"),
     "data.synthetic.classes": _int_at_least(2),
     "data.synthetic.train_per_class": _int_at_least(1),

@@ -177,6 +177,9 @@ class DataConfig:
     # Folder written by `largebatch-make-shards ROOT OUT` (WebDataset tars + DALI indexes):
     # read train/val from it with DALI's webdataset reader instead of data.root's files.
     shards: Optional[str] = None
+    # data.shards only: samples DALI's webdataset reader mixes inside a rank's part (memory:
+    # this many decoded-size samples per rank; 1: the packed order, shuffled per archive only)
+    shuffle_buffer: int = 4096
     synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
 
 

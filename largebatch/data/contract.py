@@ -82,6 +82,8 @@ class LoaderSpec:
         dtype: the compute dtype nvjpeg yields images in (DALI: its builders' own ``dtype``,
             as DALI has no bfloat16 output).
         channels_last: yield NCHW-shaped images in ``torch.channels_last`` memory (the model's).
+        shuffle_buffer: samples DALI's webdataset reader mixes inside a rank's part (packed
+            shards only, ``data.shuffle_buffer``).
     """
 
     image_size: int
@@ -96,6 +98,7 @@ class LoaderSpec:
     device: torch.device = field(default=torch.device("cpu"))
     dtype: torch.dtype = torch.float32
     channels_last: bool = False
+    shuffle_buffer: int = 4096
 
     def __post_init__(self) -> None:  # accept "cpu"/"cuda:0" and a list crop_scale (the config's)
         object.__setattr__(self, "device", torch.device(self.device))

@@ -189,10 +189,9 @@ def build_dali_shard_loaders(
     dtype: torch.dtype = torch.float32,
     hw_decoder_load: float = DEFAULT_HW_DECODER_LOAD,
     prefetch_queue_depth: int = 2,
-    shuffle_buffer: int = 4096,
 ) -> tuple[DaliShardLoader, DaliShardLoader, int]:
     """Like :func:`build_dali_loaders`, reading the packed shards ``shards/{train,val}/*.tar``
-    of ``largebatch-make-shards``; ``shuffle_buffer`` samples are mixed inside a rank's part."""
+    of ``largebatch-make-shards``; ``spec.shuffle_buffer`` samples are mixed inside a rank's part."""
     _check_common(spec, dtype)
     image_size, layout, batch_size, world_size = spec.image_size, spec.layout, spec.batch_size, spec.world_size
     loaders = []
@@ -220,7 +219,7 @@ def build_dali_shard_loaders(
             tars, indexes, int(meta["num_samples"]), train=train,
             batch_size=batch_size if train else spec.val_batch, rank=spec.rank,
             world_size=world_size, seed=spec.seed, graph=graph, workers=spec.workers, device_id=spec.device_id,
-            layout=layout, prefetch_queue_depth=prefetch_queue_depth, shuffle_buffer=shuffle_buffer,
+            layout=layout, prefetch_queue_depth=prefetch_queue_depth, shuffle_buffer=spec.shuffle_buffer,
         ))
     if loaders[0].num_samples == 0:
         raise DataError(f"{loaders[0].total} packed samples on {world_size} ranks give no full "
