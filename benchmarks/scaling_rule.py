@@ -1,100 +1,139 @@
-"""Small-scale test of the large-batch papers' lr-scaling claims, on this CPU.
+"""The scaling-rule study, version 3: do the large-batch papers' lr claims hold, small, on this CPU?
 
-Claims tested (Goyal et al. 2017, arXiv 1706.02677, sec. 2.1-2.2 and fig. 1; You et al. 2017,
-arXiv 1708.03888; Ying et al. 2018, arXiv 1811.06992): at a fixed epoch budget, keeping the
-small-batch learning rate at a large batch loses accuracy; scaling it linearly with the batch
-recovers the small-batch accuracy, but only with a gradual warmup; LARS plus warmup holds up
-further.
+Claims tested (Goyal et al. 2017, arXiv 1706.02677, sec. 2.1-2.3; You et al. 2017, arXiv
+1708.03888; Ying et al. 2018, arXiv 1811.06992; Jia et al. 2018, arXiv 1807.11205), at a fixed
+epoch budget:
+  1. the best SGD lr grows linearly with the batch ("linear scaling rule"), and the linearly
+     predicted lr reaches the best accuracy;
+  2. with a gradual warmup, SGD at k x the base batch loses no accuracy against the base batch;
+  3. keeping the small-batch lr at a large batch loses accuracy;
+  4. LARS (warmup from 0, its references' update form, its lr looked up per batch) loses none.
 
-The regime is chosen to be the papers' one, in miniature: the largest batch is 5% of the
-training set per step (ImageNet at 64k) and still gets >= 100 optimizer steps; every batch
-divides the training set, so every recipe sees exactly the same number of images per epoch.
+Design, each choice against a bias of version 2 (``git log -p`` this file):
+- the lr is swept at every batch for every recipe (powers of two; a sweep whose best point is
+  at an edge of its grid grows that edge), so no recipe inherits another's tuning: the
+  linear rule is *tested* (is the best lr k x the base one; how does the predicted lr fare),
+  not assumed;
+- three splits of the embedded generator's images: train, ``val`` (picks each cell's lr: best
+  mean over the sweep seeds) and ``test`` (every reported number; never used to choose);
+- BN statistics over a fixed number of images (``--bn-group``, default 32 as Goyal sec. 2.3
+  keeps per worker) at every batch ("ghost" BN, below): the batch does not change BN's noise;
+- LARS steps as its references do (``lr_in_momentum=True``, trust 0.001, BN and bias out of
+  the adaptation and decay) with a linear warmup from 0; its lr is a sweep per batch, which is
+  what the references' per-batch lr tables are (tensorflow/tpu ``lars_util.py``);
+- SGD with warmup is Goyal's gradual warmup: from the base batch's lr (lr x base/batch) to lr,
+  over the same number of epochs as LARS's warmup; at the base batch it is plain SGD (one cell);
+- a fixed epoch budget long enough for the base batch to converge (checked: the base batch at
+  twice the budget, same seeds, ``--stage converge``; the report gives the difference);
+- ``--seeds`` (default 5) per reported point: the first ``--sweep-seeds`` (2) run every lr of
+  the sweep, the rest only the val-chosen lr and the lrs the rules predict (linear, sqrt, none);
+- reported: final test top-1 mean with 95% t-intervals; steps (and images) until the test
+  top-1 first reaches the target (the base batch's mean minus the margin, evaluated every
+  epoch); differences against the base batch as Welch intervals with a Bonferroni correction
+  over the family of claims; "worse" only where that interval excludes zero; "no loss" only
+  from TOST (two one-sided tests) with the margin ``--margin`` (1 point); else "inconclusive".
 
-What is run: images drawn by the embedded synthetic generator
-(``largebatch.data.synthetic.render_image``, 20 classes: 10 pattern families, each alone or
-over a faint second texture) rendered straight into a uint8 tensor in memory (random crop and
-flip per step), a 3-layer conv net with BN (width 16) defined here, and the project's
-optimizers (``largebatch.optim``), lr scaling rule and schedules (``largebatch.lr``): poly
-decay (power 2) after warmup, weight decay 5e-4 off BN and bias, momentum 0.9. Recipes:
+Data: the embedded generator (``largebatch.data.synthetic.render_image``, 10 classes) rendered
+into uint8 tensors in memory (random crop and flip per step); model: a 3-layer conv net with
+ghost BN defined here; the project's optimizers (``largebatch.optim``) and schedules
+(``largebatch.lr``): poly decay (power 2) after warmup, weight decay 5e-4 off BN and bias,
+momentum 0.9. The largest batch is 5% of the training set per step (ImageNet at 64K).
 
-  ``none``           SGD, the base lr at every batch (no scaling)
-  ``linear``         SGD, lr x batch/base, no warmup
-  ``linear+warmup``  SGD, lr x batch/base, linear warmup from the base lr over ``warmup_epochs``
-  ``sqrt+warmup``    SGD, lr x sqrt(batch/base), the same warmup
-  ``lars+warmup``    LARS (trust coefficient 0.001), lr x batch/base, the same warmup
+Running (resumable: rows go to ``benchmarks/results/scaling_rule.jsonl`` as they finish; a
+point already there is not trained again; parallel workers claim points with lock files):
 
-At the base batch the SGD recipes are one run (no scaling; warmup from the base lr to itself).
+    python benchmarks/scaling_rule.py --workers 2        # the whole study, then the report
+    python benchmarks/scaling_rule.py --render           # report from the rows: .md and .png
+    python benchmarks/scaling_rule.py --quick            # smoke test: tiny, temp folder
 
-The base lr of SGD and of LARS is tuned at the base batch first (``--stage sweep``: each lr of
-``--sgd-sweep`` / ``--lars-sweep``, seed 0; best final top-1 wins), then the grid
-(``--stage grid``) uses it. Rows go to a JSONL file as they finish; a row already there (same
-recipe, batch, lr, seed) is not trained again, so parts can run in parallel and resume.
-
-    python benchmarks/scaling_rule.py --stage sweep --optimizer sgd &     # the committed rows:
-    python benchmarks/scaling_rule.py --stage sweep --optimizer lars; wait
-    python benchmarks/scaling_rule.py --stage grid --batches 1024 64 &    # two parts in parallel
-    python benchmarks/scaling_rule.py --stage grid --batches 256           # (a third, --batches 64
-    wait                                                                   #  --seeds 2 1, took over
-    python benchmarks/scaling_rule.py --render                             #  the tail of the first)
-    python benchmarks/scaling_rule.py --quick           # smoke test: tiny set, 1 epoch, temp folder
-
-Cost: one training is 102,400 images (5 epochs); 1-2.5 minutes each on the shared 2-core
-machine with two at a time (batch 64 is the slowest, per-step overhead). The committed rows
-(12 sweep and 34 grid trainings) took the wall time given in the README.
-
-Writes ``benchmarks/results/scaling_rule.{jsonl,md,png}`` (``--out`` to change).
+Stop it any time (Ctrl-C); run it again to go on. The report lists the points still pending.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from largebatch.data.synthetic import _image_rng, render_image
-from largebatch.lr import build_lr_scheduler, scale_lr
+from largebatch.data.synthetic import render_image
+from largebatch.lr import build_lr_scheduler
 from largebatch.optim import build_optimizer
 
-RECIPES = {
-    # name: (optimizer, lr scaling rule, warmup?)
-    "none": ("sgd", "none", False),
-    "linear": ("sgd", "linear", False),
-    "linear+warmup": ("sgd", "linear", True),
-    "sqrt+warmup": ("sgd", "sqrt", True),
-    "lars+warmup": ("lars", "linear", True),
-}
-SGD_RECIPES = ("none", "linear", "linear+warmup", "sqrt+warmup")
+# recipe: (optimizer, warmup). "goyal": linear from lr x base/batch; "zero": linear from 0.
+RECIPES = {"sgd": ("sgd", None), "sgd+warmup": ("sgd", "goyal"), "lars": ("lars", "zero")}
+# The embedded generator's seeds per split: train and val as ``largebatch.data.synthetic``
+# renders them; test is a third, disjoint stream.
+SPLIT_IDS = {"train": 0, "val": 1, "test": 2}
 MEAN = torch.tensor([0.5, 0.5, 0.5]).view(1, 3, 1, 1)
 STD = torch.tensor([0.25, 0.25, 0.25]).view(1, 3, 1, 1)
 
 
 def make_split(split: str, classes: int, per_class: int, side: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Render ``classes * per_class`` images (uint8, N x 3 x side x side) and their labels."""
-    pix = np.stack([render_image(classes, c, _image_rng(0, split, c, i), side)
+    pix = np.stack([render_image(classes, c, np.random.default_rng([0, SPLIT_IDS[split], c, i]), side)
                     for i in range(per_class) for c in range(classes)])
     labels = torch.arange(classes).repeat(per_class)
     return torch.from_numpy(pix).permute(0, 3, 1, 2).contiguous(), labels
 
 
-def small_net(num_classes: int, width: int = 16) -> nn.Module:
+class GhostBatchNorm2d(nn.BatchNorm2d):
+    """Batch norm whose training statistics come from groups of ``group`` images.
+
+    This is the per-worker BN of data-parallel training (Goyal et al. sec. 2.3: n = 32 images
+    per worker whatever the global batch) on one process, the "ghost batch norm" of Hoffer et
+    al. 2017 (arXiv 1705.08741). Written here because neither torch nor timm has it; the
+    project's GroupSyncBatchNorm groups ranks, not slices of one rank's batch. The running
+    statistics are the mean of the groups' updates (every worker's, where DDP keeps rank 0's).
+    """
+
+    def __init__(self, num_features: int, group: int) -> None:
+        super().__init__(num_features)
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, c, h, w = x.shape
+        if not self.training or n <= self.group:
+            return super().forward(x)
+        if n % self.group:
+            raise ValueError(f"batch {n} is not a multiple of the BN group {self.group}")
+        g = n // self.group
+        # groups side by side as channels: one batch_norm call normalises each group alone
+        xg = x.view(g, self.group, c, h, w).transpose(0, 1).reshape(self.group, g * c, h, w)
+        rm, rv = self.running_mean.repeat(g), self.running_var.repeat(g)
+        y = F.batch_norm(xg, rm, rv, self.weight.repeat(g), self.bias.repeat(g), True, self.momentum, self.eps)
+        with torch.no_grad():
+            self.running_mean.copy_(rm.view(g, c).mean(0))
+            self.running_var.copy_(rv.view(g, c).mean(0))
+            self.num_batches_tracked.add_(1)
+        return y.view(self.group, g, c, h, w).transpose(0, 1).reshape(n, c, h, w)
+
+
+def small_net(num_classes: int, width: int, bn_group: int) -> nn.Module:
     """conv-BN-ReLU x3 (width, 2x, 4x; max-pool between), global pool, linear."""
     def block(i: int, o: int) -> list[nn.Module]:
-        return [nn.Conv2d(i, o, 3, padding=1, bias=False), nn.BatchNorm2d(o), nn.ReLU(inplace=True)]
+        return [nn.Conv2d(i, o, 3, padding=1, bias=False), GhostBatchNorm2d(o, bn_group), nn.ReLU(inplace=True)]
     return nn.Sequential(*block(3, width), nn.MaxPool2d(2), *block(width, 2 * width), nn.MaxPool2d(2),
                          *block(2 * width, 4 * width), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                          nn.Linear(4 * width, num_classes))
+
+
+def normalise(images: torch.Tensor) -> torch.Tensor:
+    return (images.float() / 255.0 - MEAN) / STD
 
 
 def augment(images: torch.Tensor, crop: int, gen: torch.Generator) -> torch.Tensor:
@@ -108,10 +147,6 @@ def augment(images: torch.Tensor, crop: int, gen: torch.Generator) -> torch.Tens
     return normalise(out.permute(0, 3, 1, 2))
 
 
-def normalise(images: torch.Tensor) -> torch.Tensor:
-    return (images.float() / 255.0 - MEAN) / STD
-
-
 @torch.no_grad()
 def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, crop: int) -> float:
     model.eval()
@@ -123,29 +158,31 @@ def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, crop:
     return 100.0 * correct / len(images)
 
 
-def train_one(recipe: str, batch: int, base_lr: float, seed: int, *, data: dict[str, torch.Tensor],
-              args: argparse.Namespace) -> dict[str, Any]:
-    """Train one (recipe, batch, base lr, seed) point; return its row."""
-    opt_name, rule, warm = RECIPES[recipe]
+# ---------------------------------------------------------------------------------------------
+# one training
+
+
+def train_one(job: dict[str, Any], data: dict[str, torch.Tensor], args: argparse.Namespace) -> dict[str, Any]:
+    """Train one point (recipe, batch, lr, seed, epochs); its row has the test curve per epoch."""
+    opt_name, warmup = RECIPES[job["recipe"]]
+    batch, lr, epochs = job["batch"], job["lr"], job["epochs"]
     n = len(data["train_y"])
-    if n % batch:
-        raise SystemExit(f"batch {batch} does not divide the {n} training images: every recipe must see them all")
-    torch.manual_seed(seed)
-    gen = torch.Generator().manual_seed(seed)
-    model = small_net(args.classes)
-    lr = scale_lr(base_lr, batch, args.base_batch, rule)
+    torch.manual_seed(job["seed"])
+    gen = torch.Generator().manual_seed(job["seed"])
+    model = small_net(args.classes, args.width, args.bn_group)
     options: dict[str, Any] = {"momentum": 0.9}
     if opt_name == "lars":
-        options["trust_coefficient"] = 0.001
+        options.update(trust_coefficient=0.001, lr_in_momentum=True)
     opt = build_optimizer(opt_name, model, lr=lr, weight_decay=5e-4, exclude_bn_bias=True, **options)
     steps_per_epoch = n // batch
-    sched = build_lr_scheduler(
-        opt, name="poly", power=2.0, steps_per_epoch=steps_per_epoch, epochs=args.epochs,
-        warmup_epochs=args.warmup_epochs if warm else 0.0, warmup_start_factor=base_lr / lr,
-    )
+    start = {None: 1.0, "goyal": args.base_batch / batch, "zero": 0.0}[warmup]
+    sched = build_lr_scheduler(opt, name="poly", power=2.0, steps_per_epoch=steps_per_epoch, epochs=epochs,
+                               warmup_epochs=0.0 if start == 1.0 else args.warmup_epochs,
+                               warmup_start_factor=start)
+    curve: list[float] = []
     diverged = False
     t0 = time.perf_counter()
-    for _ in range(args.epochs):
+    for _ in range(epochs):
         perm = torch.randperm(n, generator=gen)
         for s in range(steps_per_epoch):
             idx = perm[s * batch: (s + 1) * batch]
@@ -157,77 +194,373 @@ def train_one(recipe: str, batch: int, base_lr: float, seed: int, *, data: dict[
         if not math.isfinite(loss.item()):
             diverged = True
             break
-    top1 = 0.0 if diverged else accuracy(model, data["val_x"], data["val_y"], args.crop)
-    return {"recipe": recipe, "batch": batch, "base_lr": base_lr, "lr": round(lr, 6), "seed": seed,
-            "steps": steps_per_epoch * args.epochs, "images": steps_per_epoch * args.epochs * batch,
-            "top1": round(top1, 2), "diverged": diverged, "seconds": round(time.perf_counter() - t0, 1)}
+        curve.append(round(accuracy(model, data["test_x"], data["test_y"], args.crop), 2))
+    val = 0.0 if diverged else accuracy(model, data["val_x"], data["val_y"], args.crop)
+    return {**job, "steps_per_epoch": steps_per_epoch, "steps": steps_per_epoch * epochs,
+            "val": round(val, 2), "test": curve[-1] if not diverged else 0.0, "test_curve": curve,
+            "diverged": diverged, "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of a rows file, one per (stage, recipe, batch, base lr, seed): parts run in
-    parallel may both have trained the same point; the first row written counts."""
-    if not path.exists():
-        return []
+# ---------------------------------------------------------------------------------------------
+# the plan: which points to train, given the rows so far
+
+
+def key(j: dict[str, Any]) -> tuple:
+    return (j["recipe"], j["batch"], float(j["lr"]), j["seed"], j["epochs"])
+
+
+def read_rows(path: Path) -> dict[tuple, dict[str, Any]]:
+    """Rows by point; the first row written for a point counts."""
     rows: dict[tuple, dict[str, Any]] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.startswith("{"):
-            r = json.loads(line)
-            rows.setdefault((r["stage"], r["recipe"], r["batch"], r["base_lr"], r["seed"]), r)
-    return list(rows.values())
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                rows.setdefault(key(r), r)
+    return rows
 
 
-def best_lr(rows: list[dict[str, Any]], optimizer: str, base_batch: int) -> float:
-    """The sweep's winner: the base lr with the best final top-1 at the base batch."""
-    recipe = "lars+warmup" if optimizer == "lars" else "none"
-    pts = [r for r in rows if r.get("stage") == "sweep" and r["recipe"] == recipe and r["batch"] == base_batch]
-    if not pts:
-        raise SystemExit(f"no {optimizer} sweep rows in the rows file: run --stage sweep --optimizer {optimizer} first")
-    return max(pts, key=lambda r: r["top1"])["base_lr"]
+def cell_recipe(recipe: str, batch: int, base: int) -> str:
+    """At the base batch SGD with Goyal's warmup is plain SGD: one cell."""
+    return "sgd" if recipe == "sgd+warmup" and batch == base else recipe
 
 
-def cell(rows: list[dict[str, Any]], recipe: str, batch: int, base_batch: int) -> list[dict[str, Any]]:
-    """The grid rows of one cell; at the base batch the SGD recipes share the ``none`` run."""
-    name = "none" if batch == base_batch and recipe in SGD_RECIPES else recipe
-    return [r for r in rows if r.get("stage") == "grid" and r["recipe"] == name and r["batch"] == batch]
+def grid_of(rows: dict, recipe: str, batch: int, args: argparse.Namespace) -> list[float] | None:
+    """The cell's lr grid; ``None`` while it waits for the base batch's SGD sweep.
+
+    SGD at the base batch and LARS at every batch start from their ``--*-lrs`` grids; SGD at
+    k x the base batch from [eta, 2k eta] (eta: the base batch's chosen lr), which holds the
+    lrs of every rule (none: eta, sqrt: sqrt(k) eta, linear: k eta). A grid whose best val
+    point (mean over the sweep seeds) is at an edge, not diverged, grows that edge by 2x.
+    """
+    if recipe == "lars":
+        grid = list(args.lars_lrs)
+    elif batch == args.base_batch:
+        grid = list(args.sgd_lrs)
+    else:
+        eta = chosen_lr(rows, "sgd", args.base_batch, args)
+        if eta is None:
+            return None
+        k = batch // args.base_batch
+        grid = [eta * 2 ** j for j in range(int(math.log2(2 * k)) + 1)]
+    for _ in range(args.max_grow):
+        means = sweep_means(rows, recipe, batch, grid, args)
+        if means is None:
+            break
+        best = max(grid, key=lambda lr: means[lr])
+        if best == grid[-1] and means[best] > 0:
+            grid.append(grid[-1] * 2)
+        elif best == grid[0] and means[best] > 0:
+            grid.insert(0, grid[0] / 2)
+        else:
+            break
+    return grid
 
 
-def write_report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
-    """Markdown table (mean +- sample std over seeds, min..max) and plot with error bars."""
-    grid = [r for r in rows if r.get("stage") == "grid"]
-    batches = sorted({r["batch"] for r in grid})
+def sweep_means(rows: dict, recipe: str, batch: int, grid: list[float], args: argparse.Namespace) -> dict | None:
+    """Mean val top-1 per lr over the sweep seeds; ``None`` until every point has its rows."""
+    out = {}
+    for lr in grid:
+        v = [rows.get((recipe, batch, float(lr), s, args.epochs)) for s in args.seeds[: args.sweep_seeds]]
+        if any(r is None for r in v):
+            return None
+        out[lr] = statistics.mean(r["val"] for r in v)
+    return out
+
+
+def chosen_lr(rows: dict, recipe: str, batch: int, args: argparse.Namespace) -> float | None:
+    """The cell's lr: best mean val top-1 over the sweep seeds, once its grid is complete."""
+    recipe = cell_recipe(recipe, batch, args.base_batch)
+    grid = grid_of(rows, recipe, batch, args)
+    means = None if grid is None else sweep_means(rows, recipe, batch, grid, args)
+    return None if means is None else max(grid, key=lambda lr: means[lr])
+
+
+def predicted(rows: dict, recipe: str, batch: int, args: argparse.Namespace) -> dict[str, float]:
+    """The lrs the rules predict at this batch from the base batch's chosen SGD lr."""
+    eta = chosen_lr(rows, "sgd", args.base_batch, args)
+    if eta is None or recipe == "lars" or batch == args.base_batch:
+        return {}
+    k = batch / args.base_batch
+    rules = {"none": eta, "sqrt": eta * math.sqrt(k), "linear": eta * k}
+    if recipe == "sgd+warmup":  # Goyal's warmup ramps from eta to the scaled lr: "none" is no recipe
+        del rules["none"]
+    return rules
+
+
+def cells(args: argparse.Namespace) -> list[tuple[str, int]]:
+    return [(r, b) for b in args.batches for r in RECIPES if cell_recipe(r, b, args.base_batch) == r]
+
+
+def plan(rows: dict, args: argparse.Namespace) -> tuple[list[dict[str, Any]], int]:
+    """(points runnable now and not yet trained, in priority order; points still blocked)."""
+    jobs: list[dict[str, Any]] = []
+    blocked = 0
+    mk = lambda r, b, lr, s, e=args.epochs: {"recipe": r, "batch": b, "lr": float(lr), "seed": s, "epochs": e}  # noqa: E731
+    for recipe, batch in cells(args):
+        grid = grid_of(rows, recipe, batch, args)
+        if grid is None:
+            blocked += 1
+            continue
+        jobs += [mk(recipe, batch, lr, s) for s in args.seeds[: args.sweep_seeds] for lr in grid]
+        lr = chosen_lr(rows, recipe, batch, args)
+        if lr is None:
+            blocked += 1
+            continue
+        for p in [lr, *predicted(rows, recipe, batch, args).values()]:
+            jobs += [mk(recipe, batch, p, s) for s in args.seeds[args.sweep_seeds:]]
+        if recipe == "sgd" and batch == args.base_batch:  # the convergence check
+            jobs += [mk(recipe, batch, lr, s, 2 * args.epochs) for s in args.seeds]
+    seen, todo = set(), []
+    for j in jobs:
+        if key(j) not in rows and key(j) not in seen:
+            seen.add(key(j))
+            todo.append(j)
+    return todo, blocked
+
+
+# ---------------------------------------------------------------------------------------------
+# workers
+
+
+@contextlib.contextmanager
+def claim(folder: Path, j: dict[str, Any]) -> Iterator[bool]:
+    """A lock file per point, so parallel workers train each point once; a dead owner's
+    claim (its pid gone) is taken over."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / ("_".join(str(x) for x in key(j)).replace("+", "w") + ".claim")
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        try:
+            os.kill(int(path.read_text() or 0), 0)
+            yield False
+            return
+        except (ProcessLookupError, ValueError):
+            path.unlink(missing_ok=True)
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    try:
+        yield True
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def append_row(path: Path, row: dict[str, Any]) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def load_data(args: argparse.Namespace) -> dict[str, torch.Tensor]:
+    data = {}
+    for split, per in (("train", args.train_per_class), ("val", args.val_per_class), ("test", args.test_per_class)):
+        data[f"{split}_x"], data[f"{split}_y"] = make_split(split, args.classes, per, args.side)
+    return data
+
+
+def worker(args: argparse.Namespace) -> int:
+    torch.set_num_threads(1)
+    rows_path = args.out.with_suffix(".jsonl")
+    claims = args.out.parent / (args.out.name + ".claims")
+    data = load_data(args)
+    while True:
+        rows = read_rows(rows_path)
+        todo, blocked = plan(rows, args)
+        ran = False
+        for j in todo:
+            with claim(claims, j) as mine:
+                if not mine:
+                    continue
+                if key(j) in read_rows(rows_path):
+                    break
+                row = train_one(j, data, args)
+                append_row(rows_path, row)
+                print(f"[{os.getpid()}] {row['recipe']} b={row['batch']} lr={row['lr']:g} seed={row['seed']} "
+                      f"E={row['epochs']}: val {row['val']} test {row['test']} ({row['seconds']} s)", flush=True)
+                ran = True
+                break
+        if not ran:
+            if not todo and not blocked:
+                return 0
+            time.sleep(2)  # the rest is claimed by another worker, or waits on its rows
+
+
+# ---------------------------------------------------------------------------------------------
+# statistics (scipy's t distribution)
+
+
+def mean_ci(v: Sequence[float], conf: float = 0.95) -> tuple[float, float, float]:
+    from scipy import stats
+    m = statistics.mean(v)
+    if len(v) < 2:
+        return m, float("nan"), float("nan")
+    h = stats.t.ppf(0.5 + conf / 2, len(v) - 1) * statistics.stdev(v) / math.sqrt(len(v))
+    return m, m - h, m + h
+
+
+def welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """Difference of means a - b, its standard error and Welch's degrees of freedom."""
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1)) if se > 0 else float("inf")
+    return statistics.mean(a) - statistics.mean(b), se, df
+
+
+def verdict(a: Sequence[float], b: Sequence[float], margin: float, alpha: float) -> dict[str, Any]:
+    """a against b: the two-sided (1 - alpha) interval of the difference; "worse"/"better"
+    where it excludes 0; "no loss" where TOST at level alpha (the 1 - 2 alpha interval) lies
+    within +-margin; else "inconclusive"."""
+    from scipy import stats
+    d, se, df = welch(a, b)
+    h = stats.t.ppf(1 - alpha / 2, df) * se
+    h_tost = stats.t.ppf(1 - alpha, df) * se
+    if d + h < 0:
+        word = "worse"
+    elif -margin < d - h_tost and d + h_tost < margin:
+        word = "no loss"
+    elif d - h > 0:
+        word = "better"
+    else:
+        word = "inconclusive"
+    return {"diff": d, "lo": d - h, "hi": d + h, "tost_lo": d - h_tost, "tost_hi": d + h_tost, "verdict": word}
+
+
+# ---------------------------------------------------------------------------------------------
+# the report
+
+
+def points(rows: dict, recipe: str, batch: int, lr: float | None, args: argparse.Namespace,
+           epochs: int | None = None) -> list[dict[str, Any]]:
+    if lr is None:
+        return []
+    return [r for s in args.seeds if (r := rows.get((recipe, batch, float(lr), s, epochs or args.epochs)))]
+
+
+def steps_to(r: dict[str, Any], target: float) -> int | None:
+    for e, acc in enumerate(r["test_curve"]):
+        if acc >= target:
+            return (e + 1) * r["steps_per_epoch"]
+    return None
+
+
+def fmt_ci(v: Sequence[float]) -> str:
+    if not v:
+        return "pending"
+    m, lo, hi = mean_ci(v)
+    return f"{m:.1f} [{lo:.1f}, {hi:.1f}] (n={len(v)})" if len(v) > 1 else f"{m:.1f} (n=1)"
+
+
+def write_report(args: argparse.Namespace, rows: dict) -> str:
+    base = args.base_batch
+    todo, blocked = plan(rows, args)
     n_train = args.classes * args.train_per_class
-    lines = ["# Final top-1 vs global batch size at a fixed epoch budget", "",
-             f"Rows: `{args.out.with_suffix('.jsonl').name}`. Command: see the module docstring of "
-             "`benchmarks/scaling_rule.py` (sweep, then grid, then `--render`).", "",
-             f"Small conv net, {args.classes} classes, {n_train} training / {args.classes * args.val_per_class} "
-             f"validation images ({args.side}px stored, {args.crop}px crops), {args.epochs} epochs for every run, "
-             f"poly decay (power 2), warmup {args.warmup_epochs} epoch(s) from the base lr where used, "
-             f"base batch {args.base_batch}.", "", "## Base-lr sweep at the base batch (seed 0)", "",
-             "| optimizer | base lr | top-1 |", "|---|---:|---:|"]
-    for r in sorted((r for r in rows if r.get("stage") == "sweep"), key=lambda r: (r["recipe"], r["base_lr"])):
-        opt = "LARS" if r["recipe"] == "lars+warmup" else "SGD"
-        lines.append(f"| {opt} | {r['base_lr']} | {'div' if r['diverged'] else r['top1']} |")
-    lines += ["", "## Grid: top-1 (%), mean +- std over seeds [min, max]", "",
-              "| global batch | batch / data set | steps | " + " | ".join(RECIPES) + " |",
-              "|---:|---:|---:|" + "---:|" * len(RECIPES)]
-    for b in batches:
-        cells = []
-        for rec in RECIPES:
-            v = [r["top1"] for r in cell(grid, rec, b, args.base_batch)]
-            if not v:
-                cells.append("-")
+    eta = chosen_lr(rows, "sgd", base, args)
+    ref = [r["test"] for r in points(rows, "sgd", base, eta, args)]
+    L = ["# The scaling-rule study, version 3", "",
+         f"Rows: `{args.out.with_suffix('.jsonl').name}` (one per training); written by `benchmarks/scaling_rule.py "
+         "--render`; the design and the commands are in that module's docstring.", "",
+         f"{args.classes} classes of the embedded generator: {n_train} train / {args.classes * args.val_per_class} val "
+         f"(chooses the lrs) / {args.classes * args.test_per_class} test (every number below) images, {args.side} px "
+         f"stored, {args.crop} px crops; conv net width {args.width} with BN over groups of {args.bn_group} images; "
+         f"{args.epochs} epochs at every batch (poly(2) decay; warmup {args.warmup_epochs} epochs where used); base "
+         f"batch {base}; seeds {args.seeds} ({args.sweep_seeds} of them over each whole lr sweep). Intervals: 95% t; "
+         f"equivalence margin {args.margin} points.", ""]
+    if todo or blocked:
+        L += [f"**Pending: {len(todo)} trainings runnable now, {blocked} cell(s) waiting on others' rows** "
+              "(run the command again to go on). Pending points: " +
+              ", ".join(f"{j['recipe']}@{j['batch']} lr {j['lr']:g} seed {j['seed']}"
+                        + (f" ({j['epochs']} epochs)" if j["epochs"] != args.epochs else "") for j in todo[:40])
+              + (" ..." if len(todo) > 40 else ""), ""]
+    # convergence
+    long = [r["test"] for r in points(rows, "sgd", base, eta, args, 2 * args.epochs)]
+    L += ["## Has the base batch converged?", ""]
+    if ref and len(long) > 1 and len(ref) > 1:
+        v = verdict(long, ref, args.margin, 0.05)
+        L += [f"SGD at batch {base}, lr {eta:g}: {args.epochs} epochs {fmt_ci(ref)}; {2 * args.epochs} epochs "
+              f"{fmt_ci(long)}; doubling the budget: {v['diff']:+.2f} points, 95% interval [{v['lo']:+.2f}, "
+              f"{v['hi']:+.2f}], TOST 90% interval [{v['tost_lo']:+.2f}, {v['tost_hi']:+.2f}] -> "
+              f"**{'converged (no gain beyond the margin)' if v['verdict'] == 'no loss' else v['verdict']}**.", ""]
+    else:
+        L += ["pending", ""]
+    # sweeps
+    L += ["## lr sweeps: val top-1, mean over the sweep seeds (the chosen lr in bold)", ""]
+    for recipe, batch in cells(args):
+        grid = grid_of(rows, recipe, batch, args) or []
+        lr = chosen_lr(rows, recipe, batch, args)
+        cellv = []
+        for g in grid:
+            v = [r for r in points(rows, recipe, batch, g, args) if r["seed"] in args.seeds[: args.sweep_seeds]]
+            s = "pending" if len(v) < args.sweep_seeds else (
+                "div" if all(r["diverged"] for r in v) else f"{statistics.mean(r['val'] for r in v):.1f}")
+            cellv.append(f"**{g:g}: {s}**" if g == lr else f"{g:g}: {s}")
+        L.append(f"- {recipe} @ {batch}: " + (", ".join(cellv) if cellv else "waiting on the base sweep"))
+    # best lr vs batch
+    L += ["", "## Claim 1: does the best lr grow linearly with the batch?", "",
+          "| recipe | " + " | ".join(f"batch {b} (k={b // base})" for b in args.batches) +
+          " | fitted exponent a in lr* ~ k^a |", "|---|" + "---:|" * (len(args.batches) + 1)]
+    for recipe in RECIPES:
+        lrs = [chosen_lr(rows, cell_recipe(recipe, b, base), b, args) for b in args.batches]
+        ks = [math.log2(b / base) for b, lr in zip(args.batches, lrs) if lr]
+        ys = [math.log2(lr) for lr in lrs if lr]
+        fit = f"{np.polyfit(ks, ys, 1)[0]:.2f}" if len(ks) == len(args.batches) else "pending"
+        L.append(f"| {recipe} | " + " | ".join(f"{lr:g}" if lr else "pending" for lr in lrs) + f" | {fit} |")
+    L += ["", "The grid is powers of two, so a fitted exponent is good to about +-0.5 / log2(k_max); "
+          "linear scaling is a = 1, square-root scaling a = 0.5.", ""]
+    # test table
+    target = (statistics.mean(ref) - args.margin) if ref else None
+    L += ["## Test top-1 (%) at each batch: mean [95% interval] (n)", "",
+          f"Steps to target: optimizer steps until the test top-1 (evaluated after every epoch) first reaches "
+          + (f"{target:.1f}% (the base batch's mean {statistics.mean(ref):.1f} minus the margin)" if ref else "the target")
+          + "; mean over the seeds that reach it, and how many do.", "",
+          "| recipe | lr choice | batch | lr | steps | test top-1 | steps to target |", "|---|---|---:|---:|---:|---|---|"]
+    family: list[tuple[str, list[float]]] = []
+    for recipe, batch in cells(args):
+        choices = {"tuned": chosen_lr(rows, recipe, batch, args), **predicted(rows, recipe, batch, args)}
+        done: dict[float, str] = {}
+        for name, lr in choices.items():
+            if lr is None:
+                L.append(f"| {recipe} | {name} | {batch} | - | - | pending | - |")
                 continue
-            sd = statistics.stdev(v) if len(v) > 1 else 0.0
-            cells.append(f"{statistics.mean(v):.1f} +- {sd:.1f} [{min(v):.1f}, {max(v):.1f}] (n={len(v)})")
-        steps = next(r["steps"] for r in grid if r["batch"] == b)
-        lines.append(f"| {b} | {100 * b / n_train:.1f}% | {steps} | " + " | ".join(cells) + " |")
-    swept = {(r["recipe"], r["batch"], r["base_lr"], r["seed"]) for r in rows if r["stage"] == "sweep"}
-    trained = [r for r in rows if r["stage"] == "sweep" or (r["recipe"], r["batch"], r["base_lr"], r["seed"]) not in swept]
-    cpu_s = sum(r["seconds"] for r in trained)
-    lines += ["", f"Training time summed over the {len(trained)} trainings ({len(rows) - len(trained)} grid rows "
-              f"reuse the sweep's run): {cpu_s / 60:.1f} min (two at a time on a shared 2-core machine; "
-              "see the README for the wall time)."]
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+            if float(lr) in done:
+                L.append(f"| {recipe} | {name} | {batch} | {lr:g} | | = {done[float(lr)]} | |")
+                continue
+            done[float(lr)] = name
+            pts = points(rows, recipe, batch, lr, args)
+            v = [r["test"] for r in pts]
+            st = [x for r in pts if (x := steps_to(r, target)) is not None] if target is not None else []
+            stxt = f"{statistics.mean(st):.0f} ({len(st)}/{len(pts)})" if st else f"never (0/{len(pts)})"
+            steps = pts[0]["steps"] if pts else "-"
+            L.append(f"| {recipe} | {name} | {batch} | {lr:g} | {steps} | {fmt_ci(v)} | {stxt} |")
+            if batch != base and name in ("tuned", "none", "linear") and len(v) > 1:
+                family.append((f"{recipe} @ {batch}, {name} lr {lr:g}", v))
+    # comparisons
+    m = max(len(family), 1)
+    alpha = 0.05 / m
+    L += ["", f"## Claims 2-4: each large-batch point against the base batch (SGD, batch {base}, tuned lr)", "",
+          f"Difference of test top-1 means (points); {100 * (1 - alpha):.2f}% Welch interval (95% with a Bonferroni "
+          f"correction over the {m} comparisons below); \"worse\"/\"better\" where it excludes 0; \"no loss\" where "
+          f"TOST at the same corrected level puts the difference within +-{args.margin}; else inconclusive.", "",
+          "| point | test top-1 | difference | corrected interval | TOST interval | verdict |", "|---|---|---:|---|---|---|"]
+    for name, v in family:
+        if len(ref) < 2:
+            break
+        c = verdict(v, ref, args.margin, alpha)
+        L.append(f"| {name} | {fmt_ci(v)} | {c['diff']:+.2f} | [{c['lo']:+.2f}, {c['hi']:+.2f}] | "
+                 f"[{c['tost_lo']:+.2f}, {c['tost_hi']:+.2f}] | **{c['verdict']}** |")
+    trained = list(rows.values())
+    L += ["", f"{len(trained)} trainings, {sum(r['seconds'] for r in trained) / 60:.1f} min of training summed "
+          "(workers of one thread each, on a shared 2-core machine; the README gives the wall time)."]
+    text = "\n".join(L) + "\n"
+    args.out.with_suffix(".md").write_text(text, encoding="utf-8")
+    plot(args, rows)
+    return text
+
+
+def plot(args: argparse.Namespace, rows: dict) -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -235,93 +568,115 @@ def write_report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     except ImportError:
         print("matplotlib is not installed: no plot", file=sys.stderr)
         return
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for i, rec in enumerate(RECIPES):
-        xs, ms, sds = [], [], []
-        for b in batches:
-            v = [r["top1"] for r in cell(grid, rec, b, args.base_batch)]
-            if v:
-                xs.append(b * (1 + 0.03 * (i - 2)))  # small offsets so error bars do not overlap
-                ms.append(statistics.mean(v))
-                sds.append(statistics.stdev(v) if len(v) > 1 else 0.0)
-        ax.errorbar(xs, ms, yerr=sds, marker="o", capsize=3, label=rec)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("global batch size")
-    ax.set_ylabel("final val top-1 (%), mean +- std over seeds")
-    ax.set_title(f"{args.epochs} epochs at every batch")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    base = args.base_batch
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, recipe in enumerate(RECIPES):
+        xs, ms, errs, bx, blr = [], [], [], [], []
+        for b in args.batches:
+            cr = cell_recipe(recipe, b, base)
+            lr = chosen_lr(rows, cr, b, args)
+            v = [r["test"] for r in points(rows, cr, b, lr, args)]
+            if len(v) > 1:
+                m, lo, hi = mean_ci(v)
+                xs.append(b * (1 + 0.04 * (i - 1)))
+                ms.append(m)
+                errs.append(hi - m)
+            if lr:
+                bx.append(b)
+                blr.append(lr)
+        ax1.errorbar(xs, ms, yerr=errs, marker="o", capsize=3, label=f"{recipe}, tuned lr")
+        ax2.plot(bx, blr, marker="o", label=recipe)
+    eta = chosen_lr(rows, "sgd", base, args)
+    if eta:
+        for name, fn in (("linear", lambda k: k), ("sqrt", math.sqrt)):
+            lin = [chosen_lr(rows, "sgd", base, args) * fn(b / base) for b in args.batches]
+            ax2.plot(args.batches, lin, ls="--", alpha=0.6, label=f"{name} rule from SGD@{base}")
+            v = [[r["test"] for r in points(rows, "sgd+warmup", b, eta * fn(b / base), args)] for b in args.batches[1:]]
+            pts = [(b, statistics.mean(x)) for b, x in zip(args.batches[1:], v) if x]
+            if pts:
+                ax1.plot(*zip(*pts), ls=":", marker="x", label=f"sgd+warmup, {name} rule lr")
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("global batch size")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    ax1.set_ylabel("final test top-1 (%), mean, 95% interval")
+    ax1.set_title(f"{args.epochs} epochs at every batch")
+    if any(len(line.get_xdata()) for line in ax2.get_lines()):  # nothing to log-scale before the first sweep
+        ax2.set_yscale("log", base=2)
+    ax2.set_ylabel("val-chosen lr")
+    ax2.set_title("best lr vs batch")
     fig.tight_layout()
-    fig.savefig(args.out.with_suffix(".png"), dpi=90)
+    fig.savefig(args.out.with_suffix(".png"), dpi=80)
     plt.close(fig)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The study's settings (``--quick`` shrinks them), checked."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--stage", choices=["sweep", "grid"], default="grid")
-    p.add_argument("--optimizer", choices=["sgd", "lars"], default="sgd", help="which lr --stage sweep tunes")
-    p.add_argument("--sgd-sweep", type=float, nargs="+", default=[0.025, 0.05, 0.1, 0.2, 0.4, 0.8])
-    p.add_argument("--lars-sweep", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0, 4.0, 8.0])
-    p.add_argument("--batches", type=int, nargs="+", default=[64, 256, 1024])
-    p.add_argument("--base-batch", type=int, default=64)
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--warmup-epochs", type=float, default=1.0)
-    p.add_argument("--classes", type=int, default=20)
+    p.add_argument("--workers", type=int, default=2, help="parallel training processes, one thread each")
+    p.add_argument("--render", action="store_true", help="no training: the report from the rows file")
+    p.add_argument("--quick", action="store_true", help="smoke test: tiny data, 2 epochs, temp folder")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--batches", type=int, nargs="+", default=[32, 128, 512])
+    p.add_argument("--epochs", type=int, default=24)
+    p.add_argument("--warmup-epochs", type=float, default=2.0)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    p.add_argument("--sweep-seeds", type=int, default=2, help="the first N seeds run every lr of every sweep")
+    p.add_argument("--sgd-lrs", type=float, nargs="+", default=[0.05, 0.1, 0.2, 0.4])
+    p.add_argument("--lars-lrs", type=float, nargs="+", default=[2.0, 4.0, 8.0, 16.0])
+    p.add_argument("--max-grow", type=int, default=3, help="how many times a sweep may grow an edge")
+    p.add_argument("--margin", type=float, default=1.0, help="equivalence margin, top-1 points")
+    p.add_argument("--bn-group", type=int, default=32)
+    p.add_argument("--width", type=int, default=16)
+    p.add_argument("--classes", type=int, default=10)
     p.add_argument("--train-per-class", type=int, default=1024)
-    p.add_argument("--val-per-class", type=int, default=150)
+    p.add_argument("--val-per-class", type=int, default=300)
+    p.add_argument("--test-per-class", type=int, default=300)
     p.add_argument("--side", type=int, default=20)
     p.add_argument("--crop", type=int, default=16)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
-    p.add_argument("--quick", action="store_true", help="smoke test: 20x32 images, 1 epoch, batches 16 and 64")
-    p.add_argument("--render", action="store_true", help="no training: table and plot from the rows file")
     p.add_argument("--out", type=Path, default=None,
-                   help="rows/table/plot path without suffix (default: benchmarks/results/scaling_rule; "
+                   help="rows/report/plot path without suffix (default benchmarks/results/scaling_rule; "
                         "with --quick, scaling_rule_quick in the temp folder)")
     args = p.parse_args(argv)
     if args.quick:
-        args.train_per_class, args.val_per_class, args.epochs, args.base_batch = 32, 8, 1, 16
-        args.batches, args.sgd_sweep, args.lars_sweep, args.seeds = [16, 64], [0.1], [1.0], [0]
+        args.train_per_class, args.val_per_class, args.test_per_class, args.epochs = 32, 8, 8, 2
+        args.batches, args.bn_group, args.warmup_epochs = [16, 64], 16, 0.5
+        args.sgd_lrs, args.lars_lrs, args.seeds, args.max_grow = [0.1, 0.2], [2.0, 4.0], [0, 1, 2], 0
     if args.out is None:  # a smoke test must not append to the committed rows
         args.out = (Path(tempfile.gettempdir()) / "scaling_rule_quick" if args.quick
                     else Path(__file__).parent / "results" / "scaling_rule")
+    args.base_batch = min(args.batches)
+    if args.sweep_seeds > len(args.seeds) or args.sweep_seeds < 1:
+        p.error("--sweep-seeds must be between 1 and the number of --seeds")
+    n = args.classes * args.train_per_class
+    bad = [b for b in args.batches if n % b or b % args.bn_group or b % args.base_batch]
+    if bad:
+        p.error(f"batches {bad}: each must divide the {n} training images and be a multiple of --bn-group "
+                f"{args.bn_group} and of the base batch {args.base_batch}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    rows_path = args.out.with_suffix(".jsonl")
-    if args.render:
-        write_report(args, read_rows(rows_path))
-        print(args.out.with_suffix(".md").read_text(), flush=True)
-        return 0
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    t0 = time.perf_counter()
-    train_x, train_y = make_split("train", args.classes, args.train_per_class, args.side)
-    val_x, val_y = make_split("val", args.classes, args.val_per_class, args.side)
-    data = {"train_x": train_x, "train_y": train_y, "val_x": val_x, "val_y": val_y}
-    print(f"{len(train_y)} training / {len(val_y)} validation images rendered in {time.perf_counter() - t0:.0f} s",
-          flush=True)
+    return args
 
-    if args.stage == "sweep":
-        recipe = "lars+warmup" if args.optimizer == "lars" else "none"
-        jobs = [(recipe, args.base_batch, lr, 0) for lr in (args.lars_sweep if args.optimizer == "lars" else args.sgd_sweep)]
-    else:
-        rows = read_rows(rows_path)
-        lrs = {"sgd": best_lr(rows, "sgd", args.base_batch), "lars": best_lr(rows, "lars", args.base_batch)}
-        print(f"base lr per {args.base_batch} images from the sweep: SGD {lrs['sgd']}, LARS {lrs['lars']}", flush=True)
-        jobs = [(rec, b, lrs[RECIPES[rec][0]], seed) for seed in args.seeds for b in args.batches for rec in args.recipes
-                if not (b == args.base_batch and rec in SGD_RECIPES[1:])]  # the base-batch SGD run is ``none``
-    for recipe, batch, lr, seed in jobs:
-        rows = read_rows(rows_path)
-        same = [r for r in rows if r["recipe"] == recipe and r["batch"] == batch and r["base_lr"] == lr
-                and r["seed"] == seed]
-        if any(r["stage"] == args.stage for r in same):
-            continue
-        if same:  # the sweep's winner at the base batch, seed 0, is the grid's run: same settings
-            row = dict(same[0], stage=args.stage)
-        else:
-            row = dict(train_one(recipe, batch, lr, seed, data=data, args=args), stage=args.stage)
-        with rows_path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
-        print(json.dumps(row), flush=True)
-    print(f"wall {time.perf_counter() - t0:.0f} s", flush=True)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    if args.worker:
+        return worker(args)
+    if not args.render:
+        t0 = time.perf_counter()
+        cmd = [sys.executable, __file__, "--worker", *(argv if argv is not None else sys.argv[1:])]
+        procs = [subprocess.Popen(cmd) for _ in range(args.workers)]
+        try:
+            codes = [pr.wait() for pr in procs]
+        except KeyboardInterrupt:
+            for pr in procs:
+                pr.wait()
+            print("stopped: run the same command again to go on", file=sys.stderr)
+            return 130
+        print(f"wall {time.perf_counter() - t0:.0f} s", flush=True)
+        if any(codes):
+            return max(codes)
+    print(write_report(args, read_rows(args.out.with_suffix(".jsonl"))), flush=True)
     return 0
 
 

@@ -1,0 +1,154 @@
+"""benchmarks/scaling_rule.py (the scaling-rule study): its ghost BN is per-group BN, its
+statistics give the verdicts their definitions promise, its plan sweeps every cell and grows a
+grid's edge, and a tiny study runs end to end with two workers, resumes without retraining and
+reports what is still pending."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+import torch.nn as nn
+
+pytest.importorskip("scipy", reason="the study's statistics use scipy (the [dev] and [report] extras)")
+from scipy import stats  # noqa: E402
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "scaling_rule.py"
+
+
+@pytest.fixture(scope="module")
+def study() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("scaling_rule", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["scaling_rule"] = module
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    yield module
+    sys.modules.pop("scaling_rule", None)
+
+
+def test_ghost_bn_is_batch_norm_per_group_of_images(study: ModuleType) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(12, 5, 4, 4) * 3 + 1
+    ghost = study.GhostBatchNorm2d(5, group=4)
+    plain = [nn.BatchNorm2d(5) for _ in range(3)]
+    with torch.no_grad():
+        ghost.weight.uniform_(0.5, 2)
+        ghost.bias.uniform_(-1, 1)
+        for bn in plain:
+            bn.weight.copy_(ghost.weight)
+            bn.bias.copy_(ghost.bias)
+    y = ghost(x)
+    want = torch.cat([bn(x[4 * i: 4 * i + 4]) for i, bn in enumerate(plain)])
+    torch.testing.assert_close(y, want)
+    torch.testing.assert_close(ghost.running_mean, torch.stack([bn.running_mean for bn in plain]).mean(0))
+    torch.testing.assert_close(ghost.running_var, torch.stack([bn.running_var for bn in plain]).mean(0))
+    # gradients flow to the shared affine parameters as the sum over groups
+    y.square().sum().backward()
+    assert ghost.weight.grad is not None and torch.isfinite(ghost.weight.grad).all()
+    ghost.eval()  # evaluation uses the running statistics, whatever the batch
+    torch.testing.assert_close(ghost(x[:3]), nn.functional.batch_norm(
+        x[:3], ghost.running_mean, ghost.running_var, ghost.weight, ghost.bias, False))
+    ghost.train()
+    with pytest.raises(ValueError, match="not a multiple of the BN group 4"):
+        ghost(x[:10])
+
+
+def test_welch_matches_scipy_and_verdicts_follow_their_definitions(study: ModuleType) -> None:
+    a, b = [70.1, 70.9, 69.8, 70.4, 70.6], [71.0, 71.2, 70.7, 71.5, 70.9]
+    d, se, df = study.welch(a, b)
+    t = stats.ttest_ind(a, b, equal_var=False)
+    assert d / se == pytest.approx(t.statistic)
+    ci = t.confidence_interval(0.95)
+    v = study.verdict(a, b, margin=1.0, alpha=0.05)
+    assert (v["lo"], v["hi"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    assert v["verdict"] == "worse" and t.pvalue < 0.05  # the interval excludes 0 iff p < alpha
+    # the same samples within a wide margin: TOST says equivalent
+    same = [x + 0.05 for x in b]
+    assert study.verdict(same, b, margin=1.0, alpha=0.05)["verdict"] == "no loss"
+    # noisy samples: neither claim can be made
+    noisy = [60.0, 80.0, 65.0, 75.0, 71.0]
+    assert study.verdict(noisy, b, margin=1.0, alpha=0.05)["verdict"] == "inconclusive"
+    assert study.verdict([x + 5 for x in b], b, margin=1.0, alpha=0.05)["verdict"] == "better"
+    # a corrected (smaller) alpha widens the interval: a just-significant loss turns inconclusive
+    assert study.verdict(a, b, margin=1.0, alpha=1e-6)["verdict"] == "inconclusive"
+    m, lo, hi = study.mean_ci(a)
+    assert m == pytest.approx(statistics.mean(a)) and lo < m < hi
+
+
+def _row(recipe: str, batch: int, lr: float, seed: int, epochs: int, val: float) -> dict:
+    return {"recipe": recipe, "batch": batch, "lr": lr, "seed": seed, "epochs": epochs, "val": val, "test": val,
+            "test_curve": [val], "steps_per_epoch": 1, "steps": epochs, "diverged": False, "seconds": 0.0}
+
+
+def test_plan_sweeps_each_cell_tests_the_rules_and_grows_an_edge(study: ModuleType, tmp_path: Path) -> None:
+    args = study.parse(["--quick", "--out", str(tmp_path / "plan")])
+    args.max_grow = 2
+    E = args.epochs
+    todo, blocked = study.plan({}, args)
+    # before the base sweep: base SGD and every LARS sweep run; SGD at 64 waits on eta
+    assert {(j["recipe"], j["batch"]) for j in todo} == {("sgd", 16), ("lars", 16), ("lars", 64)}
+    assert blocked == 2 + 3  # sgd@64 and sgd+warmup@64 wait on eta; 3 cells wait on their sweep
+    assert all(j["seed"] in (0, 1) for j in todo)  # the sweep seeds only
+    rows = {}
+    for lr, val in ((0.1, 50.0), (0.2, 60.0)):  # the best base lr is at the top edge: the grid grows
+        for s in (0, 1):
+            rows[study.key(_row("sgd", 16, lr, s, E, val))] = _row("sgd", 16, lr, s, E, val)
+    assert study.grid_of(rows, "sgd", 16, args) == [0.1, 0.2, 0.4]
+    assert study.chosen_lr(rows, "sgd", 16, args) is None
+    for s in (0, 1):
+        rows[study.key(_row("sgd", 16, 0.4, s, E, 55.0))] = _row("sgd", 16, 0.4, s, E, 55.0)
+    assert study.chosen_lr(rows, "sgd", 16, args) == 0.2
+    # k = 4: the grid holds every rule's lr (eta, 2 eta = sqrt, 4 eta = linear) and 8 eta
+    assert study.grid_of(rows, "sgd", 64, args) == [0.2, 0.4, 0.8, 1.6]
+    assert study.predicted(rows, "sgd", 64, args) == {"none": 0.2, "sqrt": 0.4, "linear": 0.8}
+    assert study.predicted(rows, "sgd+warmup", 64, args) == {"sqrt": 0.4, "linear": 0.8}
+    todo, _ = study.plan(rows, args)
+    base = [j for j in todo if (j["recipe"], j["batch"]) == ("sgd", 16)]
+    # the chosen lr gets the remaining seed; the convergence check runs it at twice the epochs
+    assert sorted((j["lr"], j["seed"], j["epochs"]) for j in base) == [
+        (0.2, 0, 2 * E), (0.2, 1, 2 * E), (0.2, 2, E), (0.2, 2, 2 * E)]
+
+
+def test_a_tiny_study_runs_resumes_and_reports(study: ModuleType, tmp_path: Path) -> None:
+    out = tmp_path / "study"
+    argv = ["--quick", "--out", str(out), "--workers", "2", "--max-grow", "0"]
+    assert study.main(argv) == 0
+    rows = [json.loads(x) for x in out.with_suffix(".jsonl").read_text().splitlines()]
+    keys = [study.key(r) for r in rows]
+    assert len(keys) == len(set(keys)), "two workers trained the same point"
+    assert all(len(r["test_curve"]) == r["epochs"] for r in rows if not r["diverged"])
+    md = out.with_suffix(".md").read_text()
+    assert "Pending" not in md and "Claims 2-4" in md and "Has the base batch converged?" in md
+    assert out.with_suffix(".png").exists() or "matplotlib" not in sys.modules
+    # a second run trains nothing new
+    assert study.main(argv) == 0
+    assert len(out.with_suffix(".jsonl").read_text().splitlines()) == len(rows)
+    # rows lost (an interrupted study): the report says what is pending, the next run fills them in
+    kept = [r for r in rows if not (r["recipe"] == "sgd+warmup" and r["seed"] == 2)]  # not a sweep seed
+    assert len(rows) - len(kept) >= 2
+    out.with_suffix(".jsonl").write_text("\n".join(json.dumps(r) for r in kept) + "\n")
+    assert study.main([*argv, "--render"]) == 0
+    assert f"**Pending: {len(rows) - len(kept)} trainings runnable now, 0 cell(s)" in out.with_suffix(".md").read_text()
+    assert study.main(argv) == 0
+    assert "Pending" not in out.with_suffix(".md").read_text()
+    assert len(out.with_suffix(".jsonl").read_text().splitlines()) == len(rows)
+
+
+def test_bad_batches_are_one_line(study: ModuleType, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as e:
+        study.main(["--out", str(tmp_path / "x"), "--classes", "2", "--train-per-class", "320",
+                    "--batches", "16", "48", "--bn-group", "16", "--render"])
+    assert e.value.code == 2
+    assert "batches [48]: each must divide the 640 training images" in capsys.readouterr().err
+
+
+def test_a_report_before_any_row_says_everything_is_pending(study: ModuleType, tmp_path: Path) -> None:
+    assert study.main(["--quick", "--out", str(tmp_path / "empty"), "--render"]) == 0
+    md = (tmp_path / "empty.md").read_text()
+    assert "**Pending:" in md and "waiting on the base sweep" in md
