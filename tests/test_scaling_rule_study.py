@@ -104,10 +104,10 @@ def test_plan_sweeps_each_cell_tests_the_rules_and_grows_an_edge(study: ModuleTy
     for s in (0, 1):
         rows[study.key(_row("sgd", 16, 0.4, s, E, 55.0))] = _row("sgd", 16, 0.4, s, E, 55.0)
     assert study.chosen_lr(rows, "sgd", 16, args) == 0.2
-    # k = 4: the grid holds every rule's lr (eta, 2 eta = sqrt, 4 eta = linear) and 8 eta
-    assert study.grid_of(rows, "sgd", 64, args) == [0.2, 0.4, 0.8, 1.6]
-    assert study.predicted(rows, "sgd", 64, args) == {"none": 0.2, "sqrt": 0.4, "linear": 0.8}
-    assert study.predicted(rows, "sgd+warmup", 64, args) == {"sqrt": 0.4, "linear": 0.8}
+    # k = 4: the grid holds every rule's lr (eta = none, 2 eta = sqrt, 4 eta = linear)
+    assert study.grid_of(rows, "sgd", 64, args) == [0.2, 0.4, 0.8]
+    assert study.predicted(rows, "sgd", 64, args) == {"none": 0.2, "linear": 0.8}
+    assert study.predicted(rows, "sgd+warmup", 64, args) == {"linear": 0.8}
     todo, _ = study.plan(rows, args)
     base = [j for j in todo if (j["recipe"], j["batch"]) == ("sgd", 16)]
     # the chosen lr gets the remaining seed; the convergence check runs it at twice the epochs
@@ -131,7 +131,7 @@ def test_a_tiny_study_runs_resumes_and_reports(study: ModuleType, tmp_path: Path
     assert len(out.with_suffix(".jsonl").read_text().splitlines()) == len(rows)
     # rows lost (an interrupted study): the report says what is pending, the next run fills them in
     kept = [r for r in rows if not (r["recipe"] == "sgd+warmup" and r["seed"] == 2)]  # not a sweep seed
-    assert len(rows) - len(kept) >= 2
+    assert len(rows) - len(kept) >= 1
     out.with_suffix(".jsonl").write_text("\n".join(json.dumps(r) for r in kept) + "\n")
     assert study.main([*argv, "--render"]) == 0
     assert f"**Pending: {len(rows) - len(kept)} trainings runnable now, 0 cell(s)" in out.with_suffix(".md").read_text()
