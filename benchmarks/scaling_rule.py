@@ -23,8 +23,8 @@ Design, each choice against a bias of version 2 (``git log -p`` this file):
   what the references' per-batch lr tables are (tensorflow/tpu ``lars_util.py``);
 - SGD with warmup is Goyal's gradual warmup: from the base batch's lr (lr x base/batch) to lr,
   over the same number of epochs as LARS's warmup; at the base batch it is plain SGD (one cell);
-- a fixed epoch budget long enough for the base batch to converge (checked: the base batch at
-  twice the budget, same seeds, ``--stage converge``; the report gives the difference);
+- a fixed epoch budget long enough for the base batch to converge (checked: the base batch's
+  chosen point at 2x and 4x the budget, same seeds; the report gives each doubling's gain);
 - ``--seeds`` (default 5) per reported point: the first ``--sweep-seeds`` (2) run every lr of
   the sweep, the rest only the val-chosen lr and the lrs the rules predict (linear; none);
 - reported: final test top-1 mean with 95% t-intervals; steps (and images) until the test
@@ -312,7 +312,7 @@ def plan(rows: dict, args: argparse.Namespace) -> tuple[list[dict[str, Any]], in
         for p in [lr, *predicted(rows, recipe, batch, args).values()]:
             jobs += [mk(recipe, batch, p, s) for s in args.seeds[args.sweep_seeds:]]
         if recipe == "sgd" and batch == args.base_batch:  # the convergence check
-            jobs += [mk(recipe, batch, lr, s, 2 * args.epochs) for s in args.seeds]
+            jobs += [mk(recipe, batch, lr, s, f * args.epochs) for f in (2, 4) for s in args.seeds]
     seen, todo = set(), []
     for j in jobs:
         if key(j) not in rows and key(j) not in seen:
@@ -477,17 +477,29 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
               ", ".join(f"{j['recipe']}@{j['batch']} lr {j['lr']:g} seed {j['seed']}"
                         + (f" ({j['epochs']} epochs)" if j["epochs"] != args.epochs else "") for j in todo[:40])
               + (" ..." if len(todo) > 40 else ""), ""]
-    # convergence
-    long = [r["test"] for r in points(rows, "sgd", base, eta, args, 2 * args.epochs)]
-    L += ["## Has the base batch converged?", ""]
-    if ref and len(long) > 1 and len(ref) > 1:
-        v = verdict(long, ref, args.margin, 0.05)
-        L += [f"SGD at batch {base}, lr {eta:g}: {args.epochs} epochs {fmt_ci(ref)}; {2 * args.epochs} epochs "
-              f"{fmt_ci(long)}; doubling the budget: {v['diff']:+.2f} points, 95% interval [{v['lo']:+.2f}, "
-              f"{v['hi']:+.2f}], TOST 90% interval [{v['tost_lo']:+.2f}, {v['tost_hi']:+.2f}] -> "
-              f"**{'converged (no gain beyond the margin)' if v['verdict'] == 'no loss' else v['verdict']}**.", ""]
-    else:
-        L += ["pending", ""]
+    # convergence: the base batch's chosen point at 2x and 4x the epochs, each against the
+    # budget half its own (24 vs 48, 48 vs 96 epochs): where the gain falls within the margin
+    L += ["## Has the base batch converged?", "",
+          f"SGD at batch {base}, lr {f'{eta:g}' if eta else 'pending'}, test top-1 at 1x, 2x and 4x the epoch "
+          "budget; each doubling against the budget before it (95% interval of the gain; TOST 90% interval "
+          "against the margin).", ""]
+    shorter = ref
+    for f in (2, 4):
+        long = [r["test"] for r in points(rows, "sgd", base, eta, args, f * args.epochs)]
+        if len(shorter) < 2 or len(long) < 2:
+            L.append(f"- {f * args.epochs} epochs: pending")
+            break
+        v = verdict(long, shorter, args.margin, 0.05)
+        L.append(f"- {f // 2 * args.epochs} -> {f * args.epochs} epochs: {fmt_ci(shorter)} -> {fmt_ci(long)}; "
+                 f"gain {v['diff']:+.2f} [{v['lo']:+.2f}, {v['hi']:+.2f}], TOST [{v['tost_lo']:+.2f}, "
+                 f"{v['tost_hi']:+.2f}] -> **" + {
+                     "no loss": "converged: twice the epochs gains less than the margin",
+                     "better": "not converged: twice the epochs still gains" + (
+                         " more than the margin" if v["lo"] > args.margin else ""),
+                     "worse": "twice the epochs loses accuracy",
+                     "inconclusive": "inconclusive"}[v["verdict"]] + "**")
+        shorter = long
+    L.append("")
     # sweeps
     L += ["## lr sweeps: val top-1, mean over the sweep seeds (the chosen lr in bold)", ""]
     for recipe, batch in cells(args):
@@ -537,8 +549,9 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
             stxt = f"{statistics.mean(st):.0f} ({len(st)}/{len(pts)})" if st else f"never (0/{len(pts)})"
             steps = pts[0]["steps"] if pts else "-"
             L.append(f"| {recipe} | {name} | {batch} | {lr:g} | {steps} | {fmt_ci(v)} | {stxt} |")
-            if batch != base and name in ("tuned", "none", "linear") and len(v) > 1:
-                family.append((f"{recipe} @ {batch}, {name} lr {lr:g}", v))
+            if batch != base and len(v) > 1:
+                same = " = ".join(n for n, x in choices.items() if x is not None and float(x) == float(lr))
+                family.append((f"{recipe} @ {batch}, {same} lr {lr:g}", v))
     # comparisons
     m = max(len(family), 1)
     alpha = 0.05 / m

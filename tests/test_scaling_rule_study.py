@@ -110,9 +110,9 @@ def test_plan_sweeps_each_cell_tests_the_rules_and_grows_an_edge(study: ModuleTy
     assert study.predicted(rows, "sgd+warmup", 64, args) == {"linear": 0.8}
     todo, _ = study.plan(rows, args)
     base = [j for j in todo if (j["recipe"], j["batch"]) == ("sgd", 16)]
-    # the chosen lr gets the remaining seed; the convergence check runs it at twice the epochs
+    # the chosen lr gets the remaining seed; the convergence check runs it at 2x and 4x the epochs
     assert sorted((j["lr"], j["seed"], j["epochs"]) for j in base) == [
-        (0.2, 0, 2 * E), (0.2, 1, 2 * E), (0.2, 2, E), (0.2, 2, 2 * E)]
+        (0.2, 0, 2 * E), (0.2, 0, 4 * E), (0.2, 1, 2 * E), (0.2, 1, 4 * E), (0.2, 2, E), (0.2, 2, 2 * E), (0.2, 2, 4 * E)]
 
 
 def test_a_tiny_study_runs_resumes_and_reports(study: ModuleType, tmp_path: Path) -> None:
