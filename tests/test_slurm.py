@@ -168,7 +168,8 @@ def test_the_time_limit_warning_saves_requeues_and_the_job_finishes(slurm_env: d
     warning could come before the first checkpoint or again in every rerun. The test therefore
     submits a 10-minute limit, cuts it to 1 minute once a checkpoint exists (the warning then
     comes at the next check, within 30 s), and gives the requeued job 10 minutes again."""
-    job = _submit(_job_env(slurm_env, tmp_path / "runs"), tmp_path, "epochs=20",  # 160 steps, ~50 s on 2 cores
+    job = _submit(_job_env(slurm_env, tmp_path / "runs"), tmp_path, "epochs=40",  # 320 steps, ~100 s on 2 cores:
+                  # with 160 a quiet machine finished before the warning (up to 30 s late) came
                   sbatch=("--time=10", "--signal=B:TERM@30"))
     out = tmp_path / f"slurm-{job}.out"
     run_dir = tmp_path / "runs" / f"slurm-{job}"
@@ -184,7 +185,7 @@ def test_the_time_limit_warning_saves_requeues_and_the_job_finishes(slurm_env: d
     subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=10"], env=slurm_env, check=True, timeout=30)
     info = _wait_until_final(slurm_env, job, out)
     assert "SIGTERM received: passing it on to the training" in out.read_text()
-    _assert_saved_requeued_finished(info, job, out, run_dir, 160)
+    _assert_saved_requeued_finished(info, job, out, run_dir, 320)
 
 
 def test_a_high_partition_job_preempts_a_low_one_which_saves_requeues_and_finishes(
