@@ -30,6 +30,14 @@ ARGS = [
 ]
 
 
+def _default_signals() -> None:
+    """The launch as a terminal starts it: a suite run in the background (``cmd &``, nohup)
+    passes SIGINT ignored to its children, and bash can neither trap nor reset a signal that was
+    ignored when it started, so the launch would not see the SIGINT this test sends."""
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_group_signal_to_a_torchrun_launch_saves_one_step_and_exits_75(tmp_path: Path, sig: signal.Signals) -> None:
     run = tmp_path / "run"
@@ -37,7 +45,8 @@ def test_a_group_signal_to_a_torchrun_launch_saves_one_step_and_exits_75(tmp_pat
            "OMP_NUM_THREADS": "1"}
     env.pop("LB_DRY_RUN", None)
     proc = subprocess.Popen(["bash", str(LAUNCH / "torchrun.sh"), *ARGS, f"run_dir={run}"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_default_signals)
     wait_for_checkpoint(run / "checkpoints", proc)
     os.killpg(proc.pid, sig)  # the launch's whole group, as SLURM or kill -- -PGID does
     out, err = proc.communicate(timeout=180)
