@@ -24,7 +24,13 @@ Design, each choice against a bias of version 2 (``git log -p`` this file):
 - SGD with warmup is Goyal's gradual warmup: from the base batch's lr (lr x base/batch) to lr,
   over the same number of epochs as LARS's warmup; at the base batch it is plain SGD (one cell);
 - a fixed epoch budget long enough for the base batch to converge (checked: the base batch's
-  chosen point at 2x and 4x the budget, same seeds; the report gives each doubling's gain);
+  chosen point at 2x and 4x the budget, same seeds; the report gives each doubling's gain).
+  Hence the small model (``--width 4``, 1.8k parameters): its accuracy is bounded by its
+  capacity, as ResNet-50's on ImageNet is (train and val error close), and one seed at 12/24/48
+  epochs gave 76.3/79.6/79.9% test top-1; at ``--width 16`` the base batch still gained 1.40
+  and 0.96 points per doubling (``results/scaling_rule_width16.md``, the first run of this
+  design), so 24 epochs were far from converged there and a converged budget did not fit;
+- rows record their setup (data, model, BN group, warmup); a rows file refuses rows of another;
 - ``--seeds`` (default 5) per reported point: the first ``--sweep-seeds`` (2) run every lr of
   the sweep, the rest only the val-chosen lr and the lrs the rules predict (linear; none);
 - reported: final test top-1 mean with 95% t-intervals; steps (and images) until the test
@@ -74,6 +80,9 @@ from largebatch.data.synthetic import render_image
 from largebatch.lr import build_lr_scheduler
 from largebatch.optim import build_optimizer
 
+# the options a row's number depends on besides its point (recipe, batch, lr, seed, epochs)
+SETUP = ("classes", "width", "train_per_class", "val_per_class", "test_per_class", "side", "crop", "bn_group",
+         "warmup_epochs")
 # recipe: (optimizer, warmup). "goyal": linear from lr x base/batch; "zero": linear from 0.
 RECIPES = {"sgd": ("sgd", None), "sgd+warmup": ("sgd", "goyal"), "lars": ("lars", "zero")}
 # The embedded generator's seeds per split: train and val as ``largebatch.data.synthetic``
@@ -196,7 +205,7 @@ def train_one(job: dict[str, Any], data: dict[str, torch.Tensor], args: argparse
             break
         curve.append(round(accuracy(model, data["test_x"], data["test_y"], args.crop), 2))
     val = 0.0 if diverged else accuracy(model, data["val_x"], data["val_y"], args.crop)
-    return {**job, "steps_per_epoch": steps_per_epoch, "steps": steps_per_epoch * epochs,
+    return {**job, "setup": args.setup, "steps_per_epoch": steps_per_epoch, "steps": steps_per_epoch * epochs,
             "val": round(val, 2), "test": curve[-1] if not diverged else 0.0, "test_curve": curve,
             "diverged": diverged, "seconds": round(time.perf_counter() - t0, 1)}
 
@@ -643,7 +652,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-grow", type=int, default=3, help="how many times a sweep may grow an edge")
     p.add_argument("--margin", type=float, default=1.0, help="equivalence margin, top-1 points")
     p.add_argument("--bn-group", type=int, default=32)
-    p.add_argument("--width", type=int, default=16)
+    p.add_argument("--width", type=int, default=4, help="conv widths width, 2x, 4x (4: converges within 24 "
+                   "epochs; 16 did not: results/scaling_rule_width16.md)")
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--train-per-class", type=int, default=1024)
     p.add_argument("--val-per-class", type=int, default=300)
@@ -669,6 +679,17 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if bad:
         p.error(f"batches {bad}: each must divide the {n} training images and be a multiple of --bn-group "
                 f"{args.bn_group} and of the base batch {args.base_batch}")
+    # what a row's number depends on besides its point (key): rows of two setups never mix
+    args.setup = {k: getattr(args, k) for k in SETUP}
+    args.setup["base_batch"] = args.base_batch
+    rows_path = args.out.with_suffix(".jsonl")
+    if rows_path.exists():
+        for line in rows_path.read_text(encoding="utf-8").splitlines():
+            if line.startswith("{") and (other := json.loads(line).get("setup")) != args.setup:
+                diff = ", ".join(f"{k} {(other or {}).get(k)} (not {v})" for k, v in args.setup.items()
+                                 if (other or {}).get(k) != v)
+                p.error(f"{rows_path} holds rows of another setup: {diff}; pass those options, or --out for "
+                        "a new rows file")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     return args
 

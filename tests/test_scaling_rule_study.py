@@ -152,3 +152,21 @@ def test_a_report_before_any_row_says_everything_is_pending(study: ModuleType, t
     assert study.main(["--quick", "--out", str(tmp_path / "empty"), "--render"]) == 0
     md = (tmp_path / "empty.md").read_text()
     assert "**Pending:" in md and "waiting on the base sweep" in md
+
+
+def test_rows_of_another_setup_are_refused(study: ModuleType, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    """A rows file holds one setup: a study run with other data or model options stops with one
+    line instead of mixing its rows into (or choosing lrs from) the file's."""
+    out = tmp_path / "study"
+    args = study.parse(["--quick", "--out", str(out)])
+    row = {**_row("sgd", 16, 0.1, 0, args.epochs, 50.0), "setup": args.setup}
+    out.with_suffix(".jsonl").write_text(json.dumps(row) + "\n")
+    assert study.parse(["--quick", "--out", str(out)]).setup == row["setup"]  # the same setup reads it
+    with pytest.raises(SystemExit) as e:
+        study.parse(["--quick", "--out", str(out), "--width", "8"])
+    assert e.value.code == 2
+    assert "holds rows of another setup: width 4 (not 8); pass those options, or --out" in capsys.readouterr().err
+    legacy = {k: v for k, v in row.items() if k != "setup"}  # rows written before setups were recorded
+    out.with_suffix(".jsonl").write_text(json.dumps(legacy) + "\n")
+    with pytest.raises(SystemExit):
+        study.parse(["--quick", "--out", str(out)])
