@@ -165,8 +165,20 @@ def test_rows_of_another_setup_are_refused(study: ModuleType, capsys: pytest.Cap
     with pytest.raises(SystemExit) as e:
         study.parse(["--quick", "--out", str(out), "--width", "8"])
     assert e.value.code == 2
-    assert "holds rows of another setup: width 4 (not 8); pass those options, or --out" in capsys.readouterr().err
+    assert "holds rows of another setup: width 16 (not 8); pass those options, or --out" in capsys.readouterr().err
     legacy = {k: v for k, v in row.items() if k != "setup"}  # rows written before setups were recorded
     out.with_suffix(".jsonl").write_text(json.dumps(legacy) + "\n")
     with pytest.raises(SystemExit):
         study.parse(["--quick", "--out", str(out)])
+
+
+def test_base_only_trains_the_base_cell_and_its_convergence_check(study: ModuleType, tmp_path: Path) -> None:
+    out = tmp_path / "base"
+    argv = ["--quick", "--out", str(out), "--workers", "1", "--max-grow", "0", "--base-only"]
+    assert study.main(argv) == 0  # the worker ends: nothing else is runnable, nothing waits
+    rows = [json.loads(x) for x in out.with_suffix(".jsonl").read_text().splitlines()]
+    args = study.parse(argv)
+    assert {(r["recipe"], r["batch"]) for r in rows} == {("sgd", args.base_batch)}
+    assert sorted({r["epochs"] for r in rows}) == [args.epochs, 2 * args.epochs, 4 * args.epochs]
+    md = out.with_suffix(".md").read_text()
+    assert "Only the base batch's cell was run" in md and "- 2 -> 4 epochs:" in md
