@@ -324,7 +324,8 @@ def plan(rows: dict, args: argparse.Namespace) -> tuple[list[dict[str, Any]], in
         for p in [lr, *predicted(rows, recipe, batch, args).values()]:
             jobs += [mk(recipe, batch, p, s) for s in args.seeds[args.sweep_seeds:]]
         if recipe == "sgd" and batch == args.base_batch:  # the convergence check
-            jobs += [mk(recipe, batch, lr, s, f * args.epochs) for f in (2, 4) for s in args.seeds]
+            jobs += [mk(recipe, batch, lr, s, f * args.epochs)
+                     for f in (2, 4)[: args.doublings] for s in args.seeds]
     seen, todo = set(), []
     for j in jobs:
         if key(j) not in rows and key(j) not in seen:
@@ -495,11 +496,11 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
     # convergence: the base batch's chosen point at 2x and 4x the epochs, each against the
     # budget half its own (24 vs 48, 48 vs 96 epochs): where the gain falls within the margin
     L += ["## Has the base batch converged?", "",
-          f"SGD at batch {base}, lr {f'{eta:g}' if eta else 'pending'}, test top-1 at 1x, 2x and 4x the epoch "
-          "budget; each doubling against the budget before it (95% interval of the gain; TOST 90% interval "
-          "against the margin).", ""]
+          f"SGD at batch {base}, lr {f'{eta:g}' if eta else 'pending'}, test top-1 at 1x, 2x"
+          + (" and 4x" if args.doublings == 2 else "") + " the epoch budget; each doubling against the budget "
+          "before it (95% interval of the gain; TOST 90% interval against the margin).", ""]
     shorter = ref
-    for f in (2, 4):
+    for f in (2, 4)[: args.doublings]:
         long = [r["test"] for r in points(rows, "sgd", base, eta, args, f * args.epochs)]
         if len(shorter) < 2 or len(long) < 2:
             L.append(f"- {f * args.epochs} epochs: pending")
@@ -659,6 +660,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--base-only", action="store_true",
                    help="train only the base batch's SGD cell (its sweep, seeds and convergence check): is a "
                         "setup's budget converged, before the whole study is spent on it")
+    p.add_argument("--doublings", type=int, default=2, choices=[1, 2],
+                   help="the base batch's convergence check: at 2x the epochs (1), and at 4x (2)")
     p.add_argument("--margin", type=float, default=1.0, help="equivalence margin, top-1 points")
     p.add_argument("--bn-group", type=int, default=32)
     p.add_argument("--width", type=int, default=16, help="conv widths: width, 2x, 4x")

@@ -113,6 +113,10 @@ def test_plan_sweeps_each_cell_tests_the_rules_and_grows_an_edge(study: ModuleTy
     # the chosen lr gets the remaining seed; the convergence check runs it at 2x and 4x the epochs
     assert sorted((j["lr"], j["seed"], j["epochs"]) for j in base) == [
         (0.2, 0, 2 * E), (0.2, 0, 4 * E), (0.2, 1, 2 * E), (0.2, 1, 4 * E), (0.2, 2, E), (0.2, 2, 2 * E), (0.2, 2, 4 * E)]
+    args.doublings = 1  # the check at 2x the epochs only
+    base = [j for j in study.plan(rows, args)[0] if (j["recipe"], j["batch"]) == ("sgd", 16)]
+    assert sorted((j["lr"], j["seed"], j["epochs"]) for j in base) == [
+        (0.2, 0, 2 * E), (0.2, 1, 2 * E), (0.2, 2, E), (0.2, 2, 2 * E)]
 
 
 def test_a_tiny_study_runs_resumes_and_reports(study: ModuleType, tmp_path: Path) -> None:
