@@ -5,11 +5,30 @@
 #   scripts/setup_env.sh          # .venv: torch 2.14.1, the package with [dev,dali]
 #   scripts/setup_env.sh xla      # .venv-xla: torch 2.9.0 + torch-xla 2.9.0 (XLA:CPU tests)
 #
-# Reads: PYTHON (default python3), VENV (default .venv), VENV_XLA (default .venv-xla).
+# Reads: PYTHON (default python3), VENV (default .venv), VENV_XLA (default .venv-xla),
+#        NEED_GIB (free space a fresh venv needs; default 7 for .venv, 8 for .venv-xla).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 what=${1:-main}
+
+# Installed sizes measured on Linux x86-64 (torch's PyPI wheels bring their CUDA libraries):
+# .venv 6.5 GiB, .venv-xla 7.4 GiB. A fresh set-up refuses to start with less free space than
+# that (pip would fail minutes later, half-installed, on ENOSPC); exit 74 as for the run's writes.
+need_gib() { case $1 in main) echo 7 ;; xla) echo 8 ;; esac; }
+
+check_space() {  # check_space DIR CONSTRAINTS
+  local dir=$1 need free_kib at
+  [[ -x $dir/bin/python ]] && return 0  # an update of an existing venv needs far less
+  need=${NEED_GIB:-$(need_gib "$2")}
+  at=$(realpath -m "$dir")
+  until [[ -d $at ]]; do at=$(dirname "$at"); done
+  free_kib=$(df -Pk "$at" | awk 'NR == 2 {print $4}')
+  if ((free_kib < need * 1024 * 1024)); then
+    echo "setup_env: $((free_kib / 1024 / 1024)) GiB free where $dir goes; it needs about $need GiB (torch with its CUDA libraries): free some space and run again" >&2
+    exit 74
+  fi
+}
 
 stamp_of() { cat setup.py constraints/"$1".txt | sha256sum | cut -c1-16; }
 
@@ -19,6 +38,7 @@ make_env() {  # make_env DIR CONSTRAINTS EXTRAS
   if [[ -f $dir/.stamp && $(cat "$dir/.stamp") == "$want" ]]; then
     return 0
   fi
+  check_space "$dir" "$cons"
   echo "setting up $dir (constraints/$cons.txt, extras [$extras]) ..." >&2
   [[ -x $dir/bin/python ]] || "$PYTHON" -m venv "$dir"
   "$dir/bin/python" -m pip install -q --upgrade pip setuptools wheel

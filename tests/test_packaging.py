@@ -1,4 +1,5 @@
-"""An installed, non-editable package finds its Hydra config tree (shipped as package data)."""
+"""An installed, non-editable package finds its Hydra config tree (shipped as package data); the
+environment set-up refuses a disk without room for it."""
 
 from __future__ import annotations
 
@@ -51,3 +52,18 @@ def test_wheel_install_finds_conf(tmp_path: Path) -> None:
             env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=120,
         )
         assert done.returncode == 0 and done.stdout.startswith(f"usage: {script}"), done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("what", ["main", "xla"], ids=["venv", "venv-torch-2.9"])  # an "xla" id would skip it here
+def test_setup_env_refuses_a_fresh_venv_without_the_space_for_it(tmp_path: Path, what: str) -> None:
+    """`make train`/`make test` on a nearly full disk: one line and exit 74 before pip starts, not
+    pip's ENOSPC minutes later with a half-installed venv (NEED_GIB stands in for a full disk)."""
+    venv = tmp_path / "sub" / "venv"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "NEED_GIB": str(10**9),
+           "VENV": str(venv), "VENV_XLA": str(venv)}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "setup_env.sh"), what],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 74, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and "GiB free" in lines[0] and "free some space" in lines[0], proc.stderr
+    assert not venv.exists() and not (tmp_path / "sub").exists()
