@@ -175,6 +175,40 @@ def test_slurm_one_node_runs_torchrun_in_the_batch_step(fake_scontrol: Path, env
     assert line.startswith("srun --nodes=1 ") if srun else line.startswith("torchrun --nnodes=1 --nproc-per-node=8 ")
 
 
+@pytest.mark.parametrize(("state", "requeued"), [
+    ("COMPLETING None", False),  # a plain scancel: slurmctld has ended the job already
+    ("RUNNING None", True),  # a preemption's grace time, scancel --signal=TERM
+    ("COMPLETING TimeLimit", True),  # a hard time limit: the ranks saved, the job comes back
+])
+def test_slurm_requeues_a_preempted_job_but_not_a_cancelled_one(tmp_path: Path, state: str, requeued: bool) -> None:
+    """The decision after the ranks exit 75, made from squeue's "%T %r" (measured on slurm-wlm 22.05;
+    tests/test_slurm.py reaches the cancelled case only when the batch shell outlives the scancel)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    fakes = {
+        "scontrol": f'echo "scontrol $*" >> {calls}\n[ "$1" = show ] && echo node-1\nexit 0\n',
+        "squeue": f'echo "squeue $*" >> {calls}\necho "{state}"\n',
+        "srun": "exec sleep 60\n",  # the SIGTERM relay step; killed by the script at the end
+        # torchrun whose rank saved on a SIGTERM: its code 75 for the script, torchrun's own 1
+        "torchrun": 'mkdir -p "$LARGEBATCH_EXIT_DIR"\necho 75 > "$LARGEBATCH_EXIT_DIR/exit-0-0"\nexit 1\n',
+    }
+    for name, body in fakes.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_JOB_ID": "77",
+           "SLURM_JOB_NODELIST": "node-1", "SLURM_NNODES": "1", "SLURM_SUBMIT_DIR": str(tmp_path)}
+    proc = subprocess.run(["bash", str(LAUNCH / "slurm.sbatch")], env=env, capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 75, proc.stderr
+    log = calls.read_text()
+    assert "squeue --noheader --jobs=77 --format=%T %r" in log
+    assert ("scontrol requeue 77" in log) is requeued, log
+    said = "preempted: requeueing job 77" if requeued else "was cancelled (scancel without --signal): not requeueing"
+    assert said in proc.stderr, proc.stderr
+    assert not (tmp_path / "runs" / "slurm-77" / ".exit-codes").exists()  # the codes' folder is cleaned
+
+
 def test_slurm_outside_a_job_says_so() -> None:
     proc = _dry_run("slurm.sbatch")
     assert proc.returncode != 0
