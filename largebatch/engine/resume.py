@@ -38,7 +38,14 @@ _RUN_PARTS = ("optimizer", "scheduler", "train_state", "rng")
 
 def find_checkpoint(resume: str, ckpt_dir: Path, backend: Any) -> Optional[Path]:
     """Rank 0 picks the checkpoint (newest readable one for ``auto``); all ranks get it."""
+    return _find_checkpoint(resume, ckpt_dir, backend)[0]
+
+
+def _find_checkpoint(resume: str, ckpt_dir: Path, backend: Any) -> tuple[Optional[Path], Optional[dict[str, Any]]]:
+    """``find_checkpoint``, plus the state rank 0 loaded while choosing (``auto``): verifying
+    and reading it again would cost a second SHA-256 pass and ``torch.load`` of the file."""
     choice: tuple[Optional[str], Optional[str]] = (None, None)
+    loaded: Optional[dict[str, Any]] = None
     if backend.is_main:
         try:
             if resume != "auto":
@@ -48,13 +55,14 @@ def find_checkpoint(resume: str, ckpt_dir: Path, backend: Any) -> Optional[Path]
                 choice = (resume, None)
             else:
                 found = load_latest(ckpt_dir)
-                choice = (str(found[0]) if found else None, None)
+                if found:
+                    choice, loaded = (str(found[0]), None), found[1]
         except CheckpointError as e:
             choice = (None, str(e))
     path, error = backend.broadcast_object(choice)
     if error:
         raise CheckpointError(error)
-    return Path(path) if path else None
+    return (Path(path) if path else None), loaded
 
 
 def set_aside_abandoned(ckpt_dir: Path, step: int, backend: Any) -> None:
@@ -135,11 +143,12 @@ def resume_run(
 
     Returns the checkpoint loaded, or None (``auto`` and no checkpoint file yet).
     """
-    path = find_checkpoint(resume, ckpt_dir, backend)
+    path, ckpt = _find_checkpoint(resume, ckpt_dir, backend)
     if path is None:
         log.info("resume=auto: no checkpoint in %s, starting from scratch", ckpt_dir)
         return None
-    ckpt = load_checkpoint(path)
+    if ckpt is None:  # a path given, or a rank other than 0
+        ckpt = load_checkpoint(path)
     world_size = backend.world_size
     check_fits(ckpt, path, model_name=model_name, optimizer_name=optimizer_name,
                global_batch_size=global_batch_size, world_size=world_size, per_device=per_device,
