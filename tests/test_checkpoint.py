@@ -14,6 +14,7 @@ import torch
 from largebatch.engine.checkpoint import (
     capture_rng_state,
     checkpoint_name,
+    is_readable,
     list_checkpoints,
     load_latest,
     restore_rng_state,
@@ -121,6 +122,25 @@ def test_pruning_counts_only_readable_checkpoints(tmp_path: Path) -> None:
     assert written.name in names and checkpoint_name(0, 1) not in names  # the older valid one went
     path, state = load_latest(tmp_path)
     assert path == written and torch.equal(state["model"]["w"], torch.full((3,), 2.0))
+
+
+def test_pruning_does_not_count_a_bit_flipped_checkpoint_as_kept(tmp_path: Path) -> None:
+    """A flipped bit leaves the file a readable zip; only its checksum tells. Pruning must not
+    delete the last good checkpoint to keep a damaged one (keep=2)."""
+    from tests.test_checkpoint_integrity import _flip_one_bit
+
+    good = save_checkpoint({"model": {"w": torch.ones(1 << 16)}}, tmp_path, checkpoint_name(0, 1))
+    damaged = save_checkpoint({"model": {"w": torch.zeros(1 << 16)}}, tmp_path, checkpoint_name(0, 2))
+    _flip_one_bit(damaged)
+    assert is_readable(damaged)  # torch.load still opens it
+    written = save_checkpoint({"model": {"w": torch.full((1 << 16,), 3.0)}}, tmp_path, checkpoint_name(0, 3), keep=2)
+    names = [p.name for p in list_checkpoints(tmp_path)]
+    assert names == [good.name, damaged.name, written.name], names  # good kept: the damaged one is no keeper
+    path, state = load_latest(tmp_path)
+    assert path == written
+    # The next save keeps 3 and 4; the damaged file, now older than every kept one, goes too.
+    save_checkpoint({"model": {"w": torch.ones(1 << 16)}}, tmp_path, checkpoint_name(0, 4), keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == [written.name, checkpoint_name(0, 4)]
 
 
 def test_orphaned_temp_files_are_removed(tmp_path: Path) -> None:

@@ -79,6 +79,9 @@ _EOCD_SIGNATURE = b"PK\x05\x06"
 _EOCD_SIZE = 22  # the record without its comment; its last 2 bytes are the comment length
 _HASH_CHUNK = 8 << 20
 _unverified_reported: set[str] = set()
+# Files this process found usable when pruning, by (path, size, mtime): each is hashed once,
+# not at every save (ResNet-50's 98 MiB state: ~70 ms of SHA-256 per file).
+_usable_files: set[tuple[str, int, int]] = set()
 
 
 def checkpoint_name(epoch: int, step: int) -> str:
@@ -252,11 +255,32 @@ def save_checkpoint(state: dict[str, Any], directory: str | os.PathLike, name: s
     return final
 
 
+def _usable(path: Path, *, written: bool = False) -> bool:
+    """Readable and its bytes match its checksum (or it carries none): what pruning may count as
+    kept. A bit-flipped file still opens as a zip, and resume=auto would skip it."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    key = (os.fspath(path), st.st_size, st.st_mtime_ns)
+    if key in _usable_files:
+        return True
+    if not written:
+        try:
+            verify_checksum(path)
+        except (CheckpointError, OSError):
+            return False
+        if not is_readable(path):
+            return False
+    _usable_files.add(key)
+    return True
+
+
 def _prune(directory: Path, keep: int, *, written: Path) -> None:
-    """Keep the newest ``keep`` readable checkpoints; damaged ones never count as kept."""
+    """Keep the newest ``keep`` usable checkpoints; damaged ones never count as kept."""
     kept = 0
     for path in reversed(list_checkpoints(directory)):
-        readable = path == written or is_readable(path)
+        readable = _usable(path, written=path == written)
         if readable and kept < keep:
             kept += 1
             continue
