@@ -563,7 +563,8 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
             pts = points(rows, recipe, batch, lr, args)
             v = [r["test"] for r in pts]
             st = [x for r in pts if (x := steps_to(r, target)) is not None] if target is not None else []
-            stxt = f"{statistics.mean(st):.0f} ({len(st)}/{len(pts)})" if st else f"never (0/{len(pts)})"
+            stxt = (f"{statistics.mean(st):.0f} ({len(st)}/{len(pts)})" if st
+                    else f"never (0/{len(pts)})" if pts else "-")
             steps = pts[0]["steps"] if pts else "-"
             L.append(f"| {recipe} | {name} | {batch} | {lr:g} | {steps} | {fmt_ci(v)} | {stxt} |")
             if batch != base and len(v) > 1:
