@@ -87,7 +87,7 @@ def _row(recipe: str, batch: int, lr: float, seed: int, epochs: int, val: float)
 
 
 def test_plan_sweeps_each_cell_tests_the_rules_and_grows_an_edge(study: ModuleType, tmp_path: Path) -> None:
-    args = study.parse(["--quick", "--out", str(tmp_path / "plan")])
+    args = study.parse(["--quick", "--out", str(tmp_path / "plan"), "--doublings", "2"])
     args.max_grow = 2
     E = args.epochs
     todo, blocked = study.plan({}, args)
@@ -169,7 +169,7 @@ def test_rows_of_another_setup_are_refused(study: ModuleType, capsys: pytest.Cap
     with pytest.raises(SystemExit) as e:
         study.parse(["--quick", "--out", str(out), "--width", "8"])
     assert e.value.code == 2
-    assert "holds rows of another setup: width 16 (not 8); pass those options, or --out" in capsys.readouterr().err
+    assert "holds rows of another setup: width 32 (not 8); pass those options, or --out" in capsys.readouterr().err
     legacy = {k: v for k, v in row.items() if k != "setup"}  # rows written before setups were recorded
     out.with_suffix(".jsonl").write_text(json.dumps(legacy) + "\n")
     with pytest.raises(SystemExit):
@@ -178,7 +178,7 @@ def test_rows_of_another_setup_are_refused(study: ModuleType, capsys: pytest.Cap
 
 def test_base_only_trains_the_base_cell_and_its_convergence_check(study: ModuleType, tmp_path: Path) -> None:
     out = tmp_path / "base"
-    argv = ["--quick", "--out", str(out), "--workers", "1", "--max-grow", "0", "--base-only"]
+    argv = ["--quick", "--out", str(out), "--workers", "1", "--max-grow", "0", "--base-only", "--doublings", "2"]
     assert study.main(argv) == 0  # the worker ends: nothing else is runnable, nothing waits
     rows = [json.loads(x) for x in out.with_suffix(".jsonl").read_text().splitlines()]
     args = study.parse(argv)
