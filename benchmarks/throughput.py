@@ -16,7 +16,12 @@ One run measures, on the same files and the same card:
   optimizer (the share of the model's rate the input costs; the host's time in ``next()``
   is not it: a saturated GPU makes the host wait there too); GPU idle per step = time no
   kernel or copy ran on the GPU, from the profiler's CUDA activity over 10 more steps; GPU
-  memory peak.
+  memory peak. Each configuration builds and compiles its model once and is measured on every
+  data kind in turn (synthetic first).
+
+``--budget-s S`` starts no row after S seconds and lists the rows it left out, so a run inside a
+time-limited lease prints every finished row and says what is missing
+(``benchmarks/gpu_campaign.py`` runs it that way).
 
 MFU is achieved model FLOP/s (3 x the forward FLOPs of one image, counted by
 ``torch.utils.flop_counter``, x img/s) over two peaks, each named in its column header: the
@@ -29,7 +34,7 @@ The data: ``--make-data DIR`` writes an ImageNet-like set to the machine's local
 (default 20,480 train JPEGs of 500x375, a quarter of them portrait, quality 90, 1,000 classes,
 plus one val image per class; ~60-110 KB each, like ImageNet's), with every core.
 
-    python benchmarks/throughput.py --make-data /local/jpegs              # once (~1 min, 16 cores)
+    python benchmarks/throughput.py --make-data /local/jpegs --data-only  # once (~1 min, 16 cores)
     python benchmarks/throughput.py --root /local/jpegs \\
         --data synthetic torchvision nvjpeg dali --precisions bf16 fp16 --compile none default
     python benchmarks/throughput.py --device cpu --make-data /tmp/jpegs --files 64 --classes 4 \\
@@ -283,10 +288,14 @@ def loader_batches(kind: str, args: argparse.Namespace, device: torch.device, ch
             yield images, labels.to(device, non_blocking=True)
 
 
-def run_config(model_name: str, data: str, precision: str, channels_last: bool, compile_mode: str,
-               optimizer: str, args: argparse.Namespace, device: torch.device) -> Row:
+def run_configs(model_name: str, datas: list[str], precision: str, channels_last: bool, compile_mode: str,
+                optimizer: str, args: argparse.Namespace, device: torch.device) -> Iterator[Row]:
+    """One ``train`` row per data kind in ``datas``, in that order, for one model x precision x
+    layout x compile mode x optimizer. The model is built and compiled once and measured on each
+    data kind in turn (a new input dtype costs one recompile, not a cold compile per row), so a
+    lease spends its time on steps rather than on compiling the same graph again."""
     torch.manual_seed(0)
-    torch._dynamo.reset()  # fresh compile caches: no recompile limit carried over from other rows
+    torch._dynamo.reset()  # fresh compile caches: no recompile limit carried over from other configs
     model = timm.create_model(model_name, num_classes=1000).to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -295,8 +304,6 @@ def run_config(model_name: str, data: str, precision: str, channels_last: bool, 
     graphs = uses_cuda_graphs(compile_mode) and device.type == "cuda"
     dtype = DTYPES[precision]
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    batches = (synthetic_batches(args.batch, args.image_size, device, channels_last) if data == "synthetic"
-               else loader_batches(data, args, device, channels_last, dtype))
 
     def step(images: torch.Tensor, labels: torch.Tensor) -> None:
         if graphs:
@@ -308,6 +315,28 @@ def run_config(model_name: str, data: str, precision: str, channels_last: bool, 
         scaler.update()
         opt.zero_grad(set_to_none=True)
 
+    for data in datas:
+        batches = (synthetic_batches(args.batch, args.image_size, device, channels_last) if data == "synthetic"
+                   else loader_batches(data, args, device, channels_last, dtype))
+        yield measure(step, batches, data, args, device,
+                      config_name(model_name, data, precision, channels_last, compile_mode, optimizer, args),
+                      args.flops[model_name])
+        del batches
+        gc.collect()  # stop this loader's worker processes before the next row
+
+
+def config_name(model_name: str, data: str, precision: str, channels_last: bool, compile_mode: str,
+                optimizer: str, args: argparse.Namespace) -> str:
+    name = f"{model_name} {data} {precision} {'NHWC' if channels_last else 'NCHW'} "
+    name += f"{'eager' if compile_mode == 'none' else 'compile=' + compile_mode} {optimizer}"
+    if data in ("torchvision", "nvjpeg", "dali"):
+        name += f" ({args.workers} workers)" if data != "dali" else f" ({args.workers} threads)"
+    return name
+
+
+def measure(step: Callable[[torch.Tensor, torch.Tensor], None], batches: Iterator, data: str,
+            args: argparse.Namespace, device: torch.device, name: str, flops_per_image: float) -> Row:
+    """Warm-up steps (compilation, cuDNN autotuning, loader start), timed steps, then the profiled ones."""
     cuda = device.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     for _ in range(args.warmup):  # includes compilation and cuDNN autotuning
@@ -323,13 +352,7 @@ def run_config(model_name: str, data: str, precision: str, channels_last: bool, 
     ips = steps * args.batch / (time.perf_counter() - t0)
     idle = gpu_idle_ms_per_step(lambda: step(*next(batches)), min(steps, PROFILED_STEPS), device)
     mem = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
-    flops = ips * args.flops[model_name]
-    name = f"{model_name} {data} {precision} {'NHWC' if channels_last else 'NCHW'} "
-    name += f"{'eager' if compile_mode == 'none' else 'compile=' + compile_mode} {optimizer}"
-    if data in ("torchvision", "nvjpeg", "dali"):
-        name += f" ({args.workers} workers)" if data != "dali" else f" ({args.workers} threads)"
-    del batches
-    gc.collect()  # stop this loader's worker processes before the next configuration
+    flops = ips * flops_per_image
     return Row("train", name, ips, flops / args.peak if args.peak else None,
                flops / args.spec_peak if args.spec_peak else None, None, idle, mem)
 
@@ -382,6 +405,24 @@ def loader_row(data: str, precision: str, channels_last: bool, args: argparse.Na
 
 
 # ---------------------------------------------------------------------------------------
+
+
+class Budget:
+    """A wall-clock budget for the rows: once spent, the rows not started are listed, not measured
+    (a lease that ends mid-table still leaves every finished row printed, and says what is missing)."""
+
+    def __init__(self, seconds: Optional[float]) -> None:
+        self.seconds, self.t0, self.skipped = seconds, time.perf_counter(), []
+
+    def spent(self) -> bool:
+        return self.seconds is not None and time.perf_counter() - self.t0 >= self.seconds
+
+    def skip(self, what: str, rows: int = 1) -> None:
+        self.skipped.append(f"{what} ({rows} row{'s' if rows > 1 else ''})")
+
+    def report(self) -> None:
+        if self.skipped:
+            print(f"\nbudget of {self.seconds:.0f} s spent: not measured: " + "; ".join(self.skipped), flush=True)
 
 
 def _version(dist: str) -> str:
@@ -442,13 +483,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--no-decode", action="store_true", help="skip the decode-only rows")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="start no row after this many seconds; list the rows left out (default: no limit)")
+    p.add_argument("--data-only", action="store_true", help="with --make-data: write the JPEGs and stop")
     args = p.parse_args(argv)
+    budget = Budget(args.budget_s)
     # the names of the script's first version: eager / compiled
     args.compile = [{"eager": "none", "compiled": "default"}.get(c, c) for c in args.compile]
     device = torch.device(args.device)
     if args.make_data is not None:
         make_data(args.make_data, args.files, args.classes, args.workers)
         args.root = args.root or args.make_data
+        if args.data_only:
+            return 0
     if "dali" in args.data:
         from largebatch.data.pipelines.dali_graph import dali_available
 
@@ -489,18 +536,26 @@ def main(argv: Optional[list[str]] = None) -> int:
             show(row)
     loaders = [d for d in args.data if d != "synthetic"]
     for data, prec, layout in itertools.product(loaders, args.precisions, args.layouts):
-        show(loader_row(data, prec, layout == "NHWC", args, device))
+        if budget.spent():
+            budget.skip(f"loader {data} {prec} {layout}")
+        else:
+            show(loader_row(data, prec, layout == "NHWC", args, device))
     if loaders and "synthetic" not in args.data:
         print("(synthetic rows added: the input stall is measured against them)")
     for model, prec, comp, layout, optim in itertools.product(
         args.model, args.precisions, args.compile, args.layouts, args.optimizers
     ):
-        ceiling = run_config(model, "synthetic", prec, layout == "NHWC", comp, optim, args, device)
-        show(ceiling)
-        for data in loaders:
-            row = run_config(model, data, prec, layout == "NHWC", comp, optim, args, device)
-            row.stall = input_stall(row.img_per_s, ceiling.img_per_s)
+        if budget.spent():
+            budget.skip(config_name(model, "synthetic", prec, layout == "NHWC", comp, optim, args), len(loaders) + 1)
+            continue
+        ceiling = None
+        for row in run_configs(model, ["synthetic", *loaders], prec, layout == "NHWC", comp, optim, args, device):
+            if ceiling is None:
+                ceiling = row
+            else:
+                row.stall = input_stall(row.img_per_s, ceiling.img_per_s)
             show(row)
+    budget.report()
     return 0
 
 

@@ -72,3 +72,23 @@ def test_stall_idle_and_card_arithmetic(bench: ModuleType) -> None:
     assert bench.card_variant("NVIDIA GeForce RTX 4090") is None
     assert bench.card_variant("NVIDIA GH200 480GB") is None
     assert all(bench.card_variant(v) in bench.SPEC_PEAK_TFLOPS for v in ("NVIDIA H100 80GB HBM3", "NVIDIA H200"))
+
+
+def test_a_spent_budget_lists_the_rows_it_left_out(bench: ModuleType, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    """--budget-s: rows not started once the budget is spent are named, not silently dropped; and
+    --data-only writes the JPEGs and measures nothing (the campaign's data phase)."""
+    jpegs = tmp_path / "jpegs"
+    assert bench.main(["--device", "cpu", "--make-data", str(jpegs), "--files", "8", "--classes", "2",
+                       "--workers", "1", "--data-only"]) == 0
+    out = capsys.readouterr().out
+    assert "wrote 10 JPEGs" in out and "| kind |" not in out
+    assert bench.main(["--device", "cpu", "--root", str(jpegs), "--model", "resnet10t", "--image-size", "32",
+                       "--batch", "2", "--steps", "1", "--warmup", "1", "--precisions", "fp32",
+                       "--compile", "none", "--optimizers", "sgd", "lars", "--workers", "1", "--no-decode",
+                       "--data", "synthetic", "torchvision", "--budget-s", "0"]) == 0
+    out = capsys.readouterr().out
+    assert not re.search(r"^\| (loader|train) \|", out, re.MULTILINE)
+    left = out.split("not measured: ")[1]
+    assert "loader torchvision fp32 NHWC" in left
+    assert "resnet10t synthetic fp32 NHWC eager sgd (2 rows)" in left and "eager lars (2 rows)" in left
