@@ -26,9 +26,13 @@ Design, each choice against a bias of version 2 (``git log -p`` this file):
 - a fixed epoch budget, with the base batch's convergence checked, not assumed: its chosen
   point at 2x (``--doublings 1``) or also 4x the budget, same seeds; the report gives each
   doubling's gain and calls the budget converged only where TOST puts that gain within the
-  margin. The default setup (width 32, 48 epochs) is: 96 epochs gain +0.63 points, TOST within
-  the 1-point margin; the first setup studied (``--width 16 --epochs 24 --doublings 2``, rows
-  ``scaling_rule_width16_24ep.jsonl``) is not (+1.40, then +0.96 points per doubling).
+  margin, on the val split (test for the record). The default setup (width 32, 48 epochs) was
+  chosen after the first study by this check on the *test* split (96 epochs gain +0.63
+  [+0.36, +0.89] test points: TOST within the 1-point margin, but the gain is significant and
+  as large as the 16x deficits); on val the same rows gain +0.68, TOST not within the margin.
+  From now on a setup is chosen on val only. The first setup studied (``--width 16 --epochs 24
+  --doublings 2``, rows ``scaling_rule_width16_24ep.jsonl``) is not converged (+1.40, then
+  +0.96 points per doubling).
   ``--base-only`` runs just that check for another setup (``--width``, ``--classes``,
   ``--epochs``, ...) before a whole study is spent on it: ``benchmarks/README.md`` lists the
   setups measured;
@@ -37,9 +41,14 @@ Design, each choice against a bias of version 2 (``git log -p`` this file):
   the sweep, the rest only the val-chosen lr and the lrs the rules predict (linear; none);
 - reported: final test top-1 mean with 95% t-intervals; steps (and images) until the test
   top-1 first reaches the target (the base batch's mean minus the margin, evaluated every
-  epoch); differences against the base batch as Welch intervals with a Bonferroni correction
-  over the family of claims; "worse" only where that interval excludes zero; "no loss" only
-  from TOST (two one-sided tests) with the margin ``--margin`` (1 point); else "inconclusive".
+  epoch; a column that ranks nothing: no interval, and seeds that never reach it drop out);
+  Welch intervals with a Bonferroni correction over every comparison the report makes (their
+  number fixed by the design, pending ones included: ``comparisons``); "worse" only where that
+  interval excludes zero; "no loss" only from TOST (two one-sided tests) with the margin
+  ``--margin`` (1 point); else "inconclusive". The report gives the minimal detectable effect
+  at that corrected level from the rows' seed spread (``mde``), and calls a cell's best lr
+  identified only where its val mean beats every other lr's by more than the 95% half-width
+  of the difference (``tied_lrs``); else "not identified", with the lrs it cannot tell apart.
 
 Data: the embedded generator (``largebatch.data.synthetic.render_image``, 10 classes) rendered
 into uint8 tensors in memory (random crop and flip per step); model: a 3-layer conv net with
@@ -69,6 +78,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import itertools
 import json
 import math
 import os
@@ -452,6 +462,61 @@ def verdict(a: Sequence[float], b: Sequence[float], margin: float, alpha: float)
     return {"diff": d, "lo": d - h, "hi": d + h, "tost_lo": d - h_tost, "tost_hi": d + h_tost, "verdict": word}
 
 
+def pooled_sd(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
+    """The seed spread: pooled within-group standard deviation of groups of 2 or more values,
+    and its degrees of freedom (nan, 0 without any such group)."""
+    gs = [g for g in groups if len(g) > 1]
+    df = sum(len(g) - 1 for g in gs)
+    if not df:
+        return float("nan"), 0
+    return math.sqrt(sum((len(g) - 1) * statistics.variance(g) for g in gs) / df), df
+
+
+def mde(sd: float, n: int, alpha: float, power: float = 0.8) -> float:
+    """Minimal detectable effect: the smallest true difference of two means that a two-sided
+    t test at level ``alpha`` finds with probability ``power``, with ``n`` seeds per arm and
+    seed spread ``sd`` in both (noncentral t, 2n - 2 degrees of freedom)."""
+    from scipy import optimize, stats
+    df, se = 2 * n - 2, sd * math.sqrt(2 / n)
+    crit = stats.t.ppf(1 - alpha / 2, df)
+
+    def missed(d: float) -> float:
+        far = stats.nct.cdf(-crit, df, d / se)  # the wrong-sign tail: nan (scipy) where it is ~0
+        return power - stats.nct.sf(crit, df, d / se) - (0.0 if math.isnan(far) else far)
+    return optimize.brentq(missed, 0.0, (crit + 4) * se)
+
+
+def mde_normal(sd: float, n: int, alpha: float, power: float = 0.8) -> float:
+    """``mde`` under the normal approximation: (z_{1-alpha/2} + z_power) sd sqrt(2/n)."""
+    from scipy import stats
+    return (stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)) * sd * math.sqrt(2 / n)
+
+
+def stats_t(q: float, df: int) -> float:
+    from scipy import stats
+    return float(stats.t.ppf(q, df))
+
+
+def tied_lrs(means: dict[float, float], sd: float, df: int, n: int) -> list[float]:
+    """The lrs of a sweep that its rows cannot tell from the best one: the best mean minus theirs
+    is within the 95% t half-width of a difference of two ``n``-seed means of spread ``sd``
+    (uncorrected, so the generous test). One lr: the best lr is identified."""
+    from scipy import stats
+    if not means:
+        return []
+    h = stats.t.ppf(0.975, df) * sd * math.sqrt(2 / n) if df else float("inf")
+    best = max(means.values())
+    return sorted(lr for lr, m in means.items() if best - m < h)
+
+
+def exponent_range(ks: Sequence[float], lr_sets: Sequence[Sequence[float]]) -> tuple[float, float]:
+    """Least and greatest fitted a in lr ~ k^a over every choice of one lr per batch from
+    ``lr_sets`` (the lrs the rows cannot tell apart at each batch ``ks``)."""
+    xs = [math.log2(k) for k in ks]
+    fits = [np.polyfit(xs, [math.log2(lr) for lr in pick], 1)[0] for pick in itertools.product(*lr_sets)]
+    return min(fits), max(fits)
+
+
 # ---------------------------------------------------------------------------------------------
 # the report
 
@@ -477,12 +542,77 @@ def fmt_ci(v: Sequence[float]) -> str:
     return f"{m:.1f} [{lo:.1f}, {hi:.1f}] (n={len(v)})" if len(v) > 1 else f"{m:.1f} (n=1)"
 
 
+# the lr choices reported at a large batch, per recipe: every one gets every seed
+CHOICES = {"sgd": ("tuned", "none", "linear"), "sgd+warmup": ("tuned", "linear"), "lars": ("tuned",)}
+# setups whose width and epochs were chosen on the test split (before the rule below): said in their report
+CHOSEN_ON_TEST = {(32, 48): "width and epochs were chosen after the first study (width 16, 24 epochs) by the base "
+                            "batch's convergence check on the test split"}
+
+
+def lr_of(rows: dict, recipe: str, batch: int, choice: str, args: argparse.Namespace) -> float | None:
+    """The lr of a choice at a cell: ``tuned`` (val-chosen) or a rule's (``none``, ``linear``)."""
+    if choice == "tuned":
+        return chosen_lr(rows, recipe, batch, args)
+    return predicted(rows, recipe, batch, args).get(choice)
+
+
+def comparisons(rows: dict, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every comparison the report makes: {name, a, b (test top-1 lists, empty while pending),
+    same (both arms the same points)}. Their number is fixed by the design (batches and recipes),
+    not by the rows, so the Bonferroni correction over them does not move as rows come in:
+      - each large-batch point (every recipe's tuned lr, the rules' lrs) against the base batch;
+      - with warmup, the linear rule's lr against the tuned one, at each large batch.
+    """
+    base = args.base_batch
+    large = sorted(b for b in args.batches if b != base)
+
+    def arm(recipe: str, batch: int, choice: str) -> tuple[str, float | None, list[float]]:
+        recipe = cell_recipe(recipe, batch, base)
+        lr = lr_of(rows, recipe, batch, choice, args)
+        txt = f"{recipe} @ {batch}, {choice} lr " + (f"{lr:g}" if lr is not None else "(pending)")
+        return txt, lr, [r["test"] for r in points(rows, recipe, batch, lr, args)]
+
+    def pair(a: tuple, b: tuple) -> dict[str, Any]:
+        return {"name": f"{a[0]} - {b[0]}", "a": a[2], "b": b[2],
+                "same": a[1] is not None and a[0].split(",")[0] == b[0].split(",")[0] and a[1] == b[1]}
+
+    ref = arm("sgd", base, "tuned")
+    out = [pair(arm(recipe, batch, choice), ref)
+           for batch in large for recipe, choices in CHOICES.items() for choice in choices]
+    out += [pair(arm("sgd+warmup", b, "linear"), arm("sgd+warmup", b, "tuned")) for b in large]
+    return out
+
+
+def seed_groups(rows: dict, args: argparse.Namespace, split: str) -> list[list[float]]:
+    """Per point trained with every seed (any budget): its ``split`` top-1s, for the seed spread."""
+    by: dict[tuple, list[float]] = {}
+    for r in rows.values():
+        if not r["diverged"]:
+            by.setdefault((r["recipe"], r["batch"], float(r["lr"]), r["epochs"]), []).append(r[split])
+    return [v for v in by.values() if len(v) == len(args.seeds)]
+
+
+def converged_word(v: dict[str, Any], margin: float) -> str:
+    return {"no loss": "converged: twice the epochs gains less than the margin, and" + (
+                " still gains (the interval excludes 0)" if v["lo"] > 0 else " the gain's interval holds 0"),
+            "better": "not converged: twice the epochs still gains" + (
+                " more than the margin" if v["lo"] > margin else ", and TOST cannot put the gain within the margin"),
+            "worse": "twice the epochs loses accuracy",
+            "inconclusive": "inconclusive"}[v["verdict"]]
+
+
 def write_report(args: argparse.Namespace, rows: dict) -> str:
     base = args.base_batch
     todo, blocked = plan(rows, args)
     n_train = args.classes * args.train_per_class
     eta = chosen_lr(rows, "sgd", base, args)
-    ref = [r["test"] for r in points(rows, "sgd", base, eta, args)]
+    ref = points(rows, "sgd", base, eta, args)
+    family = comparisons(rows, args)
+    m = len(family)
+    alpha = 0.05 / m
+    n = len(args.seeds)
+    s_test, df_test = pooled_sd(seed_groups(rows, args, "test"))
+    s_val, df_val = pooled_sd(seed_groups(rows, args, "val"))
     L = ["# The scaling-rule study, version 3", "",
          f"Rows: `{args.out.with_suffix('.jsonl').name}` (one per training); written by `benchmarks/scaling_rule.py "
          "--render`; the design and the commands are in that module's docstring.", "",
@@ -492,6 +622,10 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
          f"{args.epochs} epochs at every batch (poly(2) decay; warmup {args.warmup_epochs} epochs where used); base "
          f"batch {base}; seeds {args.seeds} ({args.sweep_seeds} of them over each whole lr sweep). Intervals: 95% t; "
          f"equivalence margin {args.margin} points.", ""]
+    if (args.width, args.epochs) in CHOSEN_ON_TEST:
+        L += [f"**How this setup was chosen**: {CHOSEN_ON_TEST[(args.width, args.epochs)]}. From now on any setup "
+              "(width, epochs, data) is chosen on the val split only; the convergence check below decides on val "
+              "and gives test for the record.", ""]
     if todo or blocked:
         L += [f"**Pending: {len(todo)} trainings runnable now, {blocked} cell(s) waiting on others' rows** "
               "(run the command again to go on). Pending points: " +
@@ -501,31 +635,48 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
     if args.base_only:
         L += ["**Only the base batch's cell was run (`--base-only`: its sweep and the convergence check); every "
               "other cell below is pending.**", ""]
+    # what the rows can resolve: the seed spread, the smallest effect m corrected tests find
+    L += ["## What the rows can resolve", ""]
+    if df_test:
+        d_mde = mde(s_test, n, alpha)
+        L += [f"Seed spread (pooled standard deviation over the {len(seed_groups(rows, args, 'test'))} points run "
+              f"with all {n} seeds): test {s_test:.2f} points, val {s_val:.2f} points. Minimal detectable effect "
+              f"with {n} seeds per arm at the corrected level (two-sided, alpha 0.05/{m}, 80% power, t with "
+              f"{2 * n - 2} degrees of freedom): **{d_mde:.2f} points** of test top-1 (normal approximation: "
+              f"{mde_normal(s_test, n, alpha):.2f}). A true difference smaller than that is more likely missed "
+              f"than found; an \"inconclusive\" below says no more than that.", ""]
+    else:
+        L += ["Seed spread: pending (no point has all its seeds yet).", ""]
     # convergence: the base batch's chosen point at 2x and 4x the epochs, each against the
-    # budget half its own (24 vs 48, 48 vs 96 epochs): where the gain falls within the margin
+    # budget half its own (24 vs 48, 48 vs 96 epochs); the verdict on val (setups are chosen on val)
     L += ["## Has the base batch converged?", "",
-          f"SGD at batch {base}, lr {f'{eta:g}' if eta else 'pending'}, test top-1 at 1x, 2x"
+          f"SGD at batch {base}, lr {f'{eta:g}' if eta else 'pending'}, top-1 at 1x, 2x"
           + (" and 4x" if args.doublings == 2 else "") + " the epoch budget; each doubling against the budget "
-          "before it (95% interval of the gain; TOST 90% interval against the margin).", ""]
+          "before it (95% interval of the gain; TOST 90% interval against the margin). The verdict is on val; "
+          "test is given for the record.", ""]
     shorter = ref
     for f in (2, 4)[: args.doublings]:
-        long = [r["test"] for r in points(rows, "sgd", base, eta, args, f * args.epochs)]
+        long = points(rows, "sgd", base, eta, args, f * args.epochs)
         if len(shorter) < 2 or len(long) < 2:
             L.append(f"- {f * args.epochs} epochs: pending")
             break
-        v = verdict(long, shorter, args.margin, 0.05)
-        L.append(f"- {f // 2 * args.epochs} -> {f * args.epochs} epochs: {fmt_ci(shorter)} -> {fmt_ci(long)}; "
-                 f"gain {v['diff']:+.2f} [{v['lo']:+.2f}, {v['hi']:+.2f}], TOST [{v['tost_lo']:+.2f}, "
-                 f"{v['tost_hi']:+.2f}] -> **" + {
-                     "no loss": "converged: twice the epochs gains less than the margin",
-                     "better": "not converged: twice the epochs still gains" + (
-                         " more than the margin" if v["lo"] > args.margin else ""),
-                     "worse": "twice the epochs loses accuracy",
-                     "inconclusive": "inconclusive"}[v["verdict"]] + "**")
+        for split in ("val", "test"):
+            a, b = [r[split] for r in long], [r[split] for r in shorter]
+            v = verdict(a, b, args.margin, 0.05)
+            L.append(f"- {f // 2 * args.epochs} -> {f * args.epochs} epochs, {split}: {fmt_ci(b)} -> {fmt_ci(a)}; "
+                     f"gain {v['diff']:+.2f} [{v['lo']:+.2f}, {v['hi']:+.2f}], TOST [{v['tost_lo']:+.2f}, "
+                     f"{v['tost_hi']:+.2f}] -> " + (f"**{converged_word(v, args.margin)}**" if split == "val"
+                                                     else converged_word(v, args.margin)))
         shorter = long
     L.append("")
-    # sweeps
-    L += ["## lr sweeps: val top-1, mean over the sweep seeds (the chosen lr in bold)", ""]
+    # sweeps, and whether they identify the best lr
+    h_id = (stats_t(0.975, df_val) * s_val * math.sqrt(2 / args.sweep_seeds)) if df_val else float("nan")
+    L += ["## lr sweeps: val top-1, mean over the sweep seeds (the chosen lr in bold)", "",
+          f"The best lr is identified only where its mean beats every other lr's by more than the 95% half-width of "
+          f"a difference of two {args.sweep_seeds}-seed means with the rows' val seed spread: "
+          + (f"{h_id:.2f} points (standard error {s_val * math.sqrt(2 / args.sweep_seeds):.2f})" if df_val
+             else "pending") + ". Elsewhere the lrs it cannot tell from the chosen one are listed.", ""]
+    tied: dict[tuple[str, int], list[float]] = {}
     for recipe, batch in cells(args):
         grid = grid_of(rows, recipe, batch, args) or []
         lr = chosen_lr(rows, recipe, batch, args)
@@ -535,62 +686,80 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
             s = "pending" if len(v) < args.sweep_seeds else (
                 "div" if all(r["diverged"] for r in v) else f"{statistics.mean(r['val'] for r in v):.1f}")
             cellv.append(f"**{g:g}: {s}**" if g == lr else f"{g:g}: {s}")
-        L.append(f"- {recipe} @ {batch}: " + (", ".join(cellv) if cellv else "waiting on the base sweep"))
+        means = sweep_means(rows, recipe, batch, grid, args) if grid else None
+        if lr is not None and means is not None and df_val:
+            tied[(recipe, batch)] = tied_lrs(means, s_val, df_val, args.sweep_seeds)
+            t = tied[(recipe, batch)]
+            note = " -> identified" if t == [lr] else " -> **not identified**: " + ", ".join(f"{x:g}" for x in t)
+        else:
+            note = ""
+        L.append(f"- {recipe} @ {batch}: " + (", ".join(cellv) if cellv else "waiting on the base sweep") + note)
     # best lr vs batch
     L += ["", "## Claim 1: does the best lr grow linearly with the batch?", "",
           "| recipe | " + " | ".join(f"batch {b} (k={b // base})" for b in args.batches) +
-          " | fitted exponent a in lr* ~ k^a |", "|---|" + "---:|" * (len(args.batches) + 1)]
+          " | a in lr* ~ k^a, chosen lrs | a over the lrs the rows cannot tell apart |",
+          "|---|" + "---:|" * len(args.batches) + "---:|---:|"]
     for recipe in RECIPES:
-        lrs = [chosen_lr(rows, cell_recipe(recipe, b, base), b, args) for b in args.batches]
-        ks = [math.log2(b / base) for b, lr in zip(args.batches, lrs) if lr]
-        ys = [math.log2(lr) for lr in lrs if lr]
-        fit = f"{np.polyfit(ks, ys, 1)[0]:.2f}" if len(ks) == len(args.batches) else "pending"
-        L.append(f"| {recipe} | " + " | ".join(f"{lr:g}" if lr else "pending" for lr in lrs) + f" | {fit} |")
-    L += ["", "The grid is powers of two, so a fitted exponent is good to about +-0.5 / log2(k_max); "
-          "linear scaling is a = 1, square-root scaling a = 0.5.", ""]
+        crs = [cell_recipe(recipe, b, base) for b in args.batches]
+        lrs = [chosen_lr(rows, cr, b, args) for cr, b in zip(crs, args.batches)]
+        ks = [b / base for b in args.batches]
+        done = all(lrs)
+        fit = f"{np.polyfit([math.log2(k) for k in ks], [math.log2(x) for x in lrs], 1)[0]:.2f}" if done else "pending"
+        sets = [tied.get((cr, b)) for cr, b in zip(crs, args.batches)]
+        rng = exponent_range(ks, sets) if done and all(sets) else None
+        L.append(f"| {recipe} | " + " | ".join(
+            (f"{lr:g}" + ("" if t == [lr] else f" ({', '.join(f'{x:g}' for x in t)})") if t else f"{lr:g}")
+            if lr else "pending" for lr, t in zip(lrs, sets))
+            + f" | {fit} | " + (f"{rng[0]:.2f} to {rng[1]:.2f}" if rng else "pending") + " |")
+    L += ["", "In parentheses: the lrs the sweep cannot tell from the chosen one. Linear scaling is a = 1, "
+          "square-root scaling a = 0.5; where a batch's best lr is not identified, neither is a: the last column "
+          "is the range of the fit over every choice of those lrs.", ""]
     # test table
-    target = (statistics.mean(ref) - args.margin) if ref else None
+    target = (statistics.mean(r["test"] for r in ref) - args.margin) if ref else None
     L += ["## Test top-1 (%) at each batch: mean [95% interval] (n)", "",
-          f"Steps to target: optimizer steps until the test top-1 (evaluated after every epoch) first reaches "
-          + (f"{target:.1f}% (the base batch's mean {statistics.mean(ref):.1f} minus the margin)" if ref else "the target")
-          + "; mean over the seeds that reach it, and how many do.", "",
+          "Steps to target: optimizer steps until the test top-1 (evaluated after every epoch, so a seed's steps "
+          "are a multiple of its steps per epoch) first reaches "
+          + (f"{target:.1f}% (the base batch's mean {target + args.margin:.1f} minus the margin)" if ref
+             else "the target") + "; mean over the seeds that reach it, and how many do. Means over different "
+          "numbers of seeds are not compared, and no interval is given: this column ranks nothing.", "",
           "| recipe | lr choice | batch | lr | steps | test top-1 | steps to target |", "|---|---|---:|---:|---:|---|---|"]
-    family: list[tuple[str, list[float]]] = []
     for recipe, batch in cells(args):
         choices = {"tuned": chosen_lr(rows, recipe, batch, args), **predicted(rows, recipe, batch, args)}
-        done: dict[float, str] = {}
+        done_lr: dict[float, str] = {}
         for name, lr in choices.items():
             if lr is None:
                 L.append(f"| {recipe} | {name} | {batch} | - | - | pending | - |")
                 continue
-            if float(lr) in done:
-                L.append(f"| {recipe} | {name} | {batch} | {lr:g} | | = {done[float(lr)]} | |")
+            if float(lr) in done_lr:
+                L.append(f"| {recipe} | {name} | {batch} | {lr:g} | | = {done_lr[float(lr)]} | |")
                 continue
-            done[float(lr)] = name
+            done_lr[float(lr)] = name
             pts = points(rows, recipe, batch, lr, args)
-            v = [r["test"] for r in pts]
             st = [x for r in pts if (x := steps_to(r, target)) is not None] if target is not None else []
             stxt = (f"{statistics.mean(st):.0f} ({len(st)}/{len(pts)})" if st
                     else f"never (0/{len(pts)})" if pts else "-")
             steps = pts[0]["steps"] if pts else "-"
-            L.append(f"| {recipe} | {name} | {batch} | {lr:g} | {steps} | {fmt_ci(v)} | {stxt} |")
-            if batch != base and len(v) > 1:
-                same = " = ".join(n for n, x in choices.items() if x is not None and float(x) == float(lr))
-                family.append((f"{recipe} @ {batch}, {same} lr {lr:g}", v))
+            L.append(f"| {recipe} | {name} | {batch} | {lr:g} | {steps} | {fmt_ci([r['test'] for r in pts])} | "
+                     f"{stxt} |")
     # comparisons
-    m = max(len(family), 1)
-    alpha = 0.05 / m
-    L += ["", f"## Claims 2-4: each large-batch point against the base batch (SGD, batch {base}, tuned lr)", "",
-          f"Difference of test top-1 means (points); {100 * (1 - alpha):.2f}% Welch interval (95% with a Bonferroni "
-          f"correction over the {m} comparisons below); \"worse\"/\"better\" where it excludes 0; \"no loss\" where "
-          f"TOST at the same corrected level puts the difference within +-{args.margin}; else inconclusive.", "",
-          "| point | test top-1 | difference | corrected interval | TOST interval | verdict |", "|---|---|---:|---|---|---|"]
-    for name, v in family:
-        if len(ref) < 2:
-            break
-        c = verdict(v, ref, args.margin, alpha)
-        L.append(f"| {name} | {fmt_ci(v)} | {c['diff']:+.2f} | [{c['lo']:+.2f}, {c['hi']:+.2f}] | "
-                 f"[{c['tost_lo']:+.2f}, {c['tost_hi']:+.2f}] | **{c['verdict']}** |")
+    L += ["", f"## Comparisons (claims 1-4), Bonferroni-corrected over all {m}", "",
+          f"Difference of test top-1 means (points), first arm minus second; {100 * (1 - alpha):.2f}% Welch interval "
+          f"(95% with a Bonferroni correction over the {m} comparisons below, a number fixed by the design, pending "
+          f"ones included); \"worse\"/\"better\" where it excludes 0; \"no loss\" where TOST at the same corrected "
+          f"level puts the difference within +-{args.margin}; else inconclusive. The base batch is SGD at batch "
+          f"{base}, tuned lr.", "",
+          "| comparison | first arm | second arm | difference | corrected interval | TOST interval | verdict |",
+          "|---|---|---|---:|---|---|---|"]
+    for c in family:
+        if c["same"]:
+            L.append(f"| {c['name']} | {fmt_ci(c['a'])} | | 0 | | | the same lr: one point |")
+        elif len(c["a"]) < 2 or len(c["b"]) < 2:
+            L.append(f"| {c['name']} | {fmt_ci(c['a'])} | {fmt_ci(c['b'])} | - | - | - | pending |")
+        else:
+            v = verdict(c["a"], c["b"], args.margin, alpha)
+            L.append(f"| {c['name']} | {fmt_ci(c['a'])} | {fmt_ci(c['b'])} | {v['diff']:+.2f} | "
+                     f"[{v['lo']:+.2f}, {v['hi']:+.2f}] | [{v['tost_lo']:+.2f}, {v['tost_hi']:+.2f}] | "
+                     f"**{v['verdict']}** |")
     trained = list(rows.values())
     L += ["", f"{len(trained)} trainings, {sum(r['seconds'] for r in trained) / 60:.1f} min of training summed "
           "(workers of one thread each, on a shared 2-core machine; the README gives the wall time)."]

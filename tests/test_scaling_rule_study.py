@@ -128,7 +128,7 @@ def test_a_tiny_study_runs_resumes_and_reports(study: ModuleType, tmp_path: Path
     assert len(keys) == len(set(keys)), "two workers trained the same point"
     assert all(len(r["test_curve"]) == r["epochs"] for r in rows if not r["diverged"])
     md = out.with_suffix(".md").read_text()
-    assert "Pending" not in md and "Claims 2-4" in md and "Has the base batch converged?" in md
+    assert "Pending" not in md and "Comparisons (claims 1-4)" in md and "Has the base batch converged?" in md
     assert out.with_suffix(".png").exists() or "matplotlib" not in sys.modules
     # a second run trains nothing new
     assert study.main(argv) == 0
@@ -185,4 +185,51 @@ def test_base_only_trains_the_base_cell_and_its_convergence_check(study: ModuleT
     assert {(r["recipe"], r["batch"]) for r in rows} == {("sgd", args.base_batch)}
     assert sorted({r["epochs"] for r in rows}) == [args.epochs, 2 * args.epochs, 4 * args.epochs]
     md = out.with_suffix(".md").read_text()
-    assert "Only the base batch's cell was run" in md and "- 2 -> 4 epochs:" in md
+    assert "Only the base batch's cell was run" in md and "- 2 -> 4 epochs, val:" in md
+
+
+def test_mde_is_the_effect_found_with_the_asked_power(study: ModuleType) -> None:
+    """The minimal detectable effect: a two-sided t test at level alpha with n seeds per arm
+    finds a true difference of that size with probability 80%; the normal approximation is
+    (z_{1-alpha/2} + z_0.8) sd sqrt(2/n), which the t version exceeds at few seeds."""
+    sd, n, alpha = 0.38, 5, 0.05 / 12
+    d = study.mde(sd, n, alpha)
+    se, df = sd * (2 / n) ** 0.5, 2 * n - 2
+    crit = stats.t.ppf(1 - alpha / 2, df)
+    assert stats.nct.sf(crit, df, d / se) == pytest.approx(0.8, abs=1e-6)
+    z = (stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(0.8)) * se
+    assert study.mde_normal(sd, n, alpha) == pytest.approx(z)
+    assert d > z and study.mde(sd, 1000, alpha) == pytest.approx(study.mde_normal(sd, 1000, alpha), rel=1e-2)
+    assert study.mde(sd, n, alpha / 3) > d > study.mde(sd, n, 0.05)  # a stricter level needs a larger effect
+    # a simulation agrees: Welch tests at that effect reject about 80% of the time
+    rng = torch.Generator().manual_seed(0)
+    a = torch.randn(4000, n, generator=rng, dtype=torch.float64) * sd + d
+    b = torch.randn(4000, n, generator=rng, dtype=torch.float64) * sd
+    p = stats.ttest_ind(a.numpy(), b.numpy(), axis=1).pvalue
+    assert (p < alpha).mean() == pytest.approx(0.8, abs=0.03)
+
+
+def test_seed_spread_and_which_lrs_a_sweep_cannot_tell_apart(study: ModuleType) -> None:
+    groups = [[1.0, 2.0, 3.0], [10.0, 12.0], [5.0]]  # the single value carries no spread
+    s, df = study.pooled_sd(groups)
+    assert df == 3 and s == pytest.approx(((2 * 1.0 + 1 * 2.0) / 3) ** 0.5)
+    assert study.pooled_sd([[1.0]]) == (pytest.approx(float("nan"), nan_ok=True), 0)
+    # 2 seeds per lr, spread 0.5: the 95% half-width of a difference is t(0.975, df) * 0.5
+    h = stats.t.ppf(0.975, 50) * 0.5
+    means = {0.1: 97.0, 0.2: 97.0 + h + 0.01, 0.4: 97.0 + h + 0.02 - h / 2, 0.8: 80.0}
+    assert study.tied_lrs(means, 0.5, 50, 2) == [0.2, 0.4]  # 0.1 is beaten by more than h
+    assert study.tied_lrs({0.1: 90.0, 0.2: 97.0}, 0.5, 50, 2) == [0.2]  # identified
+    # the exponent's range over the lrs that cannot be told apart: linear (a=1) to flat (a=0)
+    lo, hi = study.exponent_range([1, 4, 16], [[0.2], [0.2, 0.8], [0.2, 3.2]])
+    assert (lo, hi) == (pytest.approx(0.0), pytest.approx(1.0))
+
+
+def test_the_comparison_family_is_fixed_by_the_design(study: ModuleType, tmp_path: Path) -> None:
+    """The Bonferroni family's size does not move as rows come in: pending comparisons count."""
+    args = study.parse(["--quick", "--out", str(tmp_path / "fam")])
+    empty = study.comparisons({}, args)
+    large = len(args.batches) - 1
+    assert len(empty) == large * (6 + 1)  # 6 points against the base batch, linear vs tuned with warmup
+    assert all(c["a"] == [] and c["b"] == [] for c in empty)
+    md = study.write_report(args, {})
+    assert f"Bonferroni-corrected over all {len(empty)}" in md and "| pending |" in md
