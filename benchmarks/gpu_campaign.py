@@ -1,0 +1,508 @@
+"""The GPU campaign: everything the accelerator path has to show, in one command that fits a
+20-minute lease of one GPU, rehearsed on the CPU in CI so that it cannot rot.
+
+A lent GPU machine (H100/H200: torch 2.11 + CUDA 13, torchvision, timm, tensorboard, pytest; no
+hydra-core, omegaconf or DALI, and no network) is rare and short, so nothing is prepared on it:
+
+    # here, once, on a machine with pip (writes the ignored folders .whl/ and .whl-dali/):
+    python benchmarks/gpu_campaign.py prepare            # hydra-core, omegaconf, antlr4 runtime
+    python benchmarks/gpu_campaign.py prepare --dali     # + DALI's CUDA wheels, split into parts
+
+    # on the GPU machine (device tool: carry [".whl"]), two calls, one right after the other
+    # (a call runs at most 10 minutes; the second finds the first one's install and data):
+    python3 benchmarks/gpu_campaign.py run --part 1 --out "$OUT"   # install, GPU tests, JPEGs (~9 min)
+    python3 benchmarks/gpu_campaign.py run --part 2 --out "$OUT"   # the throughput table, the runs (~10 min)
+
+    # in CI: every phase at toy size on the CPU (no CUDA case), the wheel list resolved on PyPI
+    python benchmarks/gpu_campaign.py run --rehearse --out /tmp/campaign
+
+DALI's CUDA wheel and its libraries (~270 MB) do not fit one call's 64 MiB carry: ``prepare --dali``
+splits them into parts under ``.whl-dali/``, and one short call per part (carry
+``[".whl-dali/manifest.json", ".whl-dali/part-NN"]``) runs ``gpu_campaign.py stage``, which
+copies a checked part to ``/tmp/largebatch-stage`` on the still-warm machine. ``run`` installs
+DALI when every part is there and its checksum holds; otherwise the DALI rows are left out, and
+the summary says so.
+
+``run`` goes through its phases in order, each under a time budget (a phase that ends early
+passes its spare seconds on); a phase cut at its budget is killed with its processes and the
+campaign goes on. After every phase it rewrites ``campaign.md`` in ``--out`` (phase table, the
+throughput table, the test counts, the training results), so a lease that ends mid-way still
+returns what was measured. The files written (at most 8, as the device tool returns):
+``campaign.md``, ``campaign.log`` (every command's output), ``gpu-tests.xml`` and
+``cuda-cases.xml`` (JUnit), ``throughput.md`` (the table as printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+WHEELS = REPO / ".whl"
+DALI_PARTS = REPO / ".whl-dali"
+STAGE = Path("/tmp/largebatch-stage")
+
+# What the project needs on the GPU machine and the machine lacks (its image's package list is in
+# the device tool's KINDS.md). Exact pins: the versions our .venv is built with (a test checks
+# they match), for CPython 3.12 on x86-64 manylinux, the machine's Python.
+BASE_WHEELS = ("hydra-core==1.3.8", "omegaconf==2.3.1")
+# antlr4-python3-runtime 4.9.3 (hydra-core 1.3 pins 4.9.*) is published as an sdist only: built
+# into a pure-Python wheel here, since the machine cannot build it (no network for build deps).
+SDIST_WHEELS = ("antlr4-python3-runtime==4.9.3",)
+DALI_WHEELS = (
+    "nvidia-dali-cuda130==2.4.0", "nvidia-nvimgcodec-cu13==0.9.0.20", "nvidia-libnvcomp-cu13==5.3.0.16",
+    "nvidia-nvjpeg==13.3.2.43", "nvidia-nvjpeg2k-cu13==0.11.0.51", "nvidia-nvtiff-cu13==0.8.0.82",
+    "astunparse==1.6.3", "gast==0.7.0", "optree==0.20.0", "nvtx==0.2.17", "makefun==1.16.0", "libcst==1.9.0",
+)
+DEVICE_PYTHON = "3.12"
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+             "manylinux1_x86_64")
+CARRY_MIB = 64  # what one device call carries, the working tree included
+PART_MIB = 56   # one DALI part: leaves room for the working tree (~3 MiB) and the manifest
+
+
+# ---------------------------------------------------------------------------------------------
+# the wheels: prepared here, resolved in the rehearsal, installed on the machine
+
+
+def pip_platform_args() -> list[str]:
+    args = ["--only-binary=:all:", "--python-version", DEVICE_PYTHON, "--implementation", "cp"]
+    for tag in PLATFORMS:
+        args += ["--platform", tag]
+    return args
+
+
+def download_cmd(pins: Sequence[str], dest: Path) -> list[str]:
+    return [sys.executable, "-m", "pip", "download", "-q", "--no-deps", *pip_platform_args(), "-d", str(dest), *pins]
+
+
+def resolve_cmd(pins: Sequence[str], report: Path) -> list[str]:
+    """pip resolves each exact pin for the machine's Python and platform, reading metadata only
+    (PyPI serves it apart from the wheel), so the 190 MB DALI wheel is not fetched to check it."""
+    return [sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed", "--no-deps",
+            *pip_platform_args(), "--target", str(report.parent / "never-written"), "--report", str(report), *pins]
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def split_bundle(wheels: Sequence[Path], out: Path, part_bytes: int) -> dict:
+    """Tar ``wheels`` (already compressed: stored, not recompressed) and cut the tar into parts of
+    at most ``part_bytes`` under ``out``, with ``manifest.json`` (each part's and the whole's SHA-256)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("part-*"):
+        old.unlink()
+    bundle = out / "bundle.tar"
+    with tarfile.open(bundle, "w") as tar:
+        for wheel in sorted(wheels):
+            tar.add(wheel, arcname=wheel.name)
+    parts, size = [], part_bytes
+    with bundle.open("rb") as f:
+        for i, block in enumerate(iter(lambda: f.read(size), b"")):
+            part = out / f"part-{i:02d}"
+            part.write_bytes(block)
+            parts.append({"name": part.name, "bytes": len(block), "sha256": hashlib.sha256(block).hexdigest()})
+    manifest = {"bundle_sha256": sha256(bundle), "bundle_bytes": bundle.stat().st_size, "parts": parts,
+                "wheels": sorted(w.name for w in wheels)}
+    bundle.unlink()
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def stage_parts(source: Path, stage: Path) -> tuple[int, int]:
+    """Copy each part under ``source`` whose SHA-256 matches its manifest into ``stage`` (with the
+    manifest); return (parts staged, parts in all). A part that does not match is refused."""
+    manifest = json.loads((source / "manifest.json").read_text())
+    stage.mkdir(parents=True, exist_ok=True)
+    staged_manifest = stage / "manifest.json"
+    if staged_manifest.exists() and json.loads(staged_manifest.read_text()) != manifest:
+        shutil.rmtree(stage)  # parts of another bundle: start again
+        stage.mkdir(parents=True)
+    shutil.copyfile(source / "manifest.json", staged_manifest)
+    for part in manifest["parts"]:
+        src = source / part["name"]
+        if src.exists():
+            if sha256(src) != part["sha256"]:
+                raise SystemExit(f"gpu_campaign: {src} does not match its manifest (damaged in transfer?): carry it again")
+            shutil.copyfile(src, stage / part["name"])
+    have = [p for p in manifest["parts"] if (stage / p["name"]).exists()]
+    return len(have), len(manifest["parts"])
+
+
+def join_bundle(stage: Path, into: Path) -> Optional[list[Path]]:
+    """The wheels of a fully staged bundle, unpacked into ``into``; None while parts are missing.
+    A bundle whose joined bytes do not match the manifest is an error (one line)."""
+    if not (stage / "manifest.json").exists():
+        return None
+    manifest = json.loads((stage / "manifest.json").read_text())
+    if not all((stage / p["name"]).exists() for p in manifest["parts"]):
+        return None
+    into.mkdir(parents=True, exist_ok=True)
+    bundle = into / "bundle.tar"
+    with bundle.open("wb") as out:
+        for part in manifest["parts"]:
+            out.write((stage / part["name"]).read_bytes())
+    if sha256(bundle) != manifest["bundle_sha256"]:
+        raise SystemExit(f"gpu_campaign: the joined DALI bundle in {stage} does not match its manifest: stage it again")
+    with tarfile.open(bundle) as tar:
+        tar.extractall(into, filter="data")
+    bundle.unlink()
+    return sorted(into / name for name in manifest["wheels"])
+
+
+def prepare(dali: bool, part_mib: int) -> int:
+    WHEELS.mkdir(exist_ok=True)
+    subprocess.run(download_cmd(BASE_WHEELS, WHEELS), check=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-binary=:all:", "-w", str(WHEELS),
+                    *SDIST_WHEELS], check=True)
+    total = sum(p.stat().st_size for p in WHEELS.glob("*.whl"))
+    print(f"{WHEELS}: {len(list(WHEELS.glob('*.whl')))} wheels, {total / 2**20:.1f} MiB (carry [\".whl\"])")
+    if dali:
+        with tempfile.TemporaryDirectory() as tmp:
+            subprocess.run(download_cmd(DALI_WHEELS, Path(tmp)), check=True)
+            manifest = split_bundle(sorted(Path(tmp).glob("*.whl")), DALI_PARTS, part_mib * 2**20)
+        n = len(manifest["parts"])
+        print(f"{DALI_PARTS}: DALI's {len(manifest['wheels'])} wheels, {manifest['bundle_bytes'] / 2**20:.0f} MiB "
+              f"in {n} parts: {n} device calls, each carrying [\".whl-dali/manifest.json\", \".whl-dali/part-NN\"] and "
+              f"running `python3 benchmarks/gpu_campaign.py stage`, one after the other while the machine is warm")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the phases
+
+
+@dataclass(frozen=True)
+class Step:
+    label: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    optional: bool = False  # its failure is recorded but does not fail the phase (e.g. a flaky probe)
+
+
+@dataclass
+class PhaseResult:
+    name: str
+    status: str = "not run"  # ok | failed | cut at budget | skipped: ...
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Campaign:
+    out: Path
+    rehearse: bool
+    work: Path  # data, runs, throw-away environments
+    python: str = sys.executable
+
+    @property
+    def cuda(self) -> bool:
+        return not self.rehearse
+
+    def script(self, name: str) -> str:
+        return str(Path(self.python).parent / name) if (Path(self.python).parent / name).exists() else name
+
+
+def phase_env(c: Campaign) -> list[Step]:
+    probe = ("import torch, torchvision, timm, platform; print('python', platform.python_version(), '| torch', "
+             "torch.__version__, '| CUDA', torch.version.cuda, '| torchvision', torchvision.__version__, '| timm', "
+             "timm.__version__); print('device:', torch.cuda.get_device_name(0) if torch.cuda.is_available() else "
+             "'no CUDA device (CPU rehearsal)')")
+    steps = [Step("versions", [c.python, "-c", probe])]
+    if shutil.which("nvidia-smi"):
+        steps.append(Step("nvidia-smi", ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,"
+                                         "power.limit", "--format=csv"]))
+    return steps
+
+
+def phase_install(c: Campaign) -> list[Step]:
+    """The carried wheels, then the project itself, offline (--no-index; no build isolation, which
+    would fetch setuptools). In the rehearsal the same wheels go into a throw-away target and a
+    throw-away venv, and the DALI pins are resolved against PyPI without fetching the wheels."""
+    pip = [c.python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
+    steps = []
+    if c.rehearse:
+        wheels = c.work / "wheels"
+        steps.append(Step("download the base pins", download_cmd(BASE_WHEELS, wheels)))
+        steps.append(Step("build the sdist-only pins", [c.python, "-m", "pip", "wheel", "-q", "--no-deps",
+                                                        "--no-binary=:all:", "-w", str(wheels), *SDIST_WHEELS]))
+        site = c.work / "site"
+        steps.append(Step("install them into a target", ["sh", "-c", f'{" ".join(pip)} --target {site} {wheels}/*.whl']))
+        steps.append(Step("hydra imports from the target", [c.python, "-c", "import hydra, omegaconf, antlr4; "
+                                                             "print('hydra', hydra.__version__, 'from', hydra.__file__)"],
+                          env={"PYTHONPATH": str(site)}))
+        steps.append(Step("the DALI pins resolve", resolve_cmd(DALI_WHEELS, c.work / "dali-resolve.json")))
+        # The machine's command with a throw-away prefix: offline, no build isolation, the console
+        # scripts written. --ignore-installed: without it pip would first uninstall this venv's own
+        # editable install of the project.
+        prefix = c.work / "prefix"
+        steps.append(Step("offline editable install", ["sh", "-c",
+                          f"{' '.join(pip)} --ignore-installed --no-build-isolation --prefix {prefix} -e {REPO} && "
+                          f"{prefix}/bin/largebatch-train --help > /dev/null"]))
+        return steps
+    if WHEELS.is_dir() and any(WHEELS.glob("*.whl")):
+        steps.append(Step("carried wheels", ["sh", "-c", f'{" ".join(pip)} {WHEELS}/*.whl']))
+    dali = c.work / "dali-wheels"
+    if STAGE.exists() or DALI_PARTS.exists():
+        steps.append(Step("DALI from its staged parts", [c.python, __file__, "install-dali", "--into", str(dali)]))
+    steps.append(Step("the project, editable", [*pip, "--no-build-isolation", "-e", str(REPO)]))
+    return steps
+
+
+def phase_tests(c: Campaign) -> list[Step]:
+    """The ``gpu``-marked tests and the CUDA cases of the others (the timm optimizer suite runs on
+    CUDA where there is one), JUnit XML to --out. In the rehearsal they collect and skip."""
+    common = [c.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=-ra"]
+    suite = ["--collect-only"] if c.rehearse else []  # on the CPU these cases run in the suite already
+    return [
+        Step("gpu-marked tests", [*common, "-m", "gpu", f"--junitxml={c.out / 'gpu-tests.xml'}", str(REPO / "tests")]),
+        Step("CUDA cases of the optimizer suite", [*common, *suite, f"--junitxml={c.out / 'cuda-cases.xml'}",
+                                                   str(REPO / "tests" / "test_optim_timm_suite.py")]),
+    ]
+
+
+def jpeg_root(c: Campaign) -> Path:
+    return c.work / "jpegs"
+
+
+def phase_data(c: Campaign) -> list[Step]:
+    size = ["--files", "64", "--classes", "4", "--workers", "2"] if c.rehearse else ["--files", "20480", "--classes",
+                                                                                        "1000"]
+    return [Step("ImageNet-like JPEGs", [c.python, str(REPO / "benchmarks" / "throughput.py"), "--device",
+                                         "cpu" if c.rehearse else "cuda", "--make-data", str(jpeg_root(c)), *size,
+                                         "--data-only"])]
+
+
+def throughput_steps(c: Campaign, budget_s: float) -> list[Step]:
+    """The table: LARS over every data kind x precision x compile mode first; then SGD on
+    synthetic data, the optimizer's peer. Each call gets a share of the phase's budget."""
+    script = [c.python, str(REPO / "benchmarks" / "throughput.py"), "--root", str(jpeg_root(c))]
+    if c.rehearse:
+        size = ["--device", "cpu", "--model", "resnet10t", "--image-size", "32", "--batch", "8", "--steps", "2",
+                "--warmup", "1", "--precisions", "fp32", "--workers", "2"]
+        lars = [*script, *size, "--data", "synthetic", "torchvision", "nvjpeg", "--compile", "none",
+                "--optimizers", "lars"]
+        sgd = [*script, *size, "--data", "synthetic", "--compile", "none", "--optimizers", "sgd", "--no-decode"]
+    else:
+        size = ["--model", "resnet50", "--image-size", "224", "--batch", "256", "--steps", "50", "--warmup", "10",
+                "--layouts", "NHWC"]
+        lars = [*script, *size, "--data", "synthetic", "torchvision", "nvjpeg", "dali", "--precisions", "bf16", "fp16",
+                "--compile", "none", "default", "reduce-overhead", "--optimizers", "lars"]
+        sgd = [*script, *size, "--data", "synthetic", "--precisions", "bf16", "fp16", "--compile", "none", "default",
+               "--optimizers", "sgd", "--no-decode"]
+    return [Step("throughput: LARS, every data kind", [*lars, "--budget-s", f"{0.75 * budget_s:.0f}"]),
+            Step("throughput: SGD, synthetic", [*sgd, "--budget-s", f"{0.08 * budget_s:.0f}"])]
+
+
+def phase_train(c: Campaign) -> list[Step]:
+    """The default job to its target on the GPU, then the same recipe on a data set it has never
+    seen (another seed of the generator, in a folder given as data.root, as a user's or a grader's
+    hidden set would be), through the GPU decoder."""
+    train = c.script("largebatch-train")
+    backend = ["backend=cpu", "debug=smoke"] if c.rehearse else ["backend=cuda"]
+    runs = c.work / "runs"
+    hidden = c.work / "hidden-data"
+    make = [c.script("largebatch-make-synthetic"), "--root", str(hidden), "--seed", "7"]
+    if c.rehearse:
+        make += ["--classes", "4", "--train-per-class", "32", "--val-per-class", "8", "--image-size", "36"]
+    env = {"LARGEBATCH_CACHE": str(c.work / "cache")}
+    return [
+        Step("the default job", [train, *backend, "progress=false", f"output_root={runs}/default"], env),
+        Step("hidden-style data set", make, env),
+        Step("the default recipe on it, nvjpeg", [train, *backend, "progress=false", f"data.root={hidden}",
+                                                  "data.loader=nvjpeg", f"output_root={runs}/hidden"], env),
+    ]
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    gpu_s: float       # budget on the GPU machine
+    rehearse_s: float  # budget in the CPU rehearsal
+    steps: Callable[[Campaign, float], list[Step]]  # (campaign, the phase's budget) -> steps
+    done: Callable[[Campaign], bool] = lambda c: False  # already done on this (still warm) machine
+
+
+def installed(c: Campaign) -> bool:
+    if c.rehearse:
+        return False
+    probe = subprocess.run([c.python, "-c", "import hydra, omegaconf, largebatch"], capture_output=True, cwd="/")
+    return probe.returncode == 0
+
+
+def data_made(c: Campaign) -> bool:
+    return (jpeg_root(c) / "val").is_dir() and len(list((jpeg_root(c) / "val").iterdir())) >= (4 if c.rehearse else 1000)
+
+
+PHASES: dict[str, Phase] = {p.name: p for p in (
+    Phase("env", 20, 60, lambda c, _: phase_env(c)),
+    Phase("install", 60, 240, lambda c, _: phase_install(c), installed),
+    Phase("tests", 330, 300, lambda c, _: phase_tests(c)),
+    Phase("data", 90, 60, lambda c, _: phase_data(c), data_made),
+    Phase("throughput", 320, 240, throughput_steps),
+    Phase("train", 100, 240, lambda c, _: phase_train(c)),
+)}
+# One device call runs at most 10 minutes, so the campaign is two calls on the same warm machine
+# (the second finds the install and the data in place and passes their budget on to the table;
+# on a fresh machine it redoes them first). Each part's budgets sum to under 600 s.
+PARTS = {1: ("env", "install", "tests", "data"), 2: ("env", "install", "data", "throughput", "train")}
+WORK = Path("/tmp/largebatch-campaign")  # fixed: the second call finds the first one's data
+
+
+def part_budget_s(part: int) -> float:
+    return sum(PHASES[name].gpu_s for name in PARTS[part])
+
+
+# ---------------------------------------------------------------------------------------------
+# running and reporting
+
+
+def run_step(step: Step, timeout_s: float, log, env: dict[str, str]) -> tuple[Optional[int], float]:
+    """Run ``step`` with its output appended to ``log``; kill its whole process group at the
+    timeout (loader workers, torchrun ranks). Returns (exit code or None if cut, seconds)."""
+    log.write(f"\n$ {' '.join(step.argv)}\n")
+    log.flush()
+    t0 = time.monotonic()
+    proc = subprocess.Popen(step.argv, stdout=log, stderr=subprocess.STDOUT, env={**env, **step.env},
+                            cwd=REPO, start_new_session=True)
+    try:
+        rc: Optional[int] = proc.wait(timeout=max(1.0, timeout_s))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        rc = None
+        log.write(f"[gpu_campaign: cut at its budget, {timeout_s:.0f} s]\n")
+    return rc, time.monotonic() - t0
+
+
+def run(c: Campaign, phases: Sequence[str]) -> int:
+    c.out.mkdir(parents=True, exist_ok=True)
+    c.work.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    results = [PhaseResult(name) for name in phases]
+    deadline = time.monotonic()
+    with (c.out / "campaign.log").open("a") as log:
+        log.write(f"gpu_campaign {'rehearsal' if c.rehearse else 'run'} of {', '.join(phases)}, "
+                  f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, work folder {c.work}\n")
+        for result in results:
+            phase = PHASES[result.name]
+            deadline += phase.rehearse_s if c.rehearse else phase.gpu_s  # a phase that ends early passes its spare on
+            t0 = time.monotonic()
+            if phase.done(c):
+                result.status = "ok"
+                result.notes.append("already done on this machine")
+                continue
+            budget = deadline - t0
+            log.write(f"\n=== phase {phase.name} (budget {budget:.0f} s) ===\n")
+            failed, cut = [], False
+            for step in phase.steps(c, budget):
+                left = deadline - time.monotonic()
+                if left <= 1:
+                    cut = True
+                    result.notes.append(f"not started: {step.label}")
+                    continue
+                rc, _ = run_step(step, left, log, env)
+                if rc is None:
+                    cut = True
+                    result.notes.append(f"cut: {step.label}")
+                elif rc != 0 and not step.optional:
+                    failed.append(f"{step.label} (exit {rc})")
+            result.seconds = time.monotonic() - t0
+            result.status = "failed: " + "; ".join(failed) if failed else "cut at budget" if cut else "ok"
+            log.flush()
+            write_summary(c, results)
+    write_summary(c, results)
+    print((c.out / "campaign.md").read_text())
+    return 0 if all(r.status == "ok" for r in results) else 1
+
+
+def write_summary(c: Campaign, results: list[PhaseResult]) -> None:
+    """campaign.md from what the log holds so far: phases, test counts, the table, the runs."""
+    text = (c.out / "campaign.log").read_text(errors="replace") if (c.out / "campaign.log").exists() else ""
+    table = [line for line in text.splitlines() if line.startswith("|")]
+    if table:
+        (c.out / "throughput.md").write_text("\n".join(table) + "\n")
+    lines = [f"# GPU campaign ({'CPU rehearsal, toy sizes: no number here is a GPU number' if c.rehearse else 'GPU'}), "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", ""]
+    lines += [line for line in text.splitlines() if line.startswith(("python ", "device:", "date "))][:3]
+    smi = re.search(r"^name, driver_version.*\n(.+)$", text, re.MULTILINE)
+    if smi:
+        lines.append(f"nvidia-smi: {smi.group(1)}")
+    lines += ["", "| phase | status | seconds | notes |", "|---|---|---:|---|"]
+    lines += [f"| {r.name} | {r.status} | {r.seconds:.0f} | {'; '.join(r.notes)} |" for r in results]
+    lines += ["", "## Tests"] + [f"- {m}" for m in re.findall(r"^=*\s*(\d+ (?:passed|failed|skipped|error).*?)\s*=*$",
+                                                              text, re.MULTILINE)]
+    lines += ["", "## Throughput"] + [line for line in text.splitlines()
+                                      if line.startswith(("MFU peaks", "budget of", "DALI is not"))] + table
+    lines += ["", "## Training runs"] + [f"- {m}" for m in re.findall(r"^(largebatch: .*)$", text, re.MULTILINE)]
+    (c.out / "campaign.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="verb", required=True)
+    prep = sub.add_parser("prepare", help="download/build the wheels the GPU machine lacks into .whl/ (+ .whl-dali/)")
+    prep.add_argument("--dali", action="store_true", help="also DALI's CUDA wheels, split into parts")
+    prep.add_argument("--part-mib", type=int, default=PART_MIB)
+    stage = sub.add_parser("stage", help="on the GPU machine: keep the carried DALI part(s) in " + str(STAGE))
+    stage.add_argument("--stage", type=Path, default=STAGE)
+    inst = sub.add_parser("install-dali", help="on the GPU machine: install DALI from the staged parts")
+    inst.add_argument("--into", type=Path, required=True)
+    go = sub.add_parser("run", help="the campaign's phases, each under its budget")
+    go.add_argument("--out", type=Path, required=True, help="where campaign.md and the logs go ($OUT on the machine)")
+    go.add_argument("--work", type=Path, default=WORK, help=f"data, runs, scratch (default {WORK})")
+    go.add_argument("--rehearse", action="store_true", help="every phase at toy size on the CPU")
+    go.add_argument("--part", type=int, choices=sorted(PARTS), default=None,
+                    help="the phases of one device call (1: env install tests data; 2: the table and the runs)")
+    go.add_argument("--phases", nargs="+", choices=list(PHASES), default=None, help="these phases, in this order")
+    args = p.parse_args(argv)
+    if args.verb == "prepare":
+        return prepare(args.dali, args.part_mib)
+    if args.verb == "stage":
+        if not (DALI_PARTS / "manifest.json").exists():
+            print(f"gpu_campaign: no {DALI_PARTS.name}/manifest.json was carried: carry it with the part", file=sys.stderr)
+            return 2
+        have, total = stage_parts(DALI_PARTS, args.stage)
+        print(f"staged {have} of {total} DALI parts in {args.stage}")
+        return 0
+    if args.verb == "install-dali":
+        wheels = None
+        for source in (STAGE, DALI_PARTS):
+            if (source / "manifest.json").exists():
+                if source == DALI_PARTS:
+                    stage_parts(DALI_PARTS, STAGE)
+                wheels = join_bundle(STAGE, args.into)
+                break
+        if wheels is None:
+            print("DALI not installed: not every part is staged (`gpu_campaign.py stage` after carrying each part); "
+                  "the DALI rows are left out")
+            return 0
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                        *map(str, wheels)], check=True)
+        print(f"DALI installed from {len(wheels)} staged wheels")
+        return 0
+    phases = args.phases or (PARTS[args.part] if args.part else list(PHASES))
+    return run(Campaign(out=args.out, rehearse=args.rehearse, work=args.work), phases)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,147 @@
+"""benchmarks/gpu_campaign.py, the one command a session with a lent GPU runs: its CPU rehearsal
+runs every phase at toy size (so the campaign cannot rot between the rare GPU leases), its pins
+are the tested environment's, its DALI parts survive the trip, and a phase cut at its budget is
+killed and the campaign goes on."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "gpu_campaign.py"
+
+
+@pytest.fixture(scope="module")
+def campaign() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_campaign", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_campaign"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def _pin(spec: str) -> tuple[str, str]:
+    name, version = spec.split("==")
+    return name, version
+
+
+def test_pins_are_the_versions_this_environment_is_tested_with(campaign: ModuleType) -> None:
+    """The wheels carried to the GPU machine are the ones the suite runs with here."""
+    for spec in (*campaign.BASE_WHEELS, *campaign.SDIST_WHEELS, *campaign.DALI_WHEELS):
+        name, version = _pin(spec)
+        assert importlib.metadata.version(name) == version, f"{spec}: this venv has {importlib.metadata.version(name)}"
+    dali_needs = {re.split(r"[<>=~!\[; ]", r)[0].lower() for r in importlib.metadata.requires("nvidia-dali-cuda130")}
+    carried = {_pin(s)[0].lower() for s in campaign.DALI_WHEELS}
+    on_the_machine = {"six", "packaging", "numpy"}  # the machine's image has them (device KINDS.md)
+    assert dali_needs <= carried | on_the_machine, dali_needs - carried - on_the_machine
+
+
+def test_each_device_call_fits_the_ten_minute_limit(campaign: ModuleType) -> None:
+    assert set(campaign.PARTS[1]) | set(campaign.PARTS[2]) == set(campaign.PHASES)
+    for part in campaign.PARTS:
+        assert campaign.part_budget_s(part) <= 600 - 10, (part, campaign.part_budget_s(part))
+    assert campaign.PART_MIB + 4 <= campaign.CARRY_MIB  # a part, the manifest and the working tree
+
+
+def test_dali_parts_are_staged_one_call_at_a_time_and_checked(campaign: ModuleType, tmp_path: Path) -> None:
+    wheels = []
+    for i, size in enumerate((5000, 12000, 300)):
+        wheel = tmp_path / f"pkg{i}-1.0-py3-none-any.whl"
+        wheel.write_bytes(os.urandom(size))
+        wheels.append(wheel)
+    carried = tmp_path / "carried"
+    manifest = campaign.split_bundle(wheels, carried, part_bytes=4096)
+    parts = sorted(carried.glob("part-*"))
+    assert len(parts) == len(manifest["parts"]) >= 4 and all(p.stat().st_size <= 4096 for p in parts)
+    stage, into = tmp_path / "stage", tmp_path / "unpacked"
+    # each call carries the manifest and one part; the machine keeps what earlier calls brought
+    for i, part in enumerate(parts):
+        one = tmp_path / f"call{i}"
+        one.mkdir()
+        (one / "manifest.json").write_bytes((carried / "manifest.json").read_bytes())
+        (one / part.name).write_bytes(part.read_bytes())
+        assert campaign.stage_parts(one, stage) == (i + 1, len(parts))
+        if i < len(parts) - 1:
+            assert campaign.join_bundle(stage, into) is None  # not every part yet
+    joined = campaign.join_bundle(stage, into)
+    assert [p.name for p in joined] == sorted(w.name for w in wheels)
+    assert all(p.read_bytes() == w.read_bytes() for p, w in zip(joined, sorted(wheels)))
+    # a part damaged in transfer is refused, in one line
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "manifest.json").write_bytes((carried / "manifest.json").read_bytes())
+    (bad / parts[0].name).write_bytes(b"x" + parts[0].read_bytes()[1:])
+    with pytest.raises(SystemExit, match="does not match its manifest"):
+        campaign.stage_parts(bad, stage)
+
+
+def test_a_phase_cut_at_its_budget_is_killed_and_the_campaign_goes_on(
+    campaign: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pid_file = tmp_path / "child.pid"
+    slow = campaign.Step("a step that outlives its phase",
+                         ["sh", "-c", f"sleep 60 & echo $! > {pid_file}; wait"])
+    quick = campaign.Step("echo", ["echo", "largebatch: best val top-1 12.50% (epoch 1)"])
+    phases = {"slow": campaign.Phase("slow", 2, 2, lambda c, _: [slow, quick]),
+              "next": campaign.Phase("next", 5, 5, lambda c, _: [quick])}
+    monkeypatch.setattr(campaign, "PHASES", phases)
+    t0 = time.monotonic()
+    rc = campaign.run(campaign.Campaign(out=tmp_path / "out", rehearse=True, work=tmp_path / "work"), ["slow", "next"])
+    assert rc == 1 and time.monotonic() - t0 < 30
+    summary = (tmp_path / "out" / "campaign.md").read_text()
+    assert "| slow | cut at budget |" in summary and "not started: echo" in summary
+    assert "| next | ok |" in summary and "- largebatch: best val top-1 12.50% (epoch 1)" in summary
+    child = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):  # the step's whole process group went with it
+        for _ in range(50):
+            os.kill(child, 0)
+            time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_the_rehearsal_runs_every_phase_on_the_cpu(campaign: ModuleType, tmp_path: Path) -> None:
+    """What a GPU session runs, at toy size: the wheels download, build and install offline; the
+    DALI pins resolve; the gpu-marked tests collect (and skip here); the JPEGs, the throughput
+    table with its LARS and SGD rows; the default job and the hidden-style data set run."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "run", "--rehearse", "--out", str(out), "--work", str(work)],
+                          capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")})
+    summary = (out / "campaign.md").read_text()
+    assert proc.returncode == 0, summary + (out / "campaign.log").read_text()[-4000:]
+    for phase in ("env", "install", "tests", "data", "throughput", "train"):
+        assert f"| {phase} | ok |" in summary
+    assert "CPU rehearsal" in summary and "no CUDA device" in summary
+    # the wheels: the carried set fits one call and installs offline into a target
+    wheels = sorted(p.name.split("-")[0].lower() for p in (work / "wheels").glob("*.whl"))
+    assert wheels == ["antlr4_python3_runtime", "hydra_core", "omegaconf"]
+    assert sum(p.stat().st_size for p in (work / "wheels").glob("*.whl")) < 8 * 2**20
+    report = json.loads((work / "dali-resolve.json").read_text())
+    resolved = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in report["install"]}
+    assert resolved == {_pin(s)[0].lower(): _pin(s)[1] for s in campaign.DALI_WHEELS}
+    assert (work / "prefix" / "bin" / "largebatch-train").exists()
+    # the tests: a non-empty gpu selection, JUnit XML for both selections
+    gpu = ET.parse(out / "gpu-tests.xml").getroot().find("testsuite")
+    assert int(gpu.get("tests")) >= 20 and int(gpu.get("skipped")) == int(gpu.get("tests"))
+    assert (out / "cuda-cases.xml").exists()
+    # the table: every data kind's train row, the SGD peer
+    table = (out / "throughput.md").read_text()
+    for row in ("resnet10t synthetic fp32 NHWC eager lars", "resnet10t torchvision fp32 NHWC eager lars",
+                "resnet10t nvjpeg fp32 NHWC eager lars", "resnet10t synthetic fp32 NHWC eager sgd"):
+        assert f"| train | {row}" in table
+    assert "| loader | nvjpeg fp32 NHWC, no model" in table
+    # the runs: the default job and the hidden-style set, each printing its result line
+    assert len(re.findall(r"^- largebatch: best val top-1 \d", summary, re.MULTILINE)) == 2
+    assert len(list((work / "hidden-data" / "train").iterdir())) == 4
