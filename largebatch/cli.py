@@ -21,7 +21,7 @@ from largebatch.errors import (  # noqa: F401  (EXIT_*: the codes, importable fr
     EXIT_INTERRUPTED, EXIT_IO_ERROR, EXIT_NON_FINITE, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE, error_line, exit_code,
 )
 
-__all__ = ["main"]
+__all__ = ["main", "run_command"]
 
 
 def _train_once(overrides: Sequence[str]) -> int:
@@ -34,30 +34,38 @@ def _train_once(overrides: Sequence[str]) -> int:
     return EXIT_OK
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``largebatch-train [--cfg job] [-m] [key=value ...]``: compose the config and run it (or sweep it)."""
+def run_command(argv: Optional[Sequence[str]] = None) -> tuple[int, Optional[str]]:
+    """``largebatch-train``'s work: the exit code, and the one line for stderr when it is not 0
+    because of an error :func:`largebatch.errors.exit_code` knows (a bug raises)."""
     from largebatch.config.command_line import multirun_overrides, parse_command_line, show
 
     args = list(sys.argv[1:] if argv is None else argv)
     if "--version" in args:
         print(f"largebatch {__version__}")
-        return EXIT_OK
+        return EXIT_OK, None
     try:
         opts = parse_command_line(args)
         if opts.help or opts.hydra_help or opts.cfg or opts.info:
             show(opts)
-            return EXIT_OK
+            return EXIT_OK, None
         if opts.multirun:
             from largebatch.multirun import run_multirun
 
-            return run_multirun(multirun_overrides(opts.overrides))
-        return _train_once(opts.overrides)
+            return run_multirun(multirun_overrides(opts.overrides)), None
+        return _train_once(opts.overrides), None
     except BaseException as e:  # KeyboardInterrupt too: a second Ctrl-C is exit 130
         code = exit_code(e)
         if code is None:
             raise  # a bug: keep its traceback
-        print(error_line(e), file=sys.stderr)
-        return code
+        return code, error_line(e)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``largebatch-train [--cfg job] [-m] [key=value ...]``: compose the config and run it (or sweep it)."""
+    code, line = run_command(argv)
+    if line:
+        print(line, file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -40,8 +40,8 @@ from typing import Optional
 __all__ = [
     "EXIT_INTERRUPTED", "EXIT_IO_ERROR", "EXIT_NON_FINITE", "EXIT_OK", "EXIT_PREEMPTED", "EXIT_USAGE",
     "USER_ERRORS", "CheckpointError", "CheckpointSaveError", "ConfigError", "DataError", "ModelError",
-    "NonFiniteLossError", "Preempted", "ReplicaError", "ReportError", "RunDirError", "RunFileError", "UsageError",
-    "WriteError", "error_line", "exit_code", "os_error_text",
+    "NonFiniteLossError", "Preempted", "ReplicaError", "ReportError", "RunDirError", "RunFileError",
+    "TooFewSamplesError", "UsageError", "WriteError", "error_line", "exit_code", "os_error_text",
 ]
 
 EXIT_OK = 0
@@ -68,6 +68,18 @@ class ConfigError(ValueError):
 
 class DataError(ValueError):
     """A data set that cannot be used as it is; the message names the path and the fix."""
+
+
+class TooFewSamplesError(DataError):
+    """A training split too small for one full batch on every rank; ``num_samples`` is its size.
+
+    Raised where the batch is cut (the samplers, the packed-shard reader), which know the
+    per-rank batch only; ``largebatch.run`` restates it in terms of ``global_batch_size``.
+    """
+
+    def __init__(self, message: str, *, num_samples: int) -> None:
+        super().__init__(message)
+        self.num_samples = num_samples
 
 
 class ModelError(ValueError):

@@ -32,9 +32,9 @@ import torch
 from omegaconf import OmegaConf
 
 from largebatch import __version__
-from largebatch.errors import Preempted, UsageError, os_error_text
+from largebatch.errors import Preempted, TooFewSamplesError, UsageError, os_error_text
 
-__all__ = ["BatchPlan", "plan_batches", "run"]
+__all__ = ["BatchPlan", "batch_too_large", "plan_batches", "run"]
 
 log = logging.getLogger("largebatch")
 
@@ -67,6 +67,33 @@ def plan_batches(global_batch_size: int, world_size: int, accumulation_steps: in
     return BatchPlan(global_batch_size, world_size, accumulation_steps, global_batch_size // parts)
 
 
+def batch_too_large(plan: BatchPlan, *, num_samples: Optional[int] = None,
+                    batches_per_rank: Optional[int] = None) -> UsageError:
+    """The error for a global batch the training data cannot fill once per epoch.
+
+    Given the data set's ``num_samples`` (the sampler refused the per-rank batch) or the
+    ``batches_per_rank`` it gives (fewer than the accumulation steps), it names the largest
+    global batch that fits at this world size and accumulation.
+    """
+    w, a = plan.world_size, plan.accumulation_steps
+    if num_samples is not None:
+        per_rank = num_samples // w
+        have = f"the training data has {num_samples} samples"
+    else:
+        per_rank = (batches_per_rank or 0) * plan.per_device
+        have = f"the training data gives each rank {batches_per_rank} batch(es) of {plan.per_device} per epoch"
+    fits = per_rank // a * a * w
+    fix = (f"the largest global batch that fits is {fits}: set global_batch_size={fits} or smaller, or add data"
+           if fits else "no global batch fits on this many ranks: add data or use fewer ranks")
+    return UsageError(
+        f"global_batch_size={plan.global_batch_size} ({plan.per_device} per device x {w} rank(s) x {a} "
+        f"accumulation step(s)) is larger than an epoch: {have}; {fix}"
+    )
+
+
+_LOG_FORMAT = logging.Formatter("[%(asctime)s %(levelname)s] %(message)s", "%H:%M:%S")
+
+
 class _RunLogFile(logging.FileHandler):
     """``train.log``: a write that fails (disk full, read-only) turns the file off with one
     console line naming it, instead of logging's traceback for every later record (the
@@ -86,20 +113,44 @@ class _RunLogFile(logging.FileHandler):
                   os_error_text(err, self.baseFilename))
 
 
-def _setup_logging(is_main: bool, run_dir: Optional[Path]) -> None:
+class _Pending(logging.Handler):
+    """Keeps rank 0's records until the run directory exists (:func:`_log_into_run_dir`): the
+    data is built first, so that a batch it cannot fill stops the run before anything is written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def _setup_logging(is_main: bool) -> None:
+    """Console logging (rank 0: INFO, the others: WARNING); rank 0 also keeps the records for train.log."""
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
-    level = logging.INFO if is_main else logging.WARNING
-    fmt = logging.Formatter("[%(asctime)s %(levelname)s] %(message)s", "%H:%M:%S")
     console = logging.StreamHandler(sys.stdout)
-    console.setFormatter(fmt)
+    console.setFormatter(_LOG_FORMAT)
     root.addHandler(console)
-    if is_main and run_dir is not None:
-        fh = _RunLogFile(run_dir / "train.log")
-        fh.setFormatter(fmt)
-        root.addHandler(fh)
-    root.setLevel(level)
+    if is_main:
+        root.addHandler(_Pending())
+    root.setLevel(logging.INFO if is_main else logging.WARNING)
+
+
+def _log_into_run_dir(run_dir: Path) -> None:
+    """Rank 0: ``train.log`` in the run directory, starting with the records logged before it existed."""
+    root = logging.getLogger()
+    pending = [h for h in root.handlers if isinstance(h, _Pending)]
+    if not pending:
+        return  # not rank 0
+    fh = _RunLogFile(run_dir / "train.log")
+    fh.setFormatter(_LOG_FORMAT)
+    for h in pending:
+        root.removeHandler(h)
+        for record in h.records:
+            fh.handle(record)
+    root.addHandler(fh)
 
 
 def _resume_setting(resume: Optional[str]) -> Optional[str]:
@@ -143,7 +194,11 @@ def _data(cfg: Any, backend: Any, plan: BatchPlan, dtype: Optional[torch.dtype],
         world_size=backend.world_size, device=device, dtype=dtype or torch.float32, channels_last=channels_last,
         shuffle_buffer=data.shuffle_buffer,
     )
-    train, val, num_classes = build_run_loaders(root, spec, loader=data.loader, shards=data.shards, backend=backend)
+    try:
+        train, val, num_classes = build_run_loaders(root, spec, loader=data.loader, shards=data.shards,
+                                                    backend=backend)
+    except TooFewSamplesError as err:
+        raise batch_too_large(plan, num_samples=err.num_samples) from None
     return root, train, val, num_classes
 
 
@@ -348,17 +403,22 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
     run_dir_state = None
     try:
         plan = plan_batches(cfg.global_batch_size, backend.world_size, cfg.accumulation_steps)
-        run_dir_state = make_run_dir(run_dir=cfg.run_dir, output_root=cfg.output_root,
-                                     model_name=cfg.model.name, resume=cfg.resume, backend=backend)
-        run_dir = run_dir_state.path
-        _setup_logging(backend.is_main, run_dir)
-        for note in run_dir_state.notes:
-            log.warning("%s", note)
+        _setup_logging(backend.is_main)
         torch.manual_seed(cfg.seed)
         precision = resolve_precision(cfg.precision.name, backend)
         channels_last = _channels_last(cfg, backend)
+        # The data before the run directory: a data set the batch cannot fill (or a missing
+        # data folder) is one line before anything is written.
         data_root, train_loader, val_loader, num_classes = _data(cfg, backend, plan, precision.autocast_dtype,
                                                                  channels_last)
+        if len(train_loader) < plan.accumulation_steps:  # whole micro-batches, but no optimizer step
+            raise batch_too_large(plan, batches_per_rank=len(train_loader))
+        run_dir_state = make_run_dir(run_dir=cfg.run_dir, output_root=cfg.output_root,
+                                     model_name=cfg.model.name, resume=cfg.resume, backend=backend)
+        run_dir = run_dir_state.path
+        _log_into_run_dir(run_dir)
+        for note in run_dir_state.notes:
+            log.warning("%s", note)
         model = _model(cfg, backend, num_classes, channels_last)
         lr = scale_lr(cfg.optimizer.lr, cfg.global_batch_size, cfg.base_batch_size, cfg.lr_scaling)
         optimizer = _optimizer(cfg, model, lr)

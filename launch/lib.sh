@@ -36,6 +36,9 @@ run() {  # run CMD...: run CMD and exit with the workers' code, or print it unde
   wait "$child" || rc=$?  # its own exit status (bash keeps it for a second wait)
   trap - TERM INT HUP
   rc=$(worker_exit_code "$LARGEBATCH_EXIT_DIR" "$rc")
+  # torchrun's failure report (a banner, a traceback) ends its output: repeat the workers'
+  # own line after it, so the last line the user sees says what went wrong and what to do
+  worker_error_line "$LARGEBATCH_EXIT_DIR" "$rc" >&2
   rm -rf "$LARGEBATCH_EXIT_DIR"
   exit "$rc"
 }
@@ -63,6 +66,28 @@ worker_exit_code() {
     if [[ -z $best || $best == 75 || $best == 130 ]]; then best=$code; fi
   done
   echo "${best:-$rc}"
+}
+
+# worker_error_line DIR RC: the one error line (second line of an exit file of the last
+# restart) of the lowest rank that exited with RC; nothing when none wrote one
+worker_error_line() {
+  local dir=$1 rc=$2 f n latest=-1 code line best_rank="" best_line=""
+  [[ $rc == 0 ]] && return 0
+  for f in "$dir"/exit-*-*; do
+    [[ -f $f ]] || continue
+    n=${f##*/exit-}
+    n=${n%%-*}
+    if (( n > latest )); then latest=$n; fi
+  done
+  for f in "$dir"/exit-"$latest"-*; do
+    [[ -f $f ]] || continue
+    { read -r code && read -r line; } < "$f" || continue
+    [[ $code == "$rc" && -n $line ]] || continue
+    n=${f##*-}
+    if [[ -z $best_rank ]] || (( n < best_rank )); then best_rank=$n; best_line=$line; fi
+  done
+  if [[ -n $best_line ]]; then printf '%s\n' "$best_line"; fi
+  return 0
 }
 
 _forward() {  # _forward SIG: pass SIG on to run's launcher ($child), or keep it until it starts

@@ -89,6 +89,34 @@ def test_bad_input_is_one_line_and_exit_2(cache: Path, capsys: pytest.CaptureFix
     assert pattern in err
 
 
+@pytest.mark.parametrize("args,fits", [
+    (["global_batch_size=4096"], "the training data has 128 samples; the largest global batch that fits is 128"),
+    (["global_batch_size=256", "accumulation_steps=4"],
+     "gives each rank 2 batch(es) of 64 per epoch; the largest global batch that fits is 128"),
+], ids=["batch", "accumulation"])
+def test_a_global_batch_larger_than_the_data_is_one_line_before_anything_is_written(
+    cache: Path, capsys: pytest.CaptureFixture, args: list[str], fits: str
+) -> None:
+    """Issue 43 case 4: `debug=smoke global_batch_size=4096` was a ValueError traceback (exit 1)
+    after the run directory and its train.log were made."""
+    run = cache / "run"
+    code = main([*TINY, f"run_dir={run}", *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.startswith("largebatch: error: global_batch_size=") and "\n" not in err and "Traceback" not in err
+    assert "rank(s)" in err and fits in err, err
+    assert not run.exists()
+
+
+def test_train_log_keeps_the_lines_logged_before_the_run_dir(cache: Path) -> None:
+    """The data is built before the run directory exists; train.log still starts with its lines."""
+    run = cache / "run"
+    assert main([*TINY, f"run_dir={run}", "max_steps=1"]) == 0
+    log = (run / "train.log").read_text().splitlines()
+    assert "input pipeline: torchvision DataLoader" in log[0], log[:3]
+    assert any("global batch 32 = 32 per device" in line for line in log)
+
+
 def test_console_script_and_module_entry(cache: Path) -> None:
     env = dict(os.environ, LARGEBATCH_CACHE=str(cache / "cache"))
     proc = subprocess.run(

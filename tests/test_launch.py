@@ -414,6 +414,23 @@ def test_torchrun_script_passes_on_the_workers_exit_code(tmp_path: Path) -> None
     assert "epochs=0 is out of range" in proc.stderr
 
 
+@pytest.mark.parametrize("batch,line", [
+    ("33", "largebatch: error: global_batch_size=33 is not divisible by world size 2"),
+    ("4096", "largebatch: error: global_batch_size=4096 (2048 per device x 2 rank(s)"),
+])
+def test_torchrun_script_ends_with_the_workers_error_line(tmp_path: Path, batch: str, line: str) -> None:
+    """Issue 43 case 4: the last line was torchrun's failure banner, not the workers' one line."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "TORCHRUN": str(torchrun), "NPROC_PER_NODE": "2", "OMP_NUM_THREADS": "1"}
+    env.pop("LB_DRY_RUN", None)
+    proc = subprocess.run(["bash", str(LAUNCH / "torchrun.sh"), "backend=cpu", "debug=smoke",
+                           f"global_batch_size={batch}", f"run_dir={tmp_path / 'run'}"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(line), proc.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
+
+
 _FAKE_TORCHRUN = """
 # a worker group whose rank 1 failed (bad input) and whose rank 0 was then stopped (75);
 # an earlier restart's files must not count

@@ -18,6 +18,8 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import Sampler
 
+from largebatch.errors import TooFewSamplesError
+
 __all__ = ["ExactShardSampler", "ShardedSampler", "exact_part_bounds", "sample_seed"]
 
 
@@ -114,9 +116,9 @@ class ShardedSampler(Sampler[int]):
             per_rank = -(-dataset_len // world_size)
         self.part_len = per_rank  # samples per rank per epoch, before any start skip
         if self.part_len == 0 and dataset_len > 0:
-            raise ValueError(
+            raise TooFewSamplesError(
                 f"{dataset_len} samples on {world_size} ranks give no full batch of "
-                f"{batch_size} per rank; lower the batch size or add data"
+                f"{batch_size} per rank; lower the batch size or add data", num_samples=dataset_len,
             )
 
     def set_epoch(self, epoch: int) -> None:

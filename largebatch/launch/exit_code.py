@@ -2,22 +2,25 @@
 
 torchrun exits 1 whenever a worker fails, whatever the worker's reason. The scripts in
 ``launch/`` set ``LARGEBATCH_EXIT_DIR``; each worker writes its exit code to
-``<dir>/exit-<restart>-<rank>`` and the script then exits with the documented code (75
-preempted, 2 bad input, 3 non-finite, 74 a run file write failed) instead of torchrun's 1.
+``<dir>/exit-<restart>-<rank>`` (its error line, if any, on the second line) and the script
+then exits with the documented code (75 preempted, 2 bad input, 3 non-finite, 74 a run file
+write failed) instead of torchrun's 1, printing that line last, after torchrun's failure report.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Optional
 
 __all__ = ["ENV", "report_exit_code"]
 
 ENV = "LARGEBATCH_EXIT_DIR"
 
 
-def report_exit_code(code: int) -> None:
-    """Write ``code`` for the launch script when it asked for it (``LARGEBATCH_EXIT_DIR``)."""
+def report_exit_code(code: int, line: Optional[str] = None) -> None:
+    """Write ``code`` (and the one error ``line``) for the launch script when it asked for it
+    (``LARGEBATCH_EXIT_DIR``)."""
     directory = os.environ.get(ENV)
     if not directory:
         return
@@ -25,6 +28,6 @@ def report_exit_code(code: int) -> None:
     rank = os.environ.get("RANK", "0") or "0"
     try:
         Path(directory).mkdir(parents=True, exist_ok=True)
-        (Path(directory) / f"exit-{restart}-{rank}").write_text(f"{code}\n")
+        (Path(directory) / f"exit-{restart}-{rank}").write_text(f"{code}\n" + (f"{line}\n" if line else ""))
     except OSError:
         pass  # the exit code itself still reaches torchrun

@@ -28,7 +28,7 @@ from largebatch.data.pipelines.dali_graph import (
     _train_images,
     _val_images,
 )
-from largebatch.errors import DataError
+from largebatch.errors import DataError, TooFewSamplesError
 
 __all__ = ["DaliShardLoader", "build_dali_shard_loaders", "read_shard_meta"]
 
@@ -222,6 +222,6 @@ def build_dali_shard_loaders(
             layout=layout, prefetch_queue_depth=prefetch_queue_depth, shuffle_buffer=spec.shuffle_buffer,
         ))
     if loaders[0].num_samples == 0:
-        raise DataError(f"{loaders[0].total} packed samples on {world_size} ranks give no full "
-                        f"batch of {batch_size} per rank; lower the batch size")
+        raise TooFewSamplesError(f"{loaders[0].total} packed samples on {world_size} ranks give no full "
+                                 f"batch of {batch_size} per rank; lower the batch size", num_samples=loaders[0].total)
     return loaders[0], loaders[1], num_classes
