@@ -54,7 +54,9 @@ Data: the embedded generator (``largebatch.data.synthetic.render_image``, 10 cla
 into uint8 tensors in memory (random crop and flip per step); model: a 3-layer conv net with
 ghost BN defined here; the project's optimizers (``largebatch.optim``) and schedules
 (``largebatch.lr``): poly decay (power 2) after warmup, weight decay 5e-4 off BN and bias,
-momentum 0.9. The largest batch is 5% of the training set per step (ImageNet at 64K).
+momentum 0.9. Batches 32 to 512 (k = 1 to 16): the largest is 5% of the training set per step
+(ImageNet at 64K); k = 2 is Goyal et al.'s 8K by that mapping (0.6% per step), k = 8 32K.
+k = 2 and 8 were added after the first report (issue 47), with the same recipes and seeds.
 
 Running (resumable: rows go to ``benchmarks/results/scaling_rule.jsonl`` as they finish; a
 point already there is not trained again; parallel workers claim points with lock files):
@@ -67,8 +69,9 @@ point already there is not trained again; parallel workers claim points with loc
     python benchmarks/scaling_rule.py --render --width 16 --epochs 24 --doublings 2 \
         --out benchmarks/results/scaling_rule_width16_24ep   # the first setup's report
 
-The whole default study is 117 trainings, about 390 min of one core (~3.3 h of wall time
-with two one-thread workers).
+The first report's points (batches 32, 128, 512) were 117 trainings, about 390 min of one core
+(~3.3 h of wall time with two one-thread workers); k = 2 and 8 add about 80-90 more (their
+sweeps decide), ~3.3 min of one core each.
 
 Stop it any time (Ctrl-C); run it again to go on. The report lists the points still pending.
 """
@@ -514,7 +517,7 @@ def exponent_range(ks: Sequence[float], lr_sets: Sequence[Sequence[float]]) -> t
     ``lr_sets`` (the lrs the rows cannot tell apart at each batch ``ks``)."""
     xs = [math.log2(k) for k in ks]
     fits = [np.polyfit(xs, [math.log2(lr) for lr in pick], 1)[0] for pick in itertools.product(*lr_sets)]
-    return min(fits), max(fits)
+    return round(min(fits), 9) + 0.0, round(max(fits), 9) + 0.0  # no "-0.00" from rounding error
 
 
 # ---------------------------------------------------------------------------------------------
@@ -561,7 +564,9 @@ def comparisons(rows: dict, args: argparse.Namespace) -> list[dict[str, Any]]:
     same (both arms the same points)}. Their number is fixed by the design (batches and recipes),
     not by the rows, so the Bonferroni correction over them does not move as rows come in:
       - each large-batch point (every recipe's tuned lr, the rules' lrs) against the base batch;
-      - with warmup, the linear rule's lr against the tuned one, at each large batch.
+      - with warmup, the linear rule's lr against the tuned one, at each large batch;
+      - at the linear lr, SGD with warmup against SGD without, at each large batch;
+      - at the largest batch, LARS against SGD with warmup, each at its tuned lr.
     """
     base = args.base_batch
     large = sorted(b for b in args.batches if b != base)
@@ -580,6 +585,9 @@ def comparisons(rows: dict, args: argparse.Namespace) -> list[dict[str, Any]]:
     out = [pair(arm(recipe, batch, choice), ref)
            for batch in large for recipe, choices in CHOICES.items() for choice in choices]
     out += [pair(arm("sgd+warmup", b, "linear"), arm("sgd+warmup", b, "tuned")) for b in large]
+    out += [pair(arm("sgd+warmup", b, "linear"), arm("sgd", b, "linear")) for b in large]
+    if large:
+        out.append(pair(arm("lars", large[-1], "tuned"), arm("sgd+warmup", large[-1], "tuned")))
     return out
 
 
@@ -702,18 +710,23 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
     for recipe in RECIPES:
         crs = [cell_recipe(recipe, b, base) for b in args.batches]
         lrs = [chosen_lr(rows, cr, b, args) for cr, b in zip(crs, args.batches)]
-        ks = [b / base for b in args.batches]
-        done = all(lrs)
-        fit = f"{np.polyfit([math.log2(k) for k in ks], [math.log2(x) for x in lrs], 1)[0]:.2f}" if done else "pending"
         sets = [tied.get((cr, b)) for cr, b in zip(crs, args.batches)]
-        rng = exponent_range(ks, sets) if done and all(sets) else None
+        # fitted over the batches whose sweeps are done (all of them once nothing is pending)
+        have = [i for i, (lr, t) in enumerate(zip(lrs, sets)) if lr and t]
+        ks = [args.batches[i] / base for i in have]
+        done = len(have) > 1
+        fit = (f"{np.polyfit([math.log2(k) for k in ks], [math.log2(lrs[i]) for i in have], 1)[0]:.2f}" if done
+               else "pending") + ("" if len(have) == len(args.batches) or not done
+                                  else f" (k = {', '.join(f'{k:g}' for k in ks)})")
+        rng = exponent_range(ks, [sets[i] for i in have]) if done else None
         L.append(f"| {recipe} | " + " | ".join(
             (f"{lr:g}" + ("" if t == [lr] else f" ({', '.join(f'{x:g}' for x in t)})") if t else f"{lr:g}")
             if lr else "pending" for lr, t in zip(lrs, sets))
             + f" | {fit} | " + (f"{rng[0]:.2f} to {rng[1]:.2f}" if rng else "pending") + " |")
     L += ["", "In parentheses: the lrs the sweep cannot tell from the chosen one. Linear scaling is a = 1, "
           "square-root scaling a = 0.5; where a batch's best lr is not identified, neither is a: the last column "
-          "is the range of the fit over every choice of those lrs.", ""]
+          "is the range of the fit over every choice of those lrs. While a batch's sweep is pending the fit is over "
+          "the batches done (their k in parentheses).", ""]
     # test table
     target = (statistics.mean(r["test"] for r in ref) - args.margin) if ref else None
     L += ["## Test top-1 (%) at each batch: mean [95% interval] (n)", "",
@@ -827,7 +840,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--render", action="store_true", help="no training: the report from the rows file")
     p.add_argument("--quick", action="store_true", help="smoke test: tiny data, 2 epochs, temp folder")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--batches", type=int, nargs="+", default=[32, 128, 512])
+    p.add_argument("--batches", type=int, nargs="+", default=[32, 64, 128, 256, 512],
+                   help="global batches; the smallest is the base (k = 1). By the share of the training set "
+                        "per step, k = 2 is Goyal et al.'s 8K on ImageNet, k = 16 is 64K")
     p.add_argument("--epochs", type=int, default=48)
     p.add_argument("--warmup-epochs", type=float, default=2.0)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])

@@ -229,7 +229,13 @@ def test_the_comparison_family_is_fixed_by_the_design(study: ModuleType, tmp_pat
     args = study.parse(["--quick", "--out", str(tmp_path / "fam")])
     empty = study.comparisons({}, args)
     large = len(args.batches) - 1
-    assert len(empty) == large * (6 + 1)  # 6 points against the base batch, linear vs tuned with warmup
+    # per large batch: 6 points against the base batch, linear vs tuned lr with warmup, warmup vs
+    # none at the linear lr; and LARS against SGD+warmup at the largest batch
+    assert len(empty) == large * (6 + 1 + 1) + 1
+    names = [c["name"] for c in empty]
+    assert names[-1].startswith(f"lars @ {max(args.batches)}, tuned lr") and "- sgd+warmup @" in names[-1]
+    assert sum(n.startswith("sgd+warmup @") and "- sgd @" in n and "linear" in n.split(" - ")[1]
+               for n in names) == large
     assert all(c["a"] == [] and c["b"] == [] for c in empty)
     md = study.write_report(args, {})
     assert f"Bonferroni-corrected over all {len(empty)}" in md and "| pending |" in md
