@@ -435,6 +435,7 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
                 optimizer_name=cfg.optimizer.name, global_batch_size=plan.global_batch_size,
                 per_device=plan.per_device, steps_per_epoch=steps_per_epoch, model=model,
                 optimizer=optimizer, scheduler=scheduler, scaler=scaler, state=state, ema=ema,
+                num_classes=num_classes,
             )
         resolved = _resolved(cfg, backend, plan, lr=lr, steps_per_epoch=steps_per_epoch, precision=precision.name,
                              num_classes=num_classes, data_root=data_root, run_dir=run_dir,

@@ -108,6 +108,17 @@ def test_bad_arguments_exit_2_with_one_line(argv: list[str], clean: Path, capsys
     assert err.startswith("largebatch-check-data: error:") and err.count("\n") == 1
 
 
+def test_a_data_root_that_is_a_file_says_so(tmp_path: Path, capsys) -> None:
+    """Issue 43 case 6: a file given as the data root was said not to exist."""
+    archive = tmp_path / "imagenet.tar"
+    archive.write_bytes(b"not a folder")
+    with pytest.raises(SystemExit) as exc:
+        main([str(archive)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"data root {archive} is a file, not a folder" in err, err
+
+
 def test_require_checked_refuses_an_unchecked_or_changed_set(planted: Path) -> None:
     message = (f"data set {planted} has not been checked for files DALI cannot decode; "
                f"run: largebatch-check-data {planted}")

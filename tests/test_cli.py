@@ -154,6 +154,8 @@ def _foreign_checkpoint(directory: Path, how: str) -> Path:
         state = {"model": torch.nn.Linear(2, 2).state_dict()}
     elif how == "other_epoch_length":  # e.g. written at a world size that drops another tail
         state = {"model": {}, "model_name": "resnet10t", "global_batch_size": 8, "steps_per_epoch": 99}
+    elif how == "other_class_count":  # the same model on a data set with more classes
+        state = {"model": {}, "model_name": "resnet10t", "global_batch_size": 8, "resolved": {"num_classes": 5}}
     else:  # another global batch size
         state = {"model": {}, "model_name": "resnet10t", "global_batch_size": 64}
     return save_checkpoint(state, directory, checkpoint_name(0, 1))
@@ -172,10 +174,12 @@ def _foreign_checkpoint(directory: Path, how: str) -> Path:
         (["resume={ckpt}", "+ckpt=incompatible_tensors"], "does not fit model resnet10t"),
         (["resume={ckpt}", "+ckpt=other_batch"], "global_batch_size=64, not 8"),
         (["resume={ckpt}", "+ckpt=other_epoch_length"], "has 99 steps per epoch but this run has 16"),
+        (["resume={ckpt}", "+ckpt=other_class_count"], "was trained on 5 classes, but this run's data set has 4"),
+        (["data.root={cache}/a_file"], "data root {cache}/a_file is a file, not a folder"),
     ],
     ids=["wrong-type", "bad-choice", "empty-class", "class-lists-differ", "unwritable-run-dir",
          "missing-checkpoint", "checkpoint-other-model", "checkpoint-incompatible", "checkpoint-other-batch",
-         "checkpoint-other-epoch-length"],
+         "checkpoint-other-epoch-length", "checkpoint-other-class-count", "data-root-is-a-file"],
 )
 def test_more_bad_input_is_one_line_and_exit_2(
     cache: Path, small_data: Path, capsys: pytest.CaptureFixture, args: list[str], pattern: str
@@ -192,7 +196,7 @@ def test_more_bad_input_is_one_line_and_exit_2(
     err = capsys.readouterr().err.strip()
     assert code == 2, err
     assert err.startswith("largebatch: error:") and "\n" not in err and "Traceback" not in err
-    assert pattern in err, err
+    assert pattern.format(cache=cache) in err, err
 
 
 def test_a_bug_keeps_its_traceback(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:

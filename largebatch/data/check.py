@@ -36,7 +36,7 @@ from typing import NamedTuple, Sequence
 
 from PIL import Image
 
-from largebatch.data.images import list_split
+from largebatch.data.images import list_split, not_a_folder
 from largebatch.errors import DataError
 
 __all__ = [
@@ -300,7 +300,7 @@ def check_dataset(
     start = time.perf_counter()
     root = Path(root).expanduser().absolute()
     if not root.is_dir():
-        raise DataError(f"data root {root} does not exist")
+        raise DataError(f"data root {root} {not_a_folder(root)}: give the folder holding train/ and val/")
     workers = workers or os.cpu_count() or 1
     out_dir = _writable_state_dir(root)
     report = CheckReport(root=str(root), splits={})

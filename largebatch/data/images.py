@@ -27,6 +27,7 @@ __all__ = [
     "list_folder",
     "list_split",
     "load_rgb",
+    "not_a_folder",
     "read_file_list",
     "split_folder",
 ]
@@ -108,12 +109,20 @@ def decompression_bomb_limit() -> int | None:
     return None if Image.MAX_IMAGE_PIXELS is None else 2 * Image.MAX_IMAGE_PIXELS
 
 
+def not_a_folder(path: str | os.PathLike) -> str:
+    """Why ``path``, which is not a directory, cannot be one: ``"does not exist"`` or
+    ``"is a file, not a folder"`` (a data.root pointing at an archive or a file list)."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        return "is a file, not a folder" if os.path.exists(path) else "is a broken link"
+    return "does not exist"
+
+
 def split_folder(root: str | os.PathLike, split: str) -> str:
     """``root/split``, or a ``DataError`` saying which of the two is missing."""
     root = os.fspath(root)
     path = os.path.join(root, split)
     if not os.path.isdir(root):
-        raise DataError(f"data root {root} does not exist: set data.root to a folder holding "
+        raise DataError(f"data root {root} {not_a_folder(root)}: set data.root to a folder holding "
                         f"train/ and val/, or leave it unset for the embedded data set")
     if not os.path.isdir(path):
         raise DataError(f"data root {root} has no {split}/ folder: expected "
@@ -129,7 +138,7 @@ def list_folder(split_dir: str | os.PathLike) -> tuple[list[str], list[tuple[str
     """
     root = os.fspath(split_dir)
     if not os.path.isdir(root):
-        raise DataError(f"data folder {root} does not exist: point data.root at an "
+        raise DataError(f"data folder {root} {not_a_folder(root)}: point data.root at an "
                         f"ImageFolder tree (<root>/<class>/*.JPEG)")
     try:
         classes, class_to_idx = find_classes(root)

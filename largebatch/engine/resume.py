@@ -97,10 +97,11 @@ def _saved_optimizer(ckpt: dict[str, Any]) -> Optional[str]:
 
 def check_fits(
     ckpt: dict[str, Any], path: Path, *, model_name: str, optimizer_name: str, global_batch_size: int,
-    world_size: int, per_device: int, steps_per_epoch: int,
+    world_size: int, per_device: int, steps_per_epoch: int, num_classes: Optional[int] = None,
 ) -> None:
-    """A checkpoint must come from the same model, optimizer, global batch and epoch length
-    (and hold a whole run state); raise ``CheckpointError`` naming what differs and the fix."""
+    """A checkpoint must come from the same model, optimizer, global batch, class count and
+    epoch length (and hold a whole run state); raise ``CheckpointError`` naming what differs
+    and the fix. ``num_classes``: the run's data set's (None: not checked)."""
     saved_model = ckpt.get("model_name")
     if saved_model is not None and saved_model != model_name:
         raise CheckpointError(
@@ -121,6 +122,13 @@ def check_fits(
             f"{global_batch_size}; resume with global_batch_size={saved_batch} (the LR, "
             f"schedule and data position depend on it)"
         )
+    saved_classes = (ckpt.get("resolved") or {}).get("num_classes")
+    if num_classes is not None and saved_classes is not None and saved_classes != num_classes:
+        # the same model name, but its classifier has another width: the data set differs
+        raise CheckpointError(
+            f"checkpoint {path} was trained on {saved_classes} classes, but this run's data set has "
+            f"{num_classes}; resume with the data set it was trained on (data.root), or start a new run_dir"
+        )
     saved_steps = ckpt.get("steps_per_epoch", steps_per_epoch)
     if saved_steps != steps_per_epoch:
         raise CheckpointError(
@@ -135,6 +143,7 @@ def resume_run(
     resume: str, ckpt_dir: Path, *, backend: Any, model_name: str, optimizer_name: str,
     global_batch_size: int, per_device: int, steps_per_epoch: int,
     model: Any, optimizer: Any, scheduler: Any, scaler: Any, state: Any, ema: Any = None,
+    num_classes: Optional[int] = None,
 ) -> Optional[Path]:
     """Load the checkpoint ``resume`` names (a path, or ``auto``: the newest in the run).
 
@@ -152,14 +161,14 @@ def resume_run(
     world_size = backend.world_size
     check_fits(ckpt, path, model_name=model_name, optimizer_name=optimizer_name,
                global_batch_size=global_batch_size, world_size=world_size, per_device=per_device,
-               steps_per_epoch=steps_per_epoch)
+               steps_per_epoch=steps_per_epoch, num_classes=num_classes)
     try:
         # strip: checkpoints of older versions were saved from the compiled module
         model.load_state_dict(strip_compile_prefixes(ckpt["model"]))
     except RuntimeError as e:
         raise CheckpointError(
             f"checkpoint {path} does not fit model {model_name} "
-            f"({str(e).splitlines()[0]}); resume with the model it was made with"
+            f"({str(e).splitlines()[0]}); resume with the model (and the data set's class count) it was made with"
         ) from None
     missing = [k for k in _RUN_PARTS if k not in ckpt]
     if missing:

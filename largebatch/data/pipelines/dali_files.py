@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from largebatch.data.contract import LoaderSpec
-from largebatch.data.images import list_split, read_file_list
+from largebatch.data.images import list_split, not_a_folder, read_file_list
 from largebatch.data.pipelines.dali_graph import (
     DEFAULT_HW_DECODER_LOAD,
     _aug_seed,
@@ -249,7 +249,7 @@ def build_dali_loaders(
         raise UsageError(f"val_crop_ratio must be in (0, 1], got {spec.val_crop_ratio}")
     root = os.fspath(root)
     if not os.path.isdir(root):
-        raise DataError(f"data root {root} does not exist: set data.root to a folder holding "
+        raise DataError(f"data root {root} {not_a_folder(root)}: set data.root to a folder holding "
                         f"train/ and val/")
     lists = dict(file_list) if isinstance(file_list, Mapping) else {"train": file_list}
     train_paths, train_labels, n_train = _file_samples(root, "train", lists.get("train"))
