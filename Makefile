@@ -1,7 +1,8 @@
 # The two commands of the README. Each sets up what it needs on a fresh machine.
 #   make train [ARGS="optimizer=lars global_batch_size=512"]   # the main job
 #   make test                                                   # the whole test suite
-.PHONY: train test env
+#   make docs                                                   # the documentation site, served locally
+.PHONY: train test env docs
 
 train:
 	@scripts/setup_env.sh main
@@ -12,3 +13,7 @@ test:
 
 env:
 	@scripts/setup_env.sh main
+
+docs:
+	@scripts/setup_env.sh main
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs serve

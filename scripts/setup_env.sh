@@ -2,7 +2,7 @@
 # Create (or update) the project's virtual environment(s). Idempotent: a stamp records what
 # was installed, so a second run returns in a second.
 #
-#   scripts/setup_env.sh          # .venv: torch 2.14.1, the package with [dev,dali]
+#   scripts/setup_env.sh          # .venv: torch 2.14.1, the package with [dev,dali,docs]
 #   scripts/setup_env.sh xla      # .venv-xla: torch 2.9.0 + torch-xla 2.9.0 (XLA:CPU tests)
 #
 # Reads: PYTHON (default python3), VENV (default .venv), VENV_XLA (default .venv-xla),
@@ -49,7 +49,7 @@ make_env() {  # make_env DIR CONSTRAINTS EXTRAS
 }
 
 case $what in
-  main) make_env "${VENV:-.venv}" main "dev,dali" ;;
+  main) make_env "${VENV:-.venv}" main "dev,dali,docs" ;;
   xla) make_env "${VENV_XLA:-.venv-xla}" xla "dev,xla" ;;
   *) echo "usage: $0 [main|xla]" >&2; exit 2 ;;
 esac

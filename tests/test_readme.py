@@ -1,17 +1,11 @@
-"""The README's Python examples run as written (they are the reusable API users copy)."""
+"""The Python examples of the README and the docs pages run as written (they are the reusable
+API users copy)."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-
-
-def _python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+from tests.docs_text import README, python_blocks as _python_blocks
 
 
 def test_readme_has_python_examples() -> None:

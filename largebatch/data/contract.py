@@ -76,7 +76,8 @@ class LoaderSpec:
         crop_scale: random-resized-crop area range (fraction of the image).
         val_crop_ratio: val centre crop / resized shorter side, in (0, 1].
         val_batch_size: per-device val batch; None: ``batch_size``.
-        rank, world_size: this rank's place among the data-parallel ranks (each reads its part).
+        rank: this rank's place among the data-parallel ranks (each reads its part).
+        world_size: the number of data-parallel ranks.
         device: the ``torch.device`` of the run. A CUDA device pins host batches, decodes with
             nvJPEG (nvjpeg) and with DALI's mixed decoder on ``device.index``; the CPU decodes there.
         dtype: the compute dtype nvjpeg yields images in (DALI: its builders' own ``dtype``,

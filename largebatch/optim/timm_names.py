@@ -4,7 +4,7 @@ A timm name is accepted where its meaning is ours: renamed (``trust_coeff`` is o
 or, for an option we do not have, only at the value that describes what ours already does
 (``always_adapt=True``, ``max_grad_norm=None``). Any other value is refused with a message naming what to
 use instead, never silently ignored (a param-group key nothing reads would be). The differences are
-tabled in README.md, "Use the optimizers in your own project".
+tabled in docs/reusable-parts.md, "Porting from timm".
 """
 
 from __future__ import annotations

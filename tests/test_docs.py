@@ -1,0 +1,45 @@
+"""The documentation site builds with ``mkdocs build --strict`` (a broken link or anchor, a page
+left out of the navigation, a docstring mkdocstrings cannot render: each fails it), and the
+README's links into docs/ lead to pages that exist."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.docs_text import PAGES, README, ROOT
+
+pytest.importorskip("mkdocs", reason="the docs extra is not installed (pip install -e '.[docs]')")
+pytest.importorskip("mkdocstrings", reason="the docs extra is not installed (pip install -e '.[docs]')")
+
+
+def test_the_site_builds_strict(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    built = {p.relative_to(tmp_path / "site").as_posix() for p in (tmp_path / "site").rglob("index.html")}
+    for page in PAGES:
+        name = page.relative_to(ROOT / "docs").with_suffix("").as_posix()
+        assert ("index.html" if name == "index" else f"{name}/index.html") in built, page
+    api = (tmp_path / "site" / "api" / "index.html").read_text()
+    for name in ("LARS", "LAMB", "scale_lr", "GroupSyncBatchNorm", "LoaderSpec"):
+        assert f'id="largebatch.' in api and name in api, name
+
+
+def test_every_page_is_in_the_navigation() -> None:
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for page in PAGES:
+        assert re.search(rf":\s*{re.escape(page.relative_to(ROOT / 'docs').as_posix())}\s*$", nav, re.M), page
+
+
+def test_readme_links_into_docs_resolve() -> None:
+    links = re.findall(r"\]\((docs/[^)#\s]+)(?:#[^)]*)?\)", README.read_text(encoding="utf-8"))
+    assert links
+    for link in links:
+        assert (ROOT / link).is_file(), link
