@@ -1,6 +1,7 @@
-"""The README's gloo grouped-BN program runs as written under torchrun on 2 CPU ranks.
+"""The documented gloo grouped-BN program (docs/reusable-parts.md) runs as written under
+torchrun on 2 CPU ranks.
 
-The block is taken from README.md verbatim, saved as ``gbn.py`` in a fresh directory and
+The block is taken from the docs verbatim, saved as ``gbn.py`` in a fresh directory and
 launched as its text says (``torchrun --nproc-per-node 2 gbn.py``), with the package importable
 as an installed project would be. Its last line prints each rank's BN running mean: grouped BN
 over both ranks makes them equal; the same program with ``group_size=1`` (per-rank BN) gives
@@ -15,13 +16,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.docs_text import python_blocks
+
 ROOT = Path(__file__).resolve().parents[2]
 LINE = re.compile(r"rank (\d): loss ([\d.]+), bn1 running mean (-?[\d.]+)")
 
 
 def _program() -> str:
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.S)
-    (block,) = [b for b in blocks if b.startswith("# gbn.py")]
+    (block,) = [b for b in python_blocks() if b.startswith("# gbn.py")]
     return block
 
 
