@@ -67,7 +67,7 @@ point already there is not trained again; parallel workers claim points with loc
     python benchmarks/scaling_rule.py --base-only --epochs 12 \
         --out benchmarks/results/scaling_rule_width32   # is a setup's base batch converged?
     python benchmarks/scaling_rule.py --render --width 16 --epochs 24 --doublings 2 \
-        --out benchmarks/results/scaling_rule_width16_24ep   # the first setup's report
+        --batches 32 128 512 --out benchmarks/results/scaling_rule_width16_24ep   # the first setup's
 
 The first report's points (batches 32, 128, 512) were 117 trainings, about 390 min of one core
 (~3.3 h of wall time with two one-thread workers); k = 2 and 8 add about 80-90 more (their
