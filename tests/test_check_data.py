@@ -119,6 +119,34 @@ def test_a_data_root_that_is_a_file_says_so(tmp_path: Path, capsys) -> None:
     assert err.count("\n") == 1 and f"data root {archive} is a file, not a folder" in err, err
 
 
+@pytest.mark.parametrize("note_kind", [False, True], ids=["good_jpeg", "png_named_jpeg"])
+def test_a_name_that_is_not_utf8_is_reported_escaped_not_a_crash(clean: Path, note_kind: bool) -> None:
+    """Issue 43 case 3: `cafe<0xe9>.JPEG` crashed the check with UnicodeEncodeError (exit 1, a
+    traceback) while writing the file list; a file of a note kind (PNG named .JPEG) was even listed."""
+    import subprocess
+    import sys
+
+    source = next((clean / "train" / "n0001").glob("*.JPEG"))
+    if note_kind:
+        source = next(p for p in (clean / "train").rglob("*.JPEG") if p.read_bytes()[:4] == b"\x89PNG")
+    bad = os.path.join(os.fsencode(clean / "train" / "n0000"), b"caf\xe9.JPEG")
+    with open(bad, "wb") as f:
+        f.write(source.read_bytes())
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8", "LC_ALL": "C.UTF-8"}
+    proc = subprocess.run([sys.executable, "-m", "largebatch.tools.check_data", str(clean), "--workers", "1"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    table = proc.stdout.splitlines()
+    row = next(i for i, line in enumerate(table) if line.startswith("unlistable_name "))
+    assert table[row].split()[1] == "1" and "not UTF-8" in table[row]
+    assert "train/n0000/caf\\xe9.JPEG  (not UTF-8)" in table[row + 1], proc.stdout
+    report = json.loads((clean / check.REPORT_NAME).read_text())
+    (problem,) = [p for p in report["problems"] if p["kind"] == "unlistable_name"]
+    assert problem["path"] == "train/n0000/caf\\xe9.JPEG" and problem["fatal"]
+    assert not any("caf" in name for name in _listed(clean / check.file_list_name("train")))
+    require_checked(clean, "train")  # the fingerprint of the set with that name still matches
+
+
 def test_require_checked_refuses_an_unchecked_or_changed_set(planted: Path) -> None:
     message = (f"data set {planted} has not been checked for files DALI cannot decode; "
                f"run: largebatch-check-data {planted}")

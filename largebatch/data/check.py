@@ -81,8 +81,9 @@ KINDS: dict[str, Kind] = {
                                "decoder error, the pipeline stops", _REENCODE),
     "unreadable": Kind(True, "a file that cannot be opened (permissions, broken link)",
                        "read error, the pipeline stops", "fix its permissions or remove it"),
-    "unlistable_name": Kind(True, "a name a DALI file list cannot hold (newline or trailing "
-                            "whitespace)", "cannot be listed", "rename it"),
+    "unlistable_name": Kind(True, "a name a DALI file list cannot hold (newline, trailing "
+                            "whitespace, or bytes that are not UTF-8: shown escaped, as \\xe9)",
+                            "cannot be listed", "rename it"),
     "wrong_extension": Kind(False, "PNG (or other non-JPEG) data named .JPEG, as in ImageNet",
                             "decoded by content, like Pillow; never by the GPU's JPEG decoders",
                             _REENCODE + " to keep every image on the fast JPEG path"),
@@ -249,6 +250,21 @@ def _rel(path: str, root: str) -> str:
     return Path(os.path.relpath(path, root)).as_posix()
 
 
+def _shown(rel: str) -> str:
+    """``rel`` as printable text: bytes of a name that are not UTF-8 (held by Python as
+    surrogates, which no UTF-8 stream takes) become ``\\xe9`` escapes; other names are unchanged."""
+    return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _unlistable(rel: str) -> str | None:
+    """Why a DALI file list (UTF-8 text, one name a line) cannot hold ``rel``, or None."""
+    if _shown(rel) != rel:
+        return "not UTF-8"
+    if rel != rel.strip() or "\n" in rel or "\r" in rel:
+        return "newline or surrounding whitespace"
+    return None
+
+
 def state_dirs(root: str | os.PathLike) -> list[Path]:
     """Where the lists and report of ``root`` may live: ROOT itself, then the cache."""
     root = Path(root).expanduser().absolute()
@@ -317,10 +333,11 @@ def check_dataset(
             for path, label, (kind, detail, key) in zip(paths, labels, results):
                 rel = _rel(path, str(root))
                 entries.append((rel, key))
-                if kind is None and (rel != rel.strip() or "\n" in rel or "\r" in rel):
-                    kind, detail = "unlistable_name", repr(rel)
+                why = _unlistable(rel)
+                if why and (kind is None or not KINDS[kind].fatal):  # a note: it cannot be listed either
+                    kind, detail = "unlistable_name", why if why == "not UTF-8" else repr(rel)
                 if kind is not None:
-                    report.problems.append(Problem(split, rel, kind, detail))
+                    report.problems.append(Problem(split, _shown(rel), kind, detail))
                 if kind is None or not KINDS[kind].fatal:
                     lines.append(f"{rel} {label}\n")
             list_path = out_dir / file_list_name(split)
