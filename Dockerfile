@@ -40,6 +40,18 @@ RUN mkdir -p largebatch conf \
     && pip install -c constraints/main.txt ".[dali]" \
     && pip uninstall -y largebatch
 
+# ---- the package as a wheel, built in a throw-away stage from copies of the allow-listed folders
+# (.dockerignore applies to COPY): nothing is written to the build context. A writable bind mount
+# of the context wrote through to the user's checkout with podman/buildah 4.3 (root-owned build/
+# and largebatch.egg-info/, stale build/lib files reaching a later image) and ignored .dockerignore.
+FROM deps AS wheel
+WORKDIR /src
+COPY setup.py pyproject.toml README.md ./
+COPY conf/ conf/
+COPY largebatch/ largebatch/
+RUN pip wheel --no-deps --no-build-isolation --wheel-dir /wheels . \
+    && ls /wheels/largebatch-*.whl
+
 # ---- the image
 FROM ${BASE_IMAGE}
 # tini as PID 1 forwards SIGTERM (docker stop, preemption) to the trainer and reaps
@@ -62,10 +74,10 @@ ENV PATH=/opt/venv/bin:$PATH \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     XDG_CACHE_HOME=/workspace/.cache \
     LARGEBATCH_CACHE=/workspace/.cache/largebatch
-# The package itself (a regular, non-editable install: conf/ becomes largebatch.conf). The
-# source is mounted for this step only and never lands in a layer (.dockerignore picks it).
-RUN --mount=type=bind,target=/src,rw \
-    pip install --no-deps --no-build-isolation /src \
+# The package itself, from the wheel stage (a regular install: conf/ becomes largebatch.conf); the
+# wheel is mounted read-only for this step and lands in no layer.
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
+    pip install --no-deps /wheels/largebatch-*.whl \
     && largebatch-train --help > /dev/null
 COPY --chmod=0755 launch/ /opt/largebatch/launch/
 USER 1000:1000

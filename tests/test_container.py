@@ -6,6 +6,11 @@ Marked ``container`` and run only when selected (``python -m pytest -m container
 tests/test_container.py``): the build takes minutes and ~7 GB. Skipped, with the reason, where
 neither a docker daemon nor podman answers, or where the base image (``BASE_IMAGE``, default
 the Dockerfile's) is neither present nor pullable.
+
+The runtime, the base image and the build flags come from the environment, as
+``../shared/tools/container_standin.sh env`` prints them (``CONTAINER_RUNTIME``, ``BASE_IMAGE``,
+``LB_BUILD_FLAGS``: a machine that reaches no registry builds with its local pip configuration),
+so the build in the test works from a cold cache too, not only when an earlier build left one.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -36,7 +42,11 @@ def _answers(*argv: str) -> bool:
 
 
 def _runtime() -> str | None:
-    """What scripts/build_image.sh picks: docker where its daemon answers, else podman."""
+    """``CONTAINER_RUNTIME`` where set, else what scripts/build_image.sh picks: docker where its
+    daemon answers, else podman."""
+    chosen = os.environ.get("CONTAINER_RUNTIME")
+    if chosen:
+        return chosen if shutil.which(chosen) and _answers(chosen, "info") else None
     if shutil.which("docker") and _answers("docker", "info"):
         return "docker"
     if shutil.which("podman") and _answers("podman", "info"):
@@ -56,11 +66,34 @@ def image(request: pytest.FixtureRequest) -> str:
     base = os.environ.get("BASE_IMAGE", default_base)
     if not _answers(runtime, "image", "inspect", base) and not _answers(runtime, "pull", base):
         pytest.skip(f"the base image {base} is not present and cannot be pulled (set BASE_IMAGE to one that is)")
-    proc = subprocess.run([str(ROOT / "scripts" / "build_image.sh"), "gpu"], cwd=ROOT,
+    before = _checkout_files()
+    flags = shlex.split(os.environ.get("LB_BUILD_FLAGS", ""))
+    proc = subprocess.run([str(ROOT / "scripts" / "build_image.sh"), "gpu", *flags], cwd=ROOT,
                           env={**os.environ, "CONTAINER_RUNTIME": runtime, "BASE_IMAGE": base},
                           capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
+    # issue 44: podman/buildah 4.3 wrote a writable bind mount of the context through to the
+    # checkout (root-owned build/ and largebatch.egg-info/): the build must leave it as it was
+    after = _checkout_files()
+    changed = sorted(set(before.items()) ^ set(after.items()))
+    assert not changed, f"the build changed the checkout: {changed[:10]}"
     return runtime
+
+
+def _checkout_files() -> dict[str, tuple[int, int, int]]:
+    """Every file and folder of the checkout but the venvs, caches and .git: (size, mtime, uid)."""
+    skip = {".git", ".venv", ".venv-xla", ".cache", ".pytest_cache"}
+    found = {}
+    for folder, dirs, files in os.walk(ROOT):
+        if Path(folder) == ROOT:
+            dirs[:] = [d for d in dirs if d not in skip]
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in dirs + files:
+            st = os.lstat(os.path.join(folder, name))
+            size = 0 if name in dirs else st.st_size
+            found[os.path.relpath(os.path.join(folder, name), ROOT)] = (size, st.st_mtime_ns if name in files else 0,
+                                                                         st.st_uid)
+    return found
 
 
 def _run_argv(runtime: str, runs: Path, *args: str) -> list[str]:

@@ -373,7 +373,7 @@ def test_dockerfile_copies_only_what_the_context_sends(name: str) -> None:
     for src in sources:
         assert (ROOT / src).exists(), src
         assert not _dockerignore_excludes(src.rstrip("/")), f"{src} is excluded by .dockerignore"
-    # The source is bind-mounted for the package install: everything setup.py reads must be sent.
+    # The wheel stage copies the source in: everything setup.py reads must be sent.
     for needed in ("setup.py", "pyproject.toml", "README.md", "largebatch/cli.py", "conf/train.yaml"):
         assert not _dockerignore_excludes(needed), needed
 
