@@ -19,15 +19,19 @@ whose ``summary.json`` is missing is judged from ``mlperf_log.jsonl``'s ``run_st
 its metrics against ``config.yaml``.
 
 A path that is not a run directory, or a file in it that is damaged (not UTF-8, not JSON,
-JSON of the wrong shape), gets one line on stderr naming the path and what is wrong. The
-other runs are still reported (table and plots); the exit code is 2 if any run could not be
-read, so a script notices.
+JSON of the wrong shape or nested too deep to read, a value that is not a number or not a
+plausible one: NaN, infinite, a top-1 outside 0-100, a negative time), gets one line on stderr
+naming the file, the field and what is wrong; a damaged run keeps its row, with the status
+``damaged``. The other runs are still reported (table and plots); the exit code is 2 if any
+run could not be read, so a script notices.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +59,7 @@ class Run:
     last_step: Optional[int] = None  # the highest step any metrics record reached
     logged_target: Optional[float] = None  # mlperf target_accuracy, in percent
     planned: tuple[Optional[int], Optional[int]] = (None, None)  # config.yaml's (epochs, max_steps)
+    damaged: bool = False  # a file of the run could not be read (the error line names it): nothing is shown
 
     @property
     def best_top1(self) -> Optional[float]:
@@ -95,13 +100,40 @@ def _read_text(path: Path) -> str:
                           f"{e.start}); {DAMAGED}") from None
 
 
+def _deep_field(text: str, depth: int = 64) -> str:
+    """`` under 'key'``: the field whose value nests past ``depth`` levels ("" if none is named)."""
+    level, in_string, escaped = 0, False, False
+    for i, ch in enumerate(text):
+        if in_string:
+            escaped, in_string = (not escaped and ch == "\\"), in_string and (escaped or ch != '"')
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            level += 1
+            if level > depth:
+                keys = re.findall(r'"([^"\\]{1,100})"\s*:', text[:i])
+                return f" under '{keys[-1]}'" if keys else ""
+        elif ch in "]}":
+            level -= 1
+    return ""
+
+
+def _loads(text: str, where: str) -> Any:
+    """``json.loads(text)``; JSON nested deeper than the decoder can follow is damage, not a bug."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ReportError(f"{where} is damaged: JSON nested too deep to read{_deep_field(text)} (what "
+                          f"largebatch-train writes is 2 levels deep); {DAMAGED}") from None
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     records = []
     for n, line in enumerate(_read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = _loads(line, f"{path}: line {n}")
         except json.JSONDecodeError as e:
             raise ReportError(f"{path}: line {n} is not JSON ({e.msg}); {DAMAGED}") from None
         if not isinstance(record, dict):
@@ -122,27 +154,51 @@ def _fields(path: Path, n: int, record: dict[str, Any], numbers: Sequence[str],
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             what = "missing" if key not in record else f"{value!r}, not a number"
             raise ReportError(f"{path}: line {n}: '{key}' is {what}; {DAMAGED}")
+        if key != "loss" and not math.isfinite(value):  # a loss may be NaN (non_finite=skip logs it)
+            raise ReportError(f"{path}: line {n}: '{key}' is {value!r}, not a finite number; {DAMAGED}")
         out[key] = value
     return out
 
 
-# summary.json keys the report reads, each a number or null
-SUMMARY_NUMBERS = ("best_top1", "time_to_target_s", "target_top1", "img_per_s", "epochs", "steps",
-                   "global_batch_size", "world_size")
+def _percent(x: float) -> bool:
+    return 0 <= x <= 100.5  # tests and sweeps use an unreachable target of 100.5
+
+
+def _non_negative(x: float) -> bool:
+    return x >= 0
+
+
+def _count(x: float) -> bool:
+    return x >= 0 and float(x).is_integer()
+
+
+# summary.json keys the report reads, each a number or null: (plausible, what it must be)
+SUMMARY_NUMBERS = {
+    "best_top1": (_percent, "a percentage in 0-100"),
+    "target_top1": (_percent, "a percentage in 0-100.5"),
+    "time_to_target_s": (_non_negative, "a time >= 0"),
+    "img_per_s": (_non_negative, "a rate >= 0"),
+    "epochs": (_count, "a whole number >= 0"),
+    "steps": (_count, "a whole number >= 0"),
+    "global_batch_size": (_count, "a whole number >= 0"),
+    "world_size": (_count, "a whole number >= 0"),
+}
 
 
 def _read_summary(path: Path) -> dict[str, Any]:
     try:
-        summary = json.loads(_read_text(path))
+        summary = _loads(_read_text(path), str(path))
     except json.JSONDecodeError as e:
         raise ReportError(f"{path} is not JSON ({e.msg}); {DAMAGED}") from None
     if not isinstance(summary, dict):
         raise ReportError(f"{path} is damaged: a JSON {type(summary).__name__}, not the object "
                           f"largebatch-train writes; {DAMAGED}")
-    for key in SUMMARY_NUMBERS:
+    for key, (plausible, what) in SUMMARY_NUMBERS.items():
         value = summary.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise ReportError(f"{path} is damaged: '{key}' is {value!r}, not a number; {DAMAGED}")
+        if value is not None and not (math.isfinite(value) and plausible(value)):
+            raise ReportError(f"{path} is damaged: '{key}' is {value!r}, not {what}; {DAMAGED}")
     reason = summary.get("stop_reason")
     if reason is not None and not isinstance(reason, str):
         raise ReportError(f"{path} is damaged: 'stop_reason' is {reason!r}, not a string; {DAMAGED}")
@@ -190,7 +246,7 @@ def load_run(path: str | Path) -> Run:
     p = Path(path)
     if not p.is_dir():
         raise ReportError(f"{p} is not a directory; pass run directories (made by largebatch-train)")
-    if not any((p / f).is_file() for f in RUN_FILES):
+    if not _is_run_dir(p):
         raise ReportError(f"{p} is not a run directory: it has none of {', '.join(RUN_FILES)}")
     run = Run(name=p.resolve().name, path=p)
     if (p / "summary.json").is_file():
@@ -202,6 +258,10 @@ def load_run(path: str | Path) -> Run:
     if not run.summary and run.run_stop is None:  # no end logged: compare the metrics with the plan
         run.planned = _planned_end(p / "config.yaml")
     return run
+
+
+def _is_run_dir(p: Path) -> bool:
+    return p.is_dir() and any((p / f).is_file() for f in RUN_FILES)
 
 
 def _planned_end(path: Path) -> tuple[Optional[int], Optional[int]]:
@@ -226,13 +286,16 @@ def _planned_end(path: Path) -> tuple[Optional[int], Optional[int]]:
 
 
 def run_status(run: Run) -> str:
-    """How the run ended: success, finished, preempted, failed, stopped, unfinished or unknown.
+    """How the run ended: success, finished, preempted, failed, stopped, unfinished or unknown
+    (or ``damaged``: a file of it could not be read).
 
     The end is what ``summary.json`` or ``run_stop`` (in ``mlperf_log.jsonl``) says; a run
     with neither is ``finished`` when its metrics reached the ``epochs`` or ``max_steps`` of
     its ``config.yaml``, else ``unfinished``, or ``unknown`` without a config to compare with.
     MLPerf's own ``aborted`` (target not reached) is not used: the target columns say it.
     """
+    if run.damaged:
+        return "damaged"
     stop = run.run_stop or {}
     if stop.get("error"):
         return "failed"
@@ -341,12 +404,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     "the plots need matplotlib: pip install 'largebatch[report]' (or pass --no-plots)"
                 ) from None
         runs = []
-        for path in args.runs:  # a damaged run is named; the others are still reported
+        for path in args.runs:  # a damaged run is named and marked; the others are still reported
             try:
                 runs.append(load_run(path))
             except (ReportError, OSError) as e:
                 print(f"largebatch-report: error: {e}", file=sys.stderr, flush=True)
                 failed = True
+                if _is_run_dir(Path(path)):
+                    runs.append(Run(name=Path(path).resolve().name, path=Path(path), damaged=True))
         if runs:
             print(format_table(runs, markdown=args.markdown), flush=True)
         if runs and not args.no_plots:

@@ -104,7 +104,9 @@ def assert_one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> N
 
 
 @pytest.mark.parametrize("damage", ["binary_metrics", "summary_list", "summary_wrong_type", "metrics_record_list",
-                                    "metrics_missing_key", "mlperf_binary"])
+                                    "metrics_missing_key", "mlperf_binary", "summary_nested_deep", "summary_nan",
+                                    "summary_huge_negative", "summary_infinite_time", "metrics_nan_top1",
+                                    "metrics_nested_deep"])
 def test_damaged_file_is_one_line_naming_it(damage: str, two_runs: list[Path], tmp_path: Path) -> None:
     run = copy_run(two_runs[0], tmp_path / "run")
     if damage == "binary_metrics":
@@ -122,12 +124,33 @@ def test_damaged_file_is_one_line_naming_it(damage: str, two_runs: list[Path], t
     elif damage == "metrics_missing_key":
         bad, needle = run / "metrics.jsonl", "'top1' is missing"
         bad.write_text('{"kind": "eval", "epoch": 1, "wall_s": 1.0}\n')
+    # issue 43 case 5: the next five were a RecursionError traceback (exit 1), or values
+    # printed as if they were results
+    elif damage == "summary_nested_deep":
+        bad, needle = run / "summary.json", "JSON nested too deep to read under 'best_top1'"
+        bad.write_text('{"best_top1": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    elif damage == "summary_nan":
+        bad, needle = run / "summary.json", "'best_top1' is nan, not a percentage in 0-100"
+        bad.write_text('{"best_top1": NaN, "epochs": 2}\n')
+    elif damage == "summary_huge_negative":
+        bad, needle = run / "summary.json", "'img_per_s' is -1e+308, not a rate >= 0"
+        bad.write_text('{"best_top1": 50.0, "img_per_s": -1e308}\n')
+    elif damage == "summary_infinite_time":
+        bad, needle = run / "summary.json", "'time_to_target_s' is inf, not a time >= 0"
+        bad.write_text('{"best_top1": 50.0, "target_top1": 40, "time_to_target_s": Infinity}\n')
+    elif damage == "metrics_nan_top1":
+        bad, needle = run / "metrics.jsonl", "line 1: 'top1' is nan, not a finite number"
+        bad.write_text('{"kind": "eval", "epoch": 1, "top1": NaN, "wall_s": 1.0}\n')
+    elif damage == "metrics_nested_deep":
+        bad, needle = run / "metrics.jsonl", "line 1 is damaged: JSON nested too deep"
+        bad.write_text("[" * 100_000 + "]" * 100_000 + "\n")
     else:
         bad, needle = run / "mlperf_log.jsonl", "not UTF-8"
         bad.write_bytes(b"\xff" * 64)
     proc = report(run)
     assert_one_error_line(proc, str(bad), needle, "move it out of the run directory")
-    assert proc.stdout == ""
+    (row,) = proc.stdout.splitlines()[2:]  # the run keeps its row, marked damaged, with nothing else shown
+    assert row.split() == ["run", "damaged", "-", "no", "target", "-", "-", "-", "-", "-"], row
 
 
 def test_one_damaged_run_among_several_is_named_and_the_others_reported(two_runs: list[Path], tmp_path: Path) -> None:
@@ -138,8 +161,8 @@ def test_one_damaged_run_among_several_is_named_and_the_others_reported(two_runs
     errors = proc.stderr.strip().splitlines()
     assert len(errors) == 2 and "Traceback" not in proc.stderr
     assert str(damaged / "summary.json") in errors[0] and str(tmp_path / "missing") in errors[1]
-    rows = [ln.split()[0] for ln in proc.stdout.splitlines()[2:]]
-    assert rows == ["small_batch", "large_batch"]
+    rows = [ln.split()[:2] for ln in proc.stdout.splitlines()[2:]]
+    assert rows == [["small_batch", "success"], ["damaged", "damaged"], ["large_batch", "finished"]]
 
 
 @pytest.mark.parametrize("case,status", [
