@@ -11,7 +11,7 @@ run() {  # run CMD...: run CMD and exit with the workers' code, or print it unde
     echo "${line% }"
     exit 0
   fi
-  local rc=0 child="" pending=""
+  local rc=0 child="" pending="" stopping=""
   LARGEBATCH_EXIT_DIR=${LARGEBATCH_EXIT_DIR:-$(mktemp -d)}
   export LARGEBATCH_EXIT_DIR
   # A stop signal reaches this shell alone (docker stop and Kubernetes signal PID 1, tini
@@ -31,8 +31,21 @@ run() {  # run CMD...: run CMD and exit with the workers' code, or print it unde
   child=$!
   set +m
   if [[ -n $pending ]]; then _forward "$pending"; fi
-  # wait returns 128+N when a trapped signal interrupts it; the launcher is still saving
-  while wait "$child"; kill -0 "$child" 2> /dev/null; do :; done
+  # wait returns 128+N when a trapped signal interrupts it; the launcher is still saving.
+  # Once a stop signal was passed on, every local rank that has saved and written its code
+  # ends the wait: torchrun's agent then still takes seconds to print its SignalException
+  # traceback and exit, which is past docker stop's 10 s grace (exit 137 although every rank
+  # had saved). The agent is ended then (its ranks are done) and the ranks' code is used.
+  while kill -0 "$child" 2> /dev/null; do
+    if [[ -z $stopping ]]; then
+      wait "$child" || :
+    elif ranks_reported "$LARGEBATCH_EXIT_DIR" "${LB_LOCAL_RANKS:-0}"; then
+      kill -s KILL -- "-$child" 2> /dev/null || kill -s KILL "$child" 2> /dev/null || :
+      break
+    else
+      sleep 0.2
+    fi
+  done
   wait "$child" || rc=$?  # its own exit status (bash keeps it for a second wait)
   trap - TERM INT HUP
   rc=$(worker_exit_code "$LARGEBATCH_EXIT_DIR" "$rc")
@@ -90,7 +103,22 @@ worker_error_line() {
   return 0
 }
 
+# ranks_reported DIR N: N > 0 ranks of the last restart have written their exit code to DIR
+ranks_reported() {
+  local dir=$1 want=$2 f n latest=-1 count=0
+  (( want > 0 )) || return 1
+  for f in "$dir"/exit-*-*; do
+    [[ -f $f ]] || continue
+    n=${f##*/exit-}
+    n=${n%%-*}
+    if (( n > latest )); then latest=$n; count=0; fi
+    if (( n == latest )) && [[ -s $f ]]; then count=$((count + 1)); fi
+  done
+  (( count >= want ))
+}
+
 _forward() {  # _forward SIG: pass SIG on to run's launcher ($child), or keep it until it starts
+  stopping=1
   if [[ -n ${child:-} ]]; then
     kill -s "$1" "$child" 2> /dev/null || :
   else

@@ -30,5 +30,5 @@ nproc=${NPROC_PER_NODE:-$(gpu_count)}
 [[ $nproc == 0 ]] && nproc=1
 read -r -a torchrun <<< "${TORCHRUN:-torchrun}"
 
-run "${torchrun[@]}" --standalone --nproc-per-node="$nproc" --max-restarts="${MAX_RESTARTS:-0}" \
+LB_LOCAL_RANKS=$nproc run "${torchrun[@]}" --standalone --nproc-per-node="$nproc" --max-restarts="${MAX_RESTARTS:-0}" \
   -m largebatch.train "$@"

@@ -56,4 +56,4 @@ args+=(
   --rdzv-backend=c10d --rdzv-endpoint="$RDZV_ENDPOINT" --rdzv-id="${RDZV_ID:-largebatch}"
   --max-restarts="${MAX_RESTARTS:-0}"
 )
-run "${torchrun[@]}" "${args[@]}" -m largebatch.train "$@"
+LB_LOCAL_RANKS=$nproc run "${torchrun[@]}" "${args[@]}" -m largebatch.train "$@"
