@@ -436,6 +436,7 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
                 per_device=plan.per_device, steps_per_epoch=steps_per_epoch, model=model,
                 optimizer=optimizer, scheduler=scheduler, scaler=scaler, state=state, ema=ema,
                 num_classes=num_classes,
+                config=OmegaConf.to_container(raw_cfg, resolve=True) if raw_cfg is not None else None,
             )
         resolved = _resolved(cfg, backend, plan, lr=lr, steps_per_epoch=steps_per_epoch, precision=precision.name,
                              num_classes=num_classes, data_root=data_root, run_dir=run_dir,

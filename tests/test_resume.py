@@ -88,6 +88,35 @@ def test_resume_at_max_steps_runs_no_extra_step(tmp_path: Path) -> None:
     assert json.loads((run / "summary.json").read_text())["steps"] == 3
 
 
+def _lrs(run: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["lr"] for r in records if r.get("kind") == "train"}
+
+
+def test_raising_epochs_on_resume_continues_on_the_new_schedule_and_says_so(tmp_path: Path) -> None:
+    """Issue 43 case 7: a finished 2-epoch run resumed with epochs=4 jumped silently from the old
+    schedule's last lr (0.0) to the new schedule's; now one log line names the change, and the
+    steps after the resume use the lrs a run planned for 4 epochs from the start uses."""
+    run, fresh = tmp_path / "run", tmp_path / "fresh"
+    assert main([*EXACT, f"run_dir={run}", "log_every=1"]) == 0
+    assert _lrs(run)[8] == 0.0  # the cosine schedule's end
+    assert main([*EXACT, f"run_dir={run}", "log_every=1", "resume=auto", "epochs=4"]) == 0
+    assert main([*EXACT, f"run_dir={fresh}", "log_every=1", "epochs=4"]) == 0
+    expected = _lrs(fresh)
+    lines = [ln for ln in (run / "train.log").read_text().splitlines() if "learning-rate schedule" in ln]
+    assert len(lines) == 1, lines
+    assert f"(epochs 2 -> 4): continuing on the new schedule from step 8, lr 0 -> {expected[8]:.4g}" in lines[0]
+    resumed = _lrs(run)
+    assert [resumed[k] for k in range(9, 17)] == pytest.approx([expected[k] for k in range(9, 17)], rel=1e-6)
+
+
+def test_a_resume_with_the_same_schedule_logs_no_change(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert main([*EXACT, f"run_dir={run}", "max_steps=2"]) == 0
+    assert main([*EXACT, f"run_dir={run}", "max_steps=3", "resume=auto"]) == 0
+    assert "learning-rate schedule" not in (run / "train.log").read_text()
+
+
 def _one_error_line(capsys: pytest.CaptureFixture) -> str:
     err = capsys.readouterr().err.strip()
     assert err.startswith("largebatch: error:") and "\n" not in err and "Traceback" not in err, err

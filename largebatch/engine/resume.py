@@ -6,6 +6,13 @@ with one line naming what differs (a silent resume with another optimizer would 
 meant for another update rule). ``resume=auto`` with checkpoint files present but none
 readable is an error, not a fresh start.
 
+A resume whose config changes the learning-rate schedule (``epochs``, ``schedule.*``,
+``optimizer.lr``, ``base_batch_size``, ``lr_scaling``: the usual one is raising ``epochs`` to
+train a finished run longer) continues on the new schedule from the step reached, with the
+learning rate set to the new schedule's value at that step, and says so in one log line naming
+the keys and the learning rate before and after (without it, the rate jumped from the old
+schedule's end, 0.0, to the new one's silently).
+
 A resume from an older checkpoint than the newest in the run (a rollback) starts a new
 timeline: rank 0 moves the newer checkpoints aside (``checkpoints/abandoned-<time>/``), so
 ``resume=auto`` later continues this run, not the one given up, and pruning never trades the
@@ -18,6 +25,8 @@ import logging
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
+
 from largebatch.engine.checkpoint import (
     CheckpointError,
     checkpoint_step,
@@ -29,7 +38,11 @@ from largebatch.engine.checkpoint import (
 from largebatch.engine.compile import strip_compile_prefixes
 from largebatch.engine.ema import load_ema_state
 
-__all__ = ["check_fits", "find_checkpoint", "resume_run", "set_aside_abandoned"]
+__all__ = ["SCHEDULE_KEYS", "check_fits", "find_checkpoint", "resume_run", "schedule_changes",
+           "set_aside_abandoned"]
+
+# config keys (or key prefixes) the learning-rate schedule is computed from
+SCHEDULE_KEYS = ("epochs", "schedule.", "optimizer.lr", "base_batch_size", "lr_scaling")
 
 log = logging.getLogger("largebatch")
 
@@ -85,6 +98,39 @@ def set_aside_abandoned(ckpt_dir: Path, step: int, backend: Any) -> None:
     error = backend.broadcast_object(error)
     if error:
         raise CheckpointError(error)
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix[:-1]: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}{key}."))
+    return out
+
+
+def schedule_changes(saved: Optional[dict[str, Any]], current: Optional[dict[str, Any]]) -> list[str]:
+    """``["epochs 2 -> 4", ...]``: the :data:`SCHEDULE_KEYS` whose values differ between a
+    checkpoint's config and this run's (both plain dicts; nothing when either is missing)."""
+    if not saved or not current:
+        return []
+    old, new = _flat(saved), _flat(current)
+    keys = sorted(k for k in old.keys() | new.keys()
+                  if any(k == p or (p.endswith(".") and k.startswith(p)) for p in SCHEDULE_KEYS))
+    return [f"{k} {old.get(k)} -> {new.get(k)}" for k in keys if old.get(k) != new.get(k)]
+
+
+def _continue_on_new_schedule(scheduler: Any, optimizer: Any, changes: list[str], step: int) -> None:
+    """Set each group's lr to the new schedule's value at the step reached (a ``LambdaLR``
+    holds its step, not its functions) and log the change in one line."""
+    before = optimizer.param_groups[0]["lr"]
+    if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):  # build_lr_scheduler's
+        for group, base, fn in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+            group["lr"] = base * fn(scheduler.last_epoch)
+        scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+    log.warning("resume changes the learning-rate schedule (%s): continuing on the new schedule from "
+                "step %d, lr %.4g -> %.4g (resume with the checkpoint's values to keep the old one)",
+                ", ".join(changes), step, before, optimizer.param_groups[0]["lr"])
 
 
 def _saved_optimizer(ckpt: dict[str, Any]) -> Optional[str]:
@@ -143,12 +189,14 @@ def resume_run(
     resume: str, ckpt_dir: Path, *, backend: Any, model_name: str, optimizer_name: str,
     global_batch_size: int, per_device: int, steps_per_epoch: int,
     model: Any, optimizer: Any, scheduler: Any, scaler: Any, state: Any, ema: Any = None,
-    num_classes: Optional[int] = None,
+    num_classes: Optional[int] = None, config: Optional[dict[str, Any]] = None,
 ) -> Optional[Path]:
     """Load the checkpoint ``resume`` names (a path, or ``auto``: the newest in the run).
 
     ``ema`` (a ``ModelEmaV3``, or None): loaded from the checkpoint's EMA weights; a
     checkpoint written without them starts the EMA from the resumed weights (one log line).
+    ``config``: this run's config as a plain dict, compared with the checkpoint's for a
+    changed learning-rate schedule (module docstring); None: not compared.
 
     Returns the checkpoint loaded, or None (``auto`` and no checkpoint file yet).
     """
@@ -196,6 +244,9 @@ def resume_run(
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); resume with the "
             f"settings it was made with, or start a new run_dir"
         ) from None
+    changes = schedule_changes(ckpt.get("config"), config)
+    if changes:
+        _continue_on_new_schedule(scheduler, optimizer, changes, state.step)
     saved_world = ckpt.get("world_size", world_size)
     if saved_world != world_size:
         log.warning(
