@@ -22,8 +22,9 @@ Exit codes:
   (:class:`WriteError`); the line names the file and the errno. A partial checkpoint is
   removed and the earlier checkpoints are intact; a failed run file stops the run after a
   checkpoint of its last step: free space, then ``resume=auto``.
-* 75 (``EXIT_PREEMPTED``, sysexits' EX_TEMPFAIL: "try again later"): SIGTERM or SIGINT
-  arrived; every rank finished the same step and a checkpoint was saved, so rerunning with
+* 75 (``EXIT_PREEMPTED``, sysexits' EX_TEMPFAIL: "try again later"): SIGTERM, SIGINT or
+  SIGHUP (a closed terminal, a dropped ssh session: :data:`STOP_SIGNALS`) arrived; every
+  rank finished the same step and a checkpoint was saved, so rerunning with
   ``resume=auto run_dir=<same>`` continues. Distinct from 143 (128 + SIGTERM), which means
   the process was killed before it could save.
 * 130 (``EXIT_INTERRUPTED``): a second Ctrl-C interrupted without saving (one arriving
@@ -34,13 +35,14 @@ from __future__ import annotations
 
 import errno as errno_codes
 import os
+import signal
 from pathlib import Path
 from typing import Optional
 
 __all__ = [
     "EXIT_INTERRUPTED", "EXIT_IO_ERROR", "EXIT_NON_FINITE", "EXIT_OK", "EXIT_PREEMPTED", "EXIT_USAGE",
-    "USER_ERRORS", "CheckpointError", "CheckpointSaveError", "ConfigError", "DataError", "ModelError",
-    "NonFiniteLossError", "Preempted", "ReplicaError", "ReportError", "RunDirError", "RunFileError",
+    "STOP_SIGNALS", "USER_ERRORS", "CheckpointError", "CheckpointSaveError", "ConfigError", "DataError",
+    "ModelError", "NonFiniteLossError", "Preempted", "ReplicaError", "ReportError", "RunDirError", "RunFileError",
     "TooFewSamplesError", "UsageError", "WriteError", "error_line", "exit_code", "os_error_text",
 ]
 
@@ -50,6 +52,11 @@ EXIT_NON_FINITE = 3
 EXIT_IO_ERROR = 74
 EXIT_PREEMPTED = 75
 EXIT_INTERRUPTED = 130
+
+# The signals that stop a run resumably (step, save, EXIT_PREEMPTED), wherever one is handled:
+# a scheduler's preemption or time limit (TERM), Ctrl-C (INT), a closed terminal or a dropped
+# ssh session (HUP, which would otherwise kill the run with 129 and lose its work).
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class UsageError(ValueError):
@@ -133,7 +140,7 @@ class NonFiniteLossError(RuntimeError):
 
 
 class Preempted(Exception):
-    """The run stopped on SIGTERM/SIGINT after saving a checkpoint (resumable)."""
+    """The run stopped on SIGTERM/SIGINT/SIGHUP after saving a checkpoint (resumable)."""
 
 
 class ReplicaError(RuntimeError):

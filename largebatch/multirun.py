@@ -37,6 +37,8 @@ from typing import Any, Iterator, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from largebatch.errors import STOP_SIGNALS
+
 __all__ = ["JOB_FIELDS", "NOT_STARTED", "resume_command", "run_multirun", "summary_table", "train_job"]
 
 # What train_job returns for each job (a plain dict: it crosses process boundaries).
@@ -44,7 +46,7 @@ JOB_FIELDS = ("job", "overrides", "exit_code", "best_top1", "time_to_target_s", 
 
 NOT_STARTED = "not started"  # the error cell of a job a stopped sweep did not start
 
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_STOP_SIGNALS = STOP_SIGNALS  # SIGTERM, SIGINT, SIGHUP
 
 
 class _SweepStop:
@@ -144,7 +146,7 @@ def train_job(cfg: DictConfig) -> dict[str, Any]:
         row.update(exit_code=code, error=f"preempted: {e}" if code == EXIT_PREEMPTED else str(e))
         if code == EXIT_PREEMPTED:  # the job's preemption hook took the signal: stop the sweep
             _SWEEP.signal_name = _SWEEP.signal_name or next(
-                (name for name in ("SIGTERM", "SIGINT") if name in str(e)), "a signal")
+                (sig.name for sig in STOP_SIGNALS if sig.name in str(e)), "a signal")
     if row["wall_time_s"] is None:
         row["wall_time_s"] = round(time.monotonic() - start, 2)
     if row["error"]:

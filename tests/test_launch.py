@@ -209,6 +209,44 @@ def test_slurm_requeues_a_preempted_job_but_not_a_cancelled_one(tmp_path: Path, 
     assert not (tmp_path / "runs" / "slurm-77" / ".exit-codes").exists()  # the codes' folder is cleaned
 
 
+def test_slurm_passes_a_sighup_on_to_torchrun_and_requeues(tmp_path: Path) -> None:
+    """Issue 43 case 2: SIGHUP to the batch shell (scancel --signal=HUP --batch, a hangup) killed
+    it with 129 before the ranks could save; it is passed on like SIGTERM now."""
+    import signal
+    import time
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls, ready = tmp_path / "calls", tmp_path / "ready"
+    fakes = {
+        "scontrol": f'echo "scontrol $*" >> {calls}\n[ "$1" = show ] && echo node-1\nexit 0\n',
+        "squeue": f'echo "squeue $*" >> {calls}\necho "RUNNING None"\n',
+        "srun": "exec sleep 60\n",
+        # a torchrun whose ranks save on the signal they are given: 75 for the script, torchrun's own 1
+        "torchrun": (f'trap \'echo "torchrun got HUP" >> {calls}; echo 75 > "$LARGEBATCH_EXIT_DIR/exit-0-0"; '
+                     f'exit 1\' HUP\nmkdir -p "$LARGEBATCH_EXIT_DIR"\ntouch {ready}\n'
+                     'while :; do sleep 0.1; done\n'),
+    }
+    for name, body in fakes.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_JOB_ID": "78",
+           "SLURM_JOB_NODELIST": "node-1", "SLURM_NNODES": "1", "SLURM_SUBMIT_DIR": str(tmp_path)}
+    proc = subprocess.Popen(["bash", str(LAUNCH / "slurm.sbatch")], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while not ready.exists():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(0.2)  # the trap is set before torchrun starts; leave it a moment to loop
+    proc.send_signal(signal.SIGHUP)  # the batch shell alone, as --signal=B:HUP or scancel --batch does
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 75, err
+    assert "SIGHUP received: passing it on to the training" in err
+    log = calls.read_text()
+    assert "torchrun got HUP" in log and "scontrol requeue 78" in log, log
+
+
 def test_slurm_outside_a_job_says_so() -> None:
     proc = _dry_run("slurm.sbatch")
     assert proc.returncode != 0

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from largebatch.cli import main
 from largebatch.errors import EXIT_PREEMPTED
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
@@ -30,22 +32,26 @@ FAST = [
 ]
 
 
-def test_sigterm_saves_exits_75_and_resume_finishes(tmp_path: Path) -> None:
+# SIGHUP (a closed terminal, a dropped ssh session) killed the run silently with 129 and lost
+# the work since the last checkpoint (issue 43 case 2); it stops a run as SIGTERM does now
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_sigterm_saves_exits_75_and_resume_finishes(tmp_path: Path, sig: signal.Signals) -> None:
     run = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "largebatch.train", *FAST, f"run_dir={run}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
     )
     wait_for_checkpoint(run / "checkpoints", proc)  # training is under way
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == EXIT_PREEMPTED == 75, (out, err)
-    assert "largebatch: preempted:" in err and "resume=auto" in err and "Traceback" not in err
+    assert err.strip().startswith("largebatch: preempted:") and "\n" not in err.strip(), err
+    assert "resume=auto" in err and "Traceback" not in err
     last = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])
     stopped_at = last["train_state"]["step"]
     assert 1 <= stopped_at < 12
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == stopped_at and summary["stop_reason"].startswith("preempted (SIGTERM)")
+    assert summary["steps"] == stopped_at and summary["stop_reason"].startswith(f"preempted ({sig.name})")
 
     assert main([*FAST, f"run_dir={run}", "resume=auto"]) == 0
     summary = json.loads((run / "summary.json").read_text())

@@ -35,7 +35,8 @@ def _start(args: list[str], cwd: Path) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ), start_new_session=True)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+# SIGHUP: a closed terminal or a dropped ssh session (issue 43 case 2), a stop signal like SIGTERM
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
 def test_a_signal_stops_the_sweep_after_the_running_jobs_checkpoint(tmp_path: Path, sig: signal.Signals) -> None:
     sweep = tmp_path / "sweep"
     args = ["-m", *SWEEP, f"hydra.sweep.dir={sweep}", "seed=0,1,2"]

@@ -37,9 +37,10 @@ import signal
 from types import FrameType
 from typing import Any, Callable, Iterator, Optional
 
+from largebatch.errors import STOP_SIGNALS  # SIGTERM, SIGINT, SIGHUP
+
 __all__ = ["STOP_SIGNALS", "ignoring_stop_signals", "stop_signals_blocked"]
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 _main_exiting: Any = None  # a shared byte: 1 once the main process runs its atexit hooks
 

@@ -46,7 +46,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 
-from largebatch.errors import CheckpointError, CheckpointSaveError
+from largebatch.errors import STOP_SIGNALS, CheckpointError, CheckpointSaveError
 
 __all__ = [
     "CheckpointError",
@@ -122,7 +122,7 @@ def _signals_deferred() -> Iterator[None]:
         yield
         return
     pending: list[int] = []
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
 
     def hold(signum: int, frame: Any) -> None:
         pending.append(signum)

@@ -1,4 +1,4 @@
-"""Preemption: SIGTERM/SIGINT finish the current step on every rank, then save and exit.
+"""Preemption: SIGTERM/SIGINT/SIGHUP (``largebatch.errors.STOP_SIGNALS``) finish the current step on every rank, then save and exit.
 
 A signal handler only sets a flag (nothing else is safe inside a handler). After a step the
 :class:`PreemptionHook` decides, on all ranks together, whether to stop: the flag of each
@@ -28,17 +28,17 @@ from typing import Any, Optional
 import torch
 
 from largebatch.engine.loop import Hook
-from largebatch.errors import Preempted, RunFileError
+from largebatch.errors import STOP_SIGNALS, Preempted, RunFileError
 
 __all__ = ["Preempted", "PreemptionHook"]
 
 log = logging.getLogger("largebatch")
 
-_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_SIGNALS = STOP_SIGNALS
 
 
 class PreemptionHook(Hook):
-    """Turns SIGTERM/SIGINT into a stop after the current step, agreed by all ranks.
+    """Turns SIGTERM/SIGINT/SIGHUP into a stop after the current step, agreed by all ranks.
 
     Args:
         check_every: steps between the all-rank agreements (world size > 1).
