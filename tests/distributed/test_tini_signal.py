@@ -54,21 +54,22 @@ def _train_command() -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", "largebatch.train"]
 
 
-def _stop_and_check(proc: subprocess.Popen, run: Path, target: int, ranks: int) -> None:
-    """SIGTERM to ``target`` alone once training is under way: checkpoint saved, exit 75."""
+def _stop_and_check(proc: subprocess.Popen, run: Path, target: int, ranks: int,
+                    sig: signal.Signals = signal.SIGTERM) -> None:
+    """``sig`` to ``target`` alone once training is under way: checkpoint saved, exit 75."""
     try:
         wait_for_checkpoint(run / "checkpoints", proc)
-        os.kill(target, signal.SIGTERM)
+        os.kill(target, sig)
         out, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
     assert proc.returncode == 75, (out[-3000:], err[-3000:])
-    assert (out + err).count("SIGTERM received: finishing the current step") == ranks, (out + err)[-3000:]
+    assert (out + err).count(f"{sig.name} received: finishing the current step") == ranks, (out + err)[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     last = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])["train_state"]["step"]
-    assert summary["stop_reason"].startswith("preempted (SIGTERM)") and summary["steps"] == last < 24
+    assert summary["stop_reason"].startswith(f"preempted ({sig.name})") and summary["steps"] == last < 24
     assert not list((run / "checkpoints").glob("*.tmp*")), "a partial checkpoint was left"
 
 
@@ -77,10 +78,12 @@ def _start(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def test_default_entry_point_under_tini_saves_and_exits_75(tmp_path: Path) -> None:
+# SIGHUP (issue 43 case 2): tini passes it on and the run treats it as SIGTERM (it was exit 129)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_default_entry_point_under_tini_saves_and_exits_75(tmp_path: Path, sig: signal.Signals) -> None:
     run = tmp_path / "run"
     proc = _start([TINI, "--", *_train_command(), *ARGS, f"run_dir={run}"], _env(1))
-    _stop_and_check(proc, run, proc.pid, ranks=1)
+    _stop_and_check(proc, run, proc.pid, ranks=1, sig=sig)
 
 
 @pytest.mark.parametrize(("nproc", "tini_args"), [(1, []), (2, []), (2, ["-g"])])
