@@ -2,13 +2,16 @@
 #
 #   docker build -t largebatch .                  # or scripts/build_image.sh (docker or podman)
 #   mkdir -p runs     # yours: a folder docker run creates for -v belongs to root, and the job can't write it
-#   docker run --rm --gpus all --ipc=host --user "$(id -u):$(id -g)" -v /data/imagenet:/data/imagenet:ro \
-#       -v "$PWD/runs:/workspace/runs" largebatch data=imagenet data.root=/data/imagenet model=resnet50
+#   docker run --rm --gpus all --ipc=host --stop-timeout 60 --user "$(id -u):$(id -g)" \
+#       -v /data/imagenet:/data/imagenet:ro -v "$PWD/runs:/workspace/runs" largebatch \
+#       data=imagenet data.root=/data/imagenet model=resnet50
 #   # all GPUs of the machine, one process each (the script restarts under tini as PID 1):
-#   docker run --rm --gpus all --ipc=host --user "$(id -u):$(id -g)" -v "$PWD/runs:/workspace/runs" \
-#       --entrypoint /opt/largebatch/launch/torchrun.sh largebatch optimizer=lars
+#   docker run --rm --gpus all --ipc=host --stop-timeout 60 --user "$(id -u):$(id -g)" \
+#       -v "$PWD/runs:/workspace/runs" --entrypoint /opt/largebatch/launch/torchrun.sh largebatch optimizer=lars
 # docker stop (SIGTERM) saves a checkpoint and exits 75 with either entry point; continue with
-# the same command plus run_dir=runs/<the run> resume=auto.
+# the same command plus run_dir=runs/<the run> resume=auto. --stop-timeout 60 (Kubernetes:
+# terminationGracePeriodSeconds) leaves time for the current step and the checkpoint write:
+# docker's default is 10 s.
 #
 # Needs BuildKit (Docker >= 23's default builder) or podman/buildah for RUN --mount and
 # COPY --chmod; no "# syntax=" line, so the build fetches no front end from a registry.

@@ -2,17 +2,19 @@
 
 Under the launch scripts the exit code and the error line are also written for the script
 (see :mod:`largebatch.launch.exit_code`), which passes the code on instead of torchrun's
-generic 1 and prints the line again after torchrun's own report, as the last thing the user sees.
+generic 1 and prints the line once for all ranks, as the last thing the user sees.
 """
 
+import os
 import sys
 
 from largebatch.cli import run_command
-from largebatch.launch.exit_code import report_exit_code
+from largebatch.launch.exit_code import LINE_BY_LAUNCHER, report_exit_code
 
 if __name__ == "__main__":
     code, line = run_command()
-    if line:
+    # Under launch/*.sh the script prints the line once for all ranks (LARGEBATCH_LINE_BY_LAUNCHER)
+    if line and not os.environ.get(LINE_BY_LAUNCHER):
         print(line, file=sys.stderr)
     report_exit_code(code, line)
     sys.exit(code)

@@ -13,7 +13,9 @@ run() {  # run CMD...: run CMD and exit with the workers' code, or print it unde
   fi
   local rc=0 child="" pending="" stopping=""
   LARGEBATCH_EXIT_DIR=${LARGEBATCH_EXIT_DIR:-$(mktemp -d)}
-  export LARGEBATCH_EXIT_DIR
+  # the ranks write their code and line there; this script prints the line once (not each rank)
+  LARGEBATCH_LINE_BY_LAUNCHER=1
+  export LARGEBATCH_EXIT_DIR LARGEBATCH_LINE_BY_LAUNCHER
   # A stop signal reaches this shell alone (docker stop and Kubernetes signal PID 1, tini
   # its child) or its whole group (SLURM, kill -- -PGID, Ctrl-C). Either way the launcher
   # must get it exactly once: torchrun passes the first one on to its workers and gives them
@@ -46,11 +48,13 @@ run() {  # run CMD...: run CMD and exit with the workers' code, or print it unde
       sleep 0.2
     fi
   done
-  wait "$child" || rc=$?  # its own exit status (bash keeps it for a second wait)
+  # its own exit status (bash keeps it for a second wait); 2>: not bash's "Killed" job notice
+  wait "$child" 2> /dev/null || rc=$?
   trap - TERM INT HUP
   rc=$(worker_exit_code "$LARGEBATCH_EXIT_DIR" "$rc")
-  # torchrun's failure report (a banner, a traceback) ends its output: repeat the workers'
-  # own line after it, so the last line the user sees says what went wrong and what to do
+  # the ranks left their one line to this script (LARGEBATCH_LINE_BY_LAUNCHER): print it once,
+  # last (after torchrun's own report where TORCHRUN is plain torchrun), so the last line the
+  # user sees says what went wrong and what to do
   worker_error_line "$LARGEBATCH_EXIT_DIR" "$rc" >&2
   rm -rf "$LARGEBATCH_EXIT_DIR"
   exit "$rc"

@@ -11,7 +11,8 @@
 #                   nvidia-smi lists, else 1); torchrun also takes gpu | cpu | auto
 #   MAX_RESTARTS    times torchrun restarts the whole group after a failure (default 0); pass
 #                   run_dir=... resume=auto so a restart continues from the last checkpoint
-#   TORCHRUN        the torchrun command (default: torchrun; e.g. ".venv/bin/torchrun")
+#   TORCHRUN        the torchrun command (default: python3 -m largebatch.launch.torchrun, torchrun
+#                   minus its traceback after the ranks reported; e.g. ".venv/bin/torchrun")
 #   LB_DRY_RUN=1    print the command instead of running it (same as --dry-run)
 # Exit code: the workers' documented code (75 preempted, 2 bad input, 3 non-finite, 74
 #   checkpoint write failed), not torchrun's generic 1; torchrun's code if no worker wrote one.
@@ -28,7 +29,7 @@ under_tini_if_pid1 "$0" "$@"
 
 nproc=${NPROC_PER_NODE:-$(gpu_count)}
 [[ $nproc == 0 ]] && nproc=1
-read -r -a torchrun <<< "${TORCHRUN:-torchrun}"
+read -r -a torchrun <<< "${TORCHRUN:-python3 -m largebatch.launch.torchrun}"
 
 LB_LOCAL_RANKS=$nproc run "${torchrun[@]}" --standalone --nproc-per-node="$nproc" --max-restarts="${MAX_RESTARTS:-0}" \
   -m largebatch.train "$@"

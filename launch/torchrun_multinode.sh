@@ -19,7 +19,8 @@
 #                   nvidia-smi lists, else 1)
 #   RDZV_ID         job id shared by the nodes of one job (default: largebatch)
 #   MAX_RESTARTS    group restarts after a failure or a membership change (default 0)
-#   TORCHRUN        the torchrun command (default: torchrun)
+#   TORCHRUN        the torchrun command (default: python3 -m largebatch.launch.torchrun, torchrun
+#                   minus its traceback after the ranks reported)
 #   LB_DRY_RUN=1    print the command instead of running it (same as --dry-run)
 # Exit code: the workers' documented code (75 preempted, 2 bad input, 3 non-finite, 74
 #   checkpoint write failed), not torchrun's generic 1; torchrun's code if no worker wrote one.
@@ -48,7 +49,7 @@ if [[ -z ${RDZV_ENDPOINT:-} ]]; then
 fi
 nproc=${NPROC_PER_NODE:-$(gpu_count)}
 [[ $nproc == 0 ]] && nproc=1
-read -r -a torchrun <<< "${TORCHRUN:-torchrun}"
+read -r -a torchrun <<< "${TORCHRUN:-python3 -m largebatch.launch.torchrun}"
 
 args=(--nnodes="$nnodes" --nproc-per-node="$nproc")
 [[ -n ${NODE_RANK:-} ]] && args+=(--node-rank="$NODE_RANK")

@@ -130,10 +130,14 @@ def test_stop_saves_and_exits_75(image: str, tmp_path: Path, entrypoint: list[st
         while not list_checkpoints(runs / "stopped" / "checkpoints"):
             assert time.time() < deadline, "no checkpoint in the mounted runs folder"
             time.sleep(0.5)
-        subprocess.run([image, "stop", "--time", "60", name], check=True, capture_output=True, timeout=120)
+        # the runtime's default grace (10 s), not a generous --time: issue 44 (torchrun's agent
+        # lingered past it, 137); the README's runs pass --stop-timeout 60 for slow steps
+        subprocess.run([image, "stop", name], check=True, capture_output=True, timeout=120)
         code = subprocess.run([image, "wait", name], capture_output=True, text=True, timeout=120).stdout.strip()
         logs = subprocess.run([image, "logs", name], capture_output=True, text=True, timeout=120)
         assert code == "75", (code, logs.stderr[-3000:])
+        ours = [line for line in logs.stderr.splitlines() if line.startswith("largebatch: ")]
+        assert len(ours) == 1 and ours[0].startswith("largebatch: preempted"), logs.stderr[-3000:]
         summary = json.loads((runs / "stopped" / "summary.json").read_text())
         assert summary["stop_reason"].startswith("preempted (SIGTERM)")
     finally:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_launch import _dockerignore_excludes, _instructions
+from tests.test_launch import _docker_runs, _dockerignore_excludes, _instructions
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,3 +64,12 @@ def test_the_tpu_image_checks_libpython_before_anything_else() -> None:
     assert subprocess.run([sys.executable, "-c", missing], capture_output=True).returncode != 0
     assert subprocess.run([sys.executable, "-c", probe.replace("libpython3.11.so.1.0", "libc.so.6")],
                           capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("source", ["README.md", "Dockerfile", "Dockerfile.tpu"])
+def test_every_documented_docker_run_gives_the_stop_time_to_save(source: str) -> None:
+    """docker stop's default 10 s turned saved stops into 137 (issue 44): each run line sets
+    --stop-timeout, and the README says what Kubernetes calls it."""
+    runs = _docker_runs((ROOT / source).read_text())
+    assert runs and all("--stop-timeout 60" in cmd for cmd in runs), runs
+    assert "terminationGracePeriodSeconds" in (ROOT / "README.md").read_text()

@@ -257,7 +257,8 @@ def test_slurm_outside_a_job_says_so() -> None:
 def test_torchrun_single_node_line() -> None:
     proc = _dry_run("torchrun.sh", "optimizer=lars", env={"CUDA_VISIBLE_DEVICES": "0,1,3"})
     assert _lines(proc) == [
-        "torchrun --standalone --nproc-per-node=3 --max-restarts=0 -m largebatch.train optimizer=lars"
+        "python3 -m largebatch.launch.torchrun --standalone --nproc-per-node=3 --max-restarts=0 "
+        "-m largebatch.train optimizer=lars"
     ]
 
 
@@ -266,7 +267,7 @@ def test_torchrun_multinode_elastic_line() -> None:
            "RDZV_ENDPOINT": "node0:29500", "RDZV_ID": "rn50"}
     proc = _dry_run("torchrun_multinode.sh", "run_dir=/shared/r", "resume=auto", env=env)
     assert _lines(proc) == [
-        "torchrun --nnodes=2:4 --nproc-per-node=8 --node-rank=1 --rdzv-backend=c10d "
+        "python3 -m largebatch.launch.torchrun --nnodes=2:4 --nproc-per-node=8 --node-rank=1 --rdzv-backend=c10d "
         "--rdzv-endpoint=node0:29500 --rdzv-id=rn50 --max-restarts=3 "
         "-m largebatch.train run_dir=/shared/r resume=auto"
     ]

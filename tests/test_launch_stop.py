@@ -12,10 +12,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.signals import wait_for_checkpoint
 
 LAUNCH = Path(__file__).resolve().parents[1] / "launch"
 
@@ -61,3 +64,55 @@ def test_a_rank_that_has_not_reported_keeps_the_wait(tmp_path: Path) -> None:
     """One of two ranks reported: the wrapper waits for torchrun as before (its code decides)."""
     rc, elapsed, _ = _stop(tmp_path, "torchrun.sh", reporting=1, linger=2)
     assert rc == 75 and elapsed >= 2, (rc, elapsed)
+
+
+# -- issue 44 item 3: one line on stderr, once, from the torchrun entry point ------------------
+def _default_torchrun_env(tmp_path: Path) -> dict[str, str]:
+    """The scripts' default TORCHRUN (python3 -m largebatch.launch.torchrun), this venv first."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "NPROC_PER_NODE": "2", "OMP_NUM_THREADS": "1", "LARGEBATCH_CACHE": str(tmp_path / "cache")}
+    for key in ("TORCHRUN", "LB_DRY_RUN", "LARGEBATCH_EXIT_DIR", "LARGEBATCH_LINE_BY_LAUNCHER"):
+        env.pop(key, None)
+    return env
+
+
+def test_bad_input_on_two_ranks_is_one_line(tmp_path: Path) -> None:
+    """Was: the line once per rank on stderr, torchrun's per-rank errors, a 34-line
+    ChildFailedError traceback and banner, then the line again."""
+    proc = subprocess.run(["bash", str(LAUNCH / "torchrun.sh"), "backend=cpu", "debug=smoke", "epochs=0"],
+                          cwd=tmp_path, env=_default_torchrun_env(tmp_path), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "largebatch: error: epochs=0 is out of range: it must be an integer >= 1; set epochs= to such a value"]
+
+
+def test_preemption_on_two_ranks_is_one_line(tmp_path: Path) -> None:
+    """Was: 'preempted' once per rank and torchrun's SignalException traceback."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen(["bash", str(LAUNCH / "torchrun.sh"), "backend=cpu", "debug=smoke", "progress=false",
+                             "tensorboard=false", "epochs=200", "checkpoint.every_steps=1", f"run_dir={run}"],
+                            cwd=tmp_path, env=_default_torchrun_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_checkpoint(run / "checkpoints", proc)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 75, err
+    ours = [line for line in err.splitlines() if line.startswith("largebatch:")]
+    assert len(ours) == 1 and ours[0].startswith("largebatch: preempted"), err
+    assert "Traceback" not in err and "SignalException" not in err and "Killed" not in err, err
+
+
+def test_a_crash_no_rank_reported_keeps_torchruns_report(tmp_path: Path) -> None:
+    """Where no rank wrote a code (a crash, a kill), torchrun's own report is the only
+    explanation: the shim prints the agent's records and the failure banner, as torchrun would."""
+    script = tmp_path / "crash.py"
+    script.write_text("import sys\nsys.exit(7)\n")
+    env = {**_default_torchrun_env(tmp_path), "LARGEBATCH_EXIT_DIR": str(tmp_path / "codes")}
+    proc = subprocess.run([sys.executable, "-m", "largebatch.launch.torchrun", "--standalone", "--nproc-per-node=1",
+                           str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "exitcode: 7" in proc.stderr and "Root Cause" in proc.stderr, proc.stderr

@@ -13,9 +13,11 @@ import os
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["ENV", "report_exit_code"]
+__all__ = ["ENV", "LINE_BY_LAUNCHER", "report_exit_code"]
 
 ENV = "LARGEBATCH_EXIT_DIR"
+# set by launch/lib.sh: it prints the ranks' one line once, so a rank does not print its own
+LINE_BY_LAUNCHER = "LARGEBATCH_LINE_BY_LAUNCHER"
 
 
 def report_exit_code(code: int, line: Optional[str] = None) -> None:
