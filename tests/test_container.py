@@ -1,4 +1,4 @@
-"""The GPU image, built and run (issue 37): ``scripts/build_image.sh gpu``, then the README's CPU
+"""The GPU image, built and run (issue 37): ``scripts/build_image.sh gpu``, then the documented CPU
 command (``debug=smoke``, runs/ mounted, ``--user`` the caller) in the container, and
 ``docker stop`` of a run under way: exit 75 with a checkpoint in the mounted folder.
 
@@ -97,7 +97,7 @@ def _checkout_files() -> dict[str, tuple[int, int, int]]:
 
 
 def _run_argv(runtime: str, runs: Path, *args: str) -> list[str]:
-    """The README's CPU command: no --gpus, runs/ mounted, the caller's uid."""
+    """The documented CPU command: no --gpus, runs/ mounted, the caller's uid."""
     return [runtime, "run", "--user", f"{os.getuid()}:{os.getgid()}", "-v", f"{runs}:/workspace/runs", *args]
 
 
@@ -131,7 +131,7 @@ def test_stop_saves_and_exits_75(image: str, tmp_path: Path, entrypoint: list[st
             assert time.time() < deadline, "no checkpoint in the mounted runs folder"
             time.sleep(0.5)
         # the runtime's default grace (10 s), not a generous --time: issue 44 (torchrun's agent
-        # lingered past it, 137); the README's runs pass --stop-timeout 60 for slow steps
+        # lingered past it, 137); the documented runs pass --stop-timeout 60 for slow steps
         subprocess.run([image, "stop", name], check=True, capture_output=True, timeout=120)
         code = subprocess.run([image, "wait", name], capture_output=True, text=True, timeout=120).stdout.strip()
         logs = subprocess.run([image, "logs", name], capture_output=True, text=True, timeout=120)

@@ -66,10 +66,10 @@ def test_the_tpu_image_checks_libpython_before_anything_else() -> None:
                           capture_output=True).returncode == 0
 
 
-@pytest.mark.parametrize("source", ["README.md", "Dockerfile", "Dockerfile.tpu"])
+@pytest.mark.parametrize("source", ["docs/scaling-out.md", "Dockerfile", "Dockerfile.tpu"])
 def test_every_documented_docker_run_gives_the_stop_time_to_save(source: str) -> None:
     """docker stop's default 10 s turned saved stops into 137 (issue 44): each run line sets
     --stop-timeout, and the README says what Kubernetes calls it."""
     runs = _docker_runs((ROOT / source).read_text())
     assert runs and all("--stop-timeout 60" in cmd for cmd in runs), runs
-    assert "terminationGracePeriodSeconds" in (ROOT / "README.md").read_text()
+    assert "terminationGracePeriodSeconds" in (ROOT / "docs" / "scaling-out.md").read_text()

@@ -514,7 +514,7 @@ def _docker_runs(text: str) -> list[str]:
     return re.findall(r"^[#\s]*(?:sudo )?(docker run .*)$", joined, re.M)
 
 
-@pytest.mark.parametrize("source", ["README.md", "Dockerfile", "Dockerfile.tpu"])
+@pytest.mark.parametrize("source", ["docs/scaling-out.md", "Dockerfile", "Dockerfile.tpu"])
 def test_documented_docker_runs_keep_their_results_and_can_write_them(source: str) -> None:
     """Each documented `docker run` mounts a runs folder (else results die with the container) and
     runs as the caller's uid, after `mkdir -p` of that folder (else Docker creates it root-owned)."""
@@ -527,8 +527,8 @@ def test_documented_docker_runs_keep_their_results_and_can_write_them(source: st
     assert re.search(r"mkdir -p \S*runs", text)
 
 
-def test_readme_names_the_base_the_dockerfile_uses() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_docs_name_the_base_the_dockerfile_uses() -> None:
+    readme = (ROOT / "docs" / "scaling-out.md").read_text()
     (base,) = re.findall(r"^ARG BASE_IMAGE=(\S+)", (ROOT / "Dockerfile").read_text(), re.M)
     assert base in readme and "CUDA runtime base matching" not in readme
 
