@@ -114,7 +114,7 @@ def test_slurm_torchrun_line(fake_scontrol: Path, tmp_path: Path) -> None:
     )
     assert _lines(proc) == [
         "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 "
-        "torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d "
+        "python3 -m largebatch.launch.torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d "
         "--rdzv-endpoint=gpu-003:29742 --rdzv-id=4242 --max-restarts=0 "
         "-m largebatch.train run_dir=runs/slurm-4242 resume=auto "
         "optimizer=lars data.root=/data/my\\ imagenet"
@@ -172,7 +172,7 @@ def test_slurm_one_node_runs_torchrun_in_the_batch_step(fake_scontrol: Path, env
     """On one node no srun by default: srun SIGKILLs its tasks on the SIGTERM of scancel --full (issue 30)."""
     one_node = {**SLURM_ENV, "SLURM_JOB_NODELIST": "gpu-[003-004]", "SLURM_NNODES": "1", **env}
     (line,) = _lines(_dry_run("slurm.sbatch", env=one_node, fake_bin=fake_scontrol))
-    assert line.startswith("srun --nodes=1 ") if srun else line.startswith("torchrun --nnodes=1 --nproc-per-node=8 ")
+    assert line.startswith("srun --nodes=1 ") if srun else line.startswith("python3 -m largebatch.launch.torchrun --nnodes=1 --nproc-per-node=8 ")
 
 
 @pytest.mark.parametrize(("state", "requeued"), [
@@ -191,21 +191,26 @@ def test_slurm_requeues_a_preempted_job_but_not_a_cancelled_one(tmp_path: Path, 
         "squeue": f'echo "squeue $*" >> {calls}\necho "{state}"\n',
         "srun": "exec sleep 60\n",  # the SIGTERM relay step; killed by the script at the end
         # torchrun whose rank saved on a SIGTERM: its code 75 for the script, torchrun's own 1
-        "torchrun": 'mkdir -p "$LARGEBATCH_EXIT_DIR"\necho 75 > "$LARGEBATCH_EXIT_DIR/exit-0-0"\nexit 1\n',
+        "torchrun": ('mkdir -p "$LARGEBATCH_EXIT_DIR"\n'
+                     'printf "75\\nlargebatch: preempted: preempted (SIGTERM) at step 3\\n" > "$LARGEBATCH_EXIT_DIR/exit-0-0"\n'
+                     'exit 1\n'),
     }
     for name, body in fakes.items():
         (bin_dir / name).write_text("#!/bin/sh\n" + body)
         (bin_dir / name).chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_JOB_ID": "77",
-           "SLURM_JOB_NODELIST": "node-1", "SLURM_NNODES": "1", "SLURM_SUBMIT_DIR": str(tmp_path)}
+           "SLURM_JOB_NODELIST": "node-1", "SLURM_NNODES": "1", "SLURM_SUBMIT_DIR": str(tmp_path),
+           "TORCHRUN": "torchrun"}
     proc = subprocess.run(["bash", str(LAUNCH / "slurm.sbatch")], env=env, capture_output=True, text=True,
                           timeout=30)
     assert proc.returncode == 75, proc.stderr
     log = calls.read_text()
     assert "squeue --noheader --jobs=77 --format=%T %r" in log
     assert ("scontrol requeue 77" in log) is requeued, log
-    said = "preempted: requeueing job 77" if requeued else "was cancelled (scancel without --signal): not requeueing"
-    assert said in proc.stderr, proc.stderr
+    said = "requeueing job 77, which resumes" if requeued else "was cancelled (scancel without --signal): not requeueing"
+    # issue 44 item 3: one line, the ranks' own with what the script does about it
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("largebatch: preempted: preempted (SIGTERM) at step 3; ") and said in line, proc.stderr
     assert not (tmp_path / "runs" / "slurm-77" / ".exit-codes").exists()  # the codes' folder is cleaned
 
 
@@ -231,7 +236,8 @@ def test_slurm_passes_a_sighup_on_to_torchrun_and_requeues(tmp_path: Path) -> No
         (bin_dir / name).write_text("#!/bin/sh\n" + body)
         (bin_dir / name).chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_JOB_ID": "78",
-           "SLURM_JOB_NODELIST": "node-1", "SLURM_NNODES": "1", "SLURM_SUBMIT_DIR": str(tmp_path)}
+           "SLURM_JOB_NODELIST": "node-1", "SLURM_NNODES": "1", "SLURM_SUBMIT_DIR": str(tmp_path),
+           "TORCHRUN": "torchrun"}
     proc = subprocess.Popen(["bash", str(LAUNCH / "slurm.sbatch")], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 30
