@@ -65,17 +65,12 @@ run() {  # run CMD...: run CMD and exit with the workers' code, or print it unde
 # preempted), a rank's own failure preferred over 75/130 (the others were only stopped);
 # RC (torchrun's code) when no worker wrote one (a crash, a kill) or all succeeded.
 worker_exit_code() {
-  local dir=$1 rc=$2 f n code latest=-1 best=""
+  local dir=$1 rc=$2 f code latest best=""
   if [[ $rc == 0 ]]; then
     echo 0
     return
   fi
-  for f in "$dir"/exit-*-*; do
-    [[ -f $f ]] || continue
-    n=${f##*/exit-}
-    n=${n%%-*}
-    if (( n > latest )); then latest=$n; fi
-  done
+  latest=$(latest_restart "$dir")
   for f in "$dir"/exit-"$latest"-*; do
     [[ -f $f ]] || continue
     read -r code < "$f" || continue
@@ -88,14 +83,9 @@ worker_exit_code() {
 # worker_error_line DIR RC: the one error line (second line of an exit file of the last
 # restart) of the lowest rank that exited with RC; nothing when none wrote one
 worker_error_line() {
-  local dir=$1 rc=$2 f n latest=-1 code line best_rank="" best_line=""
+  local dir=$1 rc=$2 f n latest code line best_rank="" best_line=""
   [[ $rc == 0 ]] && return 0
-  for f in "$dir"/exit-*-*; do
-    [[ -f $f ]] || continue
-    n=${f##*/exit-}
-    n=${n%%-*}
-    if (( n > latest )); then latest=$n; fi
-  done
+  latest=$(latest_restart "$dir")
   for f in "$dir"/exit-"$latest"-*; do
     [[ -f $f ]] || continue
     { read -r code && read -r line; } < "$f" || continue
@@ -109,16 +99,25 @@ worker_error_line() {
 
 # ranks_reported DIR N: N > 0 ranks of the last restart have written their exit code to DIR
 ranks_reported() {
-  local dir=$1 want=$2 f n latest=-1 count=0
+  local dir=$1 want=$2 f count=0
   (( want > 0 )) || return 1
-  for f in "$dir"/exit-*-*; do
+  for f in "$dir"/exit-"$(latest_restart "$dir")"-*; do
+    if [[ -s $f ]]; then count=$((count + 1)); fi
+  done
+  (( count >= want ))
+}
+
+# latest_restart DIR: the highest torchrun restart count among DIR's exit-<restart>-<rank>
+# files (-1 when there are none)
+latest_restart() {
+  local f n latest=-1
+  for f in "$1"/exit-*-*; do
     [[ -f $f ]] || continue
     n=${f##*/exit-}
     n=${n%%-*}
-    if (( n > latest )); then latest=$n; count=0; fi
-    if (( n == latest )) && [[ -s $f ]]; then count=$((count + 1)); fi
+    if (( n > latest )); then latest=$n; fi
   done
-  (( count >= want ))
+  echo "$latest"
 }
 
 _forward() {  # _forward SIG: pass SIG on to run's launcher ($child), or keep it until it starts

@@ -175,6 +175,16 @@ def test_slurm_one_node_runs_torchrun_in_the_batch_step(fake_scontrol: Path, env
     assert line.startswith("srun --nodes=1 ") if srun else line.startswith("python3 -m largebatch.launch.torchrun --nnodes=1 --nproc-per-node=8 ")
 
 
+def _fake_slurm_job(bin_dir: Path, fakes: dict[str, str], home: Path, job: str) -> dict[str, str]:
+    """Write the fake commands to ``bin_dir``; the environment of a one-node job ``job`` that uses them."""
+    for name, body in fakes.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(home), "SLURM_JOB_ID": job,
+            "SLURM_JOB_NODELIST": "node-1", "SLURM_NNODES": "1", "SLURM_SUBMIT_DIR": str(home),
+            "TORCHRUN": "torchrun"}  # the fake, not the default (this venv's python3 -m ...)
+
+
 @pytest.mark.parametrize(("state", "requeued"), [
     ("COMPLETING None", False),  # a plain scancel: slurmctld has ended the job already
     ("RUNNING None", True),  # a preemption's grace time, scancel --signal=TERM
@@ -195,12 +205,7 @@ def test_slurm_requeues_a_preempted_job_but_not_a_cancelled_one(tmp_path: Path, 
                      'printf "75\\nlargebatch: preempted: preempted (SIGTERM) at step 3\\n" > "$LARGEBATCH_EXIT_DIR/exit-0-0"\n'
                      'exit 1\n'),
     }
-    for name, body in fakes.items():
-        (bin_dir / name).write_text("#!/bin/sh\n" + body)
-        (bin_dir / name).chmod(0o755)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_JOB_ID": "77",
-           "SLURM_JOB_NODELIST": "node-1", "SLURM_NNODES": "1", "SLURM_SUBMIT_DIR": str(tmp_path),
-           "TORCHRUN": "torchrun"}
+    env = _fake_slurm_job(bin_dir, fakes, tmp_path, "77")
     proc = subprocess.run(["bash", str(LAUNCH / "slurm.sbatch")], env=env, capture_output=True, text=True,
                           timeout=30)
     assert proc.returncode == 75, proc.stderr
@@ -232,12 +237,7 @@ def test_slurm_passes_a_sighup_on_to_torchrun_and_requeues(tmp_path: Path) -> No
                      f'exit 1\' HUP\nmkdir -p "$LARGEBATCH_EXIT_DIR"\ntouch {ready}\n'
                      'while :; do sleep 0.1; done\n'),
     }
-    for name, body in fakes.items():
-        (bin_dir / name).write_text("#!/bin/sh\n" + body)
-        (bin_dir / name).chmod(0o755)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_JOB_ID": "78",
-           "SLURM_JOB_NODELIST": "node-1", "SLURM_NNODES": "1", "SLURM_SUBMIT_DIR": str(tmp_path),
-           "TORCHRUN": "torchrun"}
+    env = _fake_slurm_job(bin_dir, fakes, tmp_path, "78")
     proc = subprocess.Popen(["bash", str(LAUNCH / "slurm.sbatch")], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 30
