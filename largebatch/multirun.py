@@ -18,7 +18,15 @@ jobs after it are not started, the table lists them, and the sweep exits 75 with
 that resumes it (the same sweep, ``resume=auto``, in the same ``hydra.sweep.dir``: finished
 jobs end at once, the stopped one continues from its checkpoint, the others start). A signal
 while a job is being set up (before its first step) stops it at once, with nothing to save.
-A second Ctrl-C interrupts at once (130). This holds for the basic launcher, whose jobs run
+A second Ctrl-C interrupts at once (130).
+
+A continued sweep (the same ``hydra.sweep.dir``) finds each job's run by the job's number,
+Hydra's folder name; a job whose run-relevant overrides (``largebatch.engine.resume.RUN_KEYS``:
+``seed=1`` where the folder's run was made with ``seed=0``, as a value list given in another
+order does) differ from those of the run in its folder is refused with exit 2, naming the job,
+both override sets and the folder that holds its own run, and the folder's ``.hydra`` record is
+put back as it was. A job that matches its folder continues. The check of every resume, that a
+checkpoint's config matches the run's in those keys, applies too (also with the submitit launchers). This holds for the basic launcher, whose jobs run
 one after another in this process; with the submitit launchers every job is a process (or a
 SLURM job) of its own, which the scheduler signals itself.
 """
@@ -75,6 +83,72 @@ class _SweepStop:
 
 _SWEEP = _SweepStop()
 
+# A continued sweep's job folders as they were before Hydra rewrote their .hydra record:
+# absolute folder -> (its task overrides, {file name: bytes} of its .hydra folder)
+_EARLIER_JOBS: dict[str, tuple[list[str], dict[str, bytes]]] = {}
+
+
+def _earlier_jobs(overrides: Sequence[str]) -> dict[str, tuple[list[str], dict[str, bytes]]]:
+    """The job folders under the ``hydra.sweep.dir=`` of ``overrides`` that hold a run."""
+    import yaml
+
+    dirs = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "hydra.sweep.dir"]
+    if not dirs or not os.path.isdir(dirs[-1]):
+        return {}
+    found = {}
+    for entry in os.scandir(dirs[-1]):
+        record = os.path.join(entry.path, ".hydra")
+        if not entry.is_dir() or not os.path.isfile(os.path.join(record, "overrides.yaml")):
+            continue
+        try:
+            files = {}
+            for f in os.scandir(record):
+                if f.is_file():
+                    with open(f.path, "rb") as fh:
+                        files[f.name] = fh.read()
+            task = yaml.safe_load(files["overrides.yaml"])
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(task, list):
+            found[os.path.abspath(entry.path)] = ([str(t) for t in task], files)
+    return found
+
+
+def _run_overrides(task: Sequence[str]) -> dict[str, str]:
+    """``key -> value`` of the task overrides the run's result depends on (RUN_KEYS; a config
+    group choice such as ``model=resnet18`` counts under its group)."""
+    from largebatch.engine.resume import RUN_KEYS
+
+    out = {}
+    for item in task:
+        key, _, value = item.partition("=")
+        key = key.lstrip("+~")
+        if any(key == p.rstrip(".") or (p.endswith(".") and key.startswith(p)) for p in RUN_KEYS):
+            out[key] = value
+    return out
+
+
+def _text(overrides: dict[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(overrides.items())) or "no such override"
+
+
+def _other_jobs_run(output_dir: str, task: Sequence[str]) -> Optional[str]:
+    """Why this job must not continue the run in its folder (another job's), or None."""
+    earlier = _EARLIER_JOBS.get(os.path.abspath(output_dir))
+    if earlier is None:
+        return None
+    before, files = earlier
+    now, was = _run_overrides(task), _run_overrides(before)
+    if now == was:
+        return None
+    for name, data in files.items():  # Hydra rewrote the folder's record for this job: put it back
+        with open(os.path.join(output_dir, ".hydra", name), "wb") as f:
+            f.write(data)
+    own = [d for d, (t, _) in _EARLIER_JOBS.items() if _run_overrides(t) == now]
+    where = f"its own run is in {own[0]}" if own else "no folder of this sweep holds its run"
+    return (f"{output_dir} holds the run of {_text(was)}, not {_text(now)} ({where}); a continued sweep "
+            f"must list its values in the order of the sweep it continues, or use a new hydra.sweep.dir")
+
 
 @contextmanager
 def _stop_on_signals() -> Iterator[_SweepStop]:
@@ -118,7 +192,7 @@ def train_job(cfg: DictConfig) -> dict[str, Any]:
     from hydra.core.hydra_config import HydraConfig
 
     from largebatch.config import check_composed, to_train_config
-    from largebatch.errors import EXIT_OK, EXIT_PREEMPTED, exit_code
+    from largebatch.errors import EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE, exit_code
     from largebatch.run import run
 
     hc = HydraConfig.get()
@@ -129,6 +203,11 @@ def train_job(cfg: DictConfig) -> dict[str, Any]:
     raw.run_dir = hc.runtime.output_dir
     if _SWEEP.signal_name:  # the sweep was stopped: Hydra still hands us its remaining jobs
         row.update(exit_code=EXIT_PREEMPTED, error=NOT_STARTED)
+        return row
+    mismatch = _other_jobs_run(hc.runtime.output_dir, hc.overrides.task)
+    if mismatch:
+        row.update(exit_code=EXIT_USAGE, error=mismatch, wall_time_s=0.0)
+        print(f"largebatch: job {row['job']} ({row['overrides']}): error: {mismatch}", file=sys.stderr)
         return row
     _distributed_env_from_submitit()
     start = time.monotonic()
@@ -191,6 +270,8 @@ def run_multirun(overrides: Sequence[str]) -> int:
     from largebatch.config import check_overrides, hydra_errors, hydra_session
 
     check_overrides(overrides)
+    _EARLIER_JOBS.clear()
+    _EARLIER_JOBS.update(_earlier_jobs(overrides))
     with _stop_on_signals() as stop, hydra_errors(), hydra_session() as hydra:
         batches = hydra.multirun(config_name="train", task_function=train_job, overrides=list(overrides))
     rows = [job.return_value for batch in batches for job in batch]

@@ -142,6 +142,33 @@ def test_multirun_job_errors_are_rows_and_the_exit_code(cache: Path, capsys: pyt
     assert (sweep / "0" / "summary.json").exists()
 
 
+def test_a_continued_sweep_refuses_a_job_whose_folder_holds_another_jobs_run(
+    cache: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Issue 43 case 1: `-m seed=1,0 resume=auto` on a `seed=0,1` sweep continued seed 0's run as
+    job 0 labelled seed=1 (and rewrote its .hydra record); now those jobs end with exit 2 naming
+    both overrides and the folder of their own run, their folders are left as they were, and a
+    job that matches its folder (or is new) runs."""
+    sweep = cache / "sweep"
+    assert main(["-m", *TINY, "max_steps=1", f"hydra.sweep.dir={sweep}", "seed=0,1"]) == 0
+    record = {job: (sweep / job / ".hydra" / "overrides.yaml").read_bytes() for job in ("0", "1")}
+    summaries = {job: (sweep / job / "summary.json").read_bytes() for job in ("0", "1")}
+    capsys.readouterr()
+    assert main(["-m", *TINY, "max_steps=2", "resume=auto", f"hydra.sweep.dir={sweep}", "seed=1,0,2"]) == 2
+    out, err = capsys.readouterr()
+    assert f"{sweep}/0 holds the run of seed=0, not seed=1 (its own run is in {sweep.resolve()}/1)" in err, err
+    assert f"{sweep}/1 holds the run of seed=1, not seed=0 (its own run is in {sweep.resolve()}/0)" in err, err
+    rows = {line.split()[0]: line.split() for line in out[out.index("largebatch: 3 job(s)"):].splitlines()[2:5]}
+    assert (rows["0"][5], rows["1"][5], rows["2"][5]) == ("2", "2", "0"), rows
+    for job in ("0", "1"):  # nothing of the refused jobs was written
+        assert (sweep / job / ".hydra" / "overrides.yaml").read_bytes() == record[job]
+        assert (sweep / job / "summary.json").read_bytes() == summaries[job]
+    assert json.loads((sweep / "2" / "summary.json").read_text())["steps"] == 2
+    # the same order continues both
+    assert main(["-m", *TINY, "max_steps=2", "resume=auto", f"hydra.sweep.dir={sweep}", "seed=0,1"]) == 0
+    assert [json.loads((sweep / j / "summary.json").read_text())["steps"] for j in ("0", "1")] == [2, 2]
+
+
 def test_multirun_default_sweep_dir_is_under_output_root(cache: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["-m", *TINY, "max_steps=1", f"output_root={cache / 'out'}", "seed=0,1"]) == 0
     sweeps = list((cache / "out").glob("multirun-*"))

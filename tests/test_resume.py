@@ -117,6 +117,23 @@ def test_a_resume_with_the_same_schedule_logs_no_change(tmp_path: Path) -> None:
     assert "learning-rate schedule" not in (run / "train.log").read_text()
 
 
+@pytest.mark.parametrize("change,was,now", [
+    ("seed=1", "seed=0", "seed=1"),
+    ("label_smoothing=0.2", "label_smoothing=0.1", "label_smoothing=0.2"),
+])
+def test_a_checkpoint_of_another_run_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture, change: str,
+                                                was: str, now: str) -> None:
+    """Issue 43 case 1: a checkpoint whose config differs from the run's in a key its result
+    depends on belongs to another run (a reordered sweep continued one); one line, exit 2."""
+    run = tmp_path / "run"
+    assert main([*EXACT, f"run_dir={run}", "max_steps=1"]) == 0
+    capsys.readouterr()
+    assert main([*EXACT, f"run_dir={run}", "max_steps=2", "resume=auto", change]) == 2
+    line = _one_error_line(capsys)
+    assert f"belongs to another run: it was made with {was}, this run has {now}" in line, line
+    assert main([*EXACT, f"run_dir={run}", "max_steps=2", "resume=auto", "data.workers=1"]) == 0  # how, not what
+
+
 def _one_error_line(capsys: pytest.CaptureFixture) -> str:
     err = capsys.readouterr().err.strip()
     assert err.startswith("largebatch: error:") and "\n" not in err and "Traceback" not in err, err

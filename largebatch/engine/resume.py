@@ -6,6 +6,13 @@ with one line naming what differs (a silent resume with another optimizer would 
 meant for another update rule). ``resume=auto`` with checkpoint files present but none
 readable is an error, not a fresh start.
 
+A resume whose config differs from the checkpoint's in a key the run's result depends on
+(:data:`RUN_KEYS`: the seed, the model, the optimizer's update rule, the embedded data set,
+the crops, the loss, BN) is refused with one line naming the keys and both values: it would
+continue another run under this one's name (a continued sweep whose values were listed in
+another order did). Keys that only say how or where it runs (paths, workers, logging,
+checkpoint cadence, precision, backend) may change.
+
 A resume whose config changes the learning-rate schedule (``epochs``, ``schedule.*``,
 ``optimizer.lr``, ``base_batch_size``, ``lr_scaling``: the usual one is raising ``epochs`` to
 train a finished run longer) continues on the new schedule from the step reached, with the
@@ -38,11 +45,17 @@ from largebatch.engine.checkpoint import (
 from largebatch.engine.compile import strip_compile_prefixes
 from largebatch.engine.ema import load_ema_state
 
-__all__ = ["SCHEDULE_KEYS", "check_fits", "find_checkpoint", "resume_run", "schedule_changes",
+__all__ = ["RUN_KEYS", "SCHEDULE_KEYS", "check_fits", "check_same_run", "find_checkpoint", "resume_run", "schedule_changes",
            "set_aside_abandoned"]
 
 # config keys (or key prefixes) the learning-rate schedule is computed from
 SCHEDULE_KEYS = ("epochs", "schedule.", "optimizer.lr", "base_batch_size", "lr_scaling")
+
+# config keys (or key prefixes) a checkpoint must share with the run resuming it
+RUN_KEYS = ("seed", "model.", "optimizer.", "label_smoothing", "bn.", "data.synthetic.",
+            "data.image_size", "data.crop_scale", "data.val_crop_ratio")
+# ... except these: how the same computation runs (and the schedule keys, SCHEDULE_KEYS)
+_HOW_KEYS = ("optimizer.foreach", "model.compile", "model.channels_last")
 
 log = logging.getLogger("largebatch")
 
@@ -109,15 +122,35 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def schedule_changes(saved: Optional[dict[str, Any]], current: Optional[dict[str, Any]]) -> list[str]:
-    """``["epochs 2 -> 4", ...]``: the :data:`SCHEDULE_KEYS` whose values differ between a
-    checkpoint's config and this run's (both plain dicts; nothing when either is missing)."""
+def _differences(saved: Optional[dict[str, Any]], current: Optional[dict[str, Any]], prefixes: tuple[str, ...],
+                 skip: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
     if not saved or not current:
         return []
     old, new = _flat(saved), _flat(current)
-    keys = sorted(k for k in old.keys() | new.keys()
-                  if any(k == p or (p.endswith(".") and k.startswith(p)) for p in SCHEDULE_KEYS))
-    return [f"{k} {old.get(k)} -> {new.get(k)}" for k in keys if old.get(k) != new.get(k)]
+
+    def under(k: str, ps: tuple[str, ...]) -> bool:
+        return any(k == p or (p.endswith(".") and k.startswith(p)) for p in ps)
+
+    keys = sorted(k for k in old.keys() | new.keys() if under(k, prefixes) and not under(k, skip))
+    return [(k, old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)]
+
+
+def schedule_changes(saved: Optional[dict[str, Any]], current: Optional[dict[str, Any]]) -> list[str]:
+    """``["epochs 2 -> 4", ...]``: the :data:`SCHEDULE_KEYS` whose values differ between a
+    checkpoint's config and this run's (both plain dicts; nothing when either is missing)."""
+    return [f"{k} {a} -> {b}" for k, a, b in _differences(saved, current, SCHEDULE_KEYS)]
+
+
+def check_same_run(saved: Optional[dict[str, Any]], current: Optional[dict[str, Any]], path: Path) -> None:
+    """Refuse a checkpoint whose config differs from this run's in a :data:`RUN_KEYS` key."""
+    differ = _differences(saved, current, RUN_KEYS, skip=SCHEDULE_KEYS + _HOW_KEYS)
+    if differ:
+        was = ", ".join(f"{k}={a}" for k, a, _ in differ)
+        now = ", ".join(f"{k}={b}" for k, _, b in differ)
+        raise CheckpointError(
+            f"checkpoint {path} belongs to another run: it was made with {was}, this run has {now}; "
+            f"resume with the checkpoint's values, or start a new run_dir"
+        )
 
 
 def _continue_on_new_schedule(scheduler: Any, optimizer: Any, changes: list[str], step: int) -> None:
@@ -244,6 +277,8 @@ def resume_run(
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); resume with the "
             f"settings it was made with, or start a new run_dir"
         ) from None
+    # after the loads: an optimizer's own refusal (LARS's momentum form) names its option better
+    check_same_run(ckpt.get("config"), config, path)
     changes = schedule_changes(ckpt.get("config"), config)
     if changes:
         _continue_on_new_schedule(scheduler, optimizer, changes, state.step)
