@@ -147,6 +147,20 @@ def test_a_name_that_is_not_utf8_is_reported_escaped_not_a_crash(clean: Path, no
     require_checked(clean, "train")  # the fingerprint of the set with that name still matches
 
 
+def test_exif_rotated_jpegs_are_counted_and_kept_in_the_list(clean: Path, capsys) -> None:
+    """Issue 43 case 8: the check counts the JPEGs whose EXIF orientation every loader applies."""
+    good = next((clean / "train" / "n0001").glob("*.JPEG"))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.open(good).convert("RGB").save(clean / "train" / "n0001" / "rotated.JPEG", "JPEG", exif=exif.tobytes())
+    assert main([str(clean), "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("exif_rotated "))
+    assert row.split()[1:3] == ["1", "yes"], row
+    assert "train/n0001/rotated.JPEG  (EXIF orientation 6)" in out
+    assert "train/n0001/rotated.JPEG" in _listed(clean / check.file_list_name("train"))
+
+
 def test_require_checked_refuses_an_unchecked_or_changed_set(planted: Path) -> None:
     message = (f"data set {planted} has not been checked for files DALI cannot decode; "
                f"run: largebatch-check-data {planted}")

@@ -367,3 +367,65 @@ def test_workers_hand_over_one_buffer_per_batch(data_root: Path) -> None:
         assert batch.data.numel() == sum(map(len, files)) and batch.data.is_shared()  # one shared tensor
         assert [bytes(t.numpy()) for t in batch.encoded()] == files
         assert all(batch.samples[k].payload is None for k in batch.on_device)
+
+
+# -- issue 43 case 8: EXIF orientation, the same image whichever loader reads it ----------------
+def _exif_jpeg(orientation: int) -> bytes:
+    """A 20-high, 40-wide JPEG, white on its left half, tagged with ``orientation``."""
+    import numpy as np
+
+    pixels = np.zeros((20, 40, 3), np.uint8)
+    pixels[:, :20] = 255
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "JPEG", quality=95, exif=exif.tobytes())
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("orientation", [3, 6, 8])
+def test_every_loader_turns_an_exif_rotated_jpeg_upright(tmp_path: Path, orientation: int) -> None:
+    """Orientation 6 was applied by DALI and not by the torchvision or nvjpeg loaders. Now the
+    torchvision loader (Pillow, load_rgb) and nvjpeg (which sends such a file to Pillow) give
+    what torchvision's decode_jpeg(apply_exif_orientation=True), like DALI's decoder, gives."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    from largebatch.data.images import load_rgb
+    from largebatch.data.pipelines.nvjpeg import EncodedImageFolder, cpu_decode_reason, jpeg_exif_orientation
+
+    data = _exif_jpeg(orientation)
+    path = tmp_path / "photo.JPEG"
+    path.write_bytes(data)
+    upright = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB,
+                          apply_exif_orientation=True)
+    assert upright.shape[1:] == ((20, 40) if orientation == 3 else (40, 20))
+    assert jpeg_exif_orientation(data) == orientation
+    assert cpu_decode_reason(data) == f"EXIF orientation {orientation}"
+    pil = torch.from_numpy(__import__("numpy").asarray(load_rgb(str(path)))).permute(2, 0, 1)
+    sample = EncodedImageFolder([(str(path), 0)])[0]
+    assert sample.cpu_reason == f"EXIF orientation {orientation}" and sample.payload is not None
+    for image in (pil, sample.payload):
+        assert image.shape == upright.shape
+        assert (image.int() - upright.int()).abs().max() <= 2  # the same decoder (libjpeg-turbo)
+    plain = _exif_jpeg(1)
+    assert jpeg_exif_orientation(plain) == 1 and cpu_decode_reason(plain) is None  # upright: nvJPEG's
+
+
+def test_dali_turns_an_exif_rotated_jpeg_upright_too(tmp_path: Path) -> None:
+    """The behaviour the other loaders now match: DALI's image decoder applies the orientation."""
+    pytest.importorskip("nvidia.dali")
+    import numpy as np
+    from nvidia.dali import fn, pipeline_def, types
+
+    path = tmp_path / "photo.JPEG"
+    path.write_bytes(_exif_jpeg(6))
+
+    @pipeline_def(batch_size=1, num_threads=1, device_id=None)
+    def decode() -> object:
+        encoded, _ = fn.readers.file(files=[str(path)], labels=[0])
+        return fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
+
+    pipe = decode()
+    pipe.build()
+    (out,) = pipe.run()
+    assert np.array(out.as_tensor()).shape == (1, 40, 20, 3)

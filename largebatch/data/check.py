@@ -36,7 +36,7 @@ from typing import NamedTuple, Sequence
 
 from PIL import Image
 
-from largebatch.data.images import list_split, not_a_folder
+from largebatch.data.images import EXIF_ORIENTATION, list_split, not_a_folder
 from largebatch.errors import DataError
 
 __all__ = [
@@ -89,6 +89,10 @@ KINDS: dict[str, Kind] = {
                             _REENCODE + " to keep every image on the fast JPEG path"),
     "cmyk_jpeg": Kind(False, "CMYK JPEG, as in ImageNet", "decoded to RGB, like Pillow",
                       _REENCODE + " (optional)"),
+    "exif_rotated": Kind(False, "a JPEG whose EXIF orientation says to turn or mirror it (a camera's)",
+                         "turned upright, as every loader of this project does",
+                         "none needed; to store it upright: "
+                         "ImageOps.exif_transpose(Image.open(p)).convert('RGB').save(p, 'JPEG', quality=95)"),
     "grayscale_jpeg": Kind(False, "single-channel JPEG, as in ImageNet",
                            "decoded to RGB (gray replicated), like Pillow",
                            "none needed; " + _REENCODE + " if other tools need 3 channels"),
@@ -136,6 +140,7 @@ def inspect_image(path: str | os.PathLike) -> tuple[str | None, str]:
             warnings.simplefilter("ignore")
             with Image.open(path) as img:
                 mode, size = img.mode, img.size
+                orientation = img.getexif().get(EXIF_ORIENTATION, 1) if img.format == "JPEG" else 1
                 if img.format == "JPEG":  # DCT-domain downscale: reads every byte, 1/64 the pixels
                     img.draft(img.mode, (max(1, img.width // 8), max(1, img.height // 8)))
                 img.load()
@@ -153,6 +158,8 @@ def inspect_image(path: str | os.PathLike) -> tuple[str | None, str]:
         return "cmyk_jpeg", f"CMYK {size[0]}x{size[1]}"
     if fmt == "JPEG" and mode == "L":
         return "grayscale_jpeg", f"grayscale {size[0]}x{size[1]}"
+    if orientation in range(2, 9):
+        return "exif_rotated", f"EXIF orientation {orientation}"
     return None, ""
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from PIL import Image
+from PIL import Image, ImageOps
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 
 from largebatch.errors import DataError
@@ -22,6 +22,7 @@ from largebatch.errors import DataError
 __all__ = [
     "IMG_EXTENSIONS",
     "Unreadable",
+    "EXIF_ORIENTATION",
     "decompression_bomb_limit",
     "list_class_images",
     "list_folder",
@@ -44,10 +45,15 @@ def load_rgb(path: str) -> Image.Image:
     """Decode any image Pillow reads (JPEG L/CMYK, PNG, palette, RGBA) into an RGB image.
 
     The content decides the format, not the name: ImageNet holds a PNG and CMYK JPEGs named
-    ``.JPEG``. Raises ``OSError``/``ValueError`` for a file that is not a whole image.
+    ``.JPEG``. An EXIF orientation (a camera's "rotate 90 degrees to view") is applied, as
+    every loader does (DALI's decoder, nvjpeg's CPU path for such files), so an image reads
+    the same whichever loader trained or evaluates. Raises ``OSError``/``ValueError`` for a
+    file that is not a whole image.
     """
     with Image.open(path) as img:
         img.load()  # decode now, inside the caller's error handling (truncation shows here)
+        if img.getexif().get(EXIF_ORIENTATION, 1) in range(2, 9):
+            img = ImageOps.exif_transpose(img)
         if img.mode == "P" and "transparency" in img.info:
             img = img.convert("RGBA")  # avoids Pillow's palette-transparency warning
         return img.convert("RGB")
@@ -101,6 +107,9 @@ def list_class_images(
                 if name.lower().endswith(extensions):  # a broken link is listed, then reported unreadable
                     samples.append((os.path.join(here, name), class_to_idx[cls]))
     return samples
+
+
+EXIF_ORIENTATION = 0x0112  # the EXIF tag: 1 upright, 2-8 mirrored and/or rotated
 
 
 def decompression_bomb_limit() -> int | None:

@@ -57,7 +57,7 @@ from largebatch.data.augment import (
 from largebatch.data.background import in_background
 from largebatch.data.contract import LoaderSpec, LoaderView, UnreadableTally
 from largebatch.data.pipelines.torchvision import RobustImageFolder, _check_same_classes
-from largebatch.data.images import decompression_bomb_limit, load_rgb, split_folder
+from largebatch.data.images import EXIF_ORIENTATION, decompression_bomb_limit, load_rgb, split_folder
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
 from largebatch.data.worker_signals import ignoring_stop_signals
 from largebatch.errors import DataError
@@ -110,12 +110,48 @@ def jpeg_frame(data: bytes) -> Optional[tuple[int, int, int]]:
     return None
 
 
+def jpeg_exif_orientation(data: bytes) -> int:
+    """The EXIF orientation (1-8) in a JPEG's APP1 segment; 1 when there is none or it is damaged."""
+    i, n = 2, len(data)
+    while i + 4 <= n and data[i] == 0xFF:
+        marker = data[i + 1]
+        if marker == 0xFF or marker == 0x01 or 0xD0 <= marker <= 0xD8:
+            i += 1 if marker == 0xFF else 2
+            continue
+        if marker == 0xDA or marker in _SOF_MARKERS:  # EXIF comes before the frame and the scan
+            return 1
+        length = int.from_bytes(data[i + 2 : i + 4], "big")
+        if marker == 0xE1 and data[i + 4 : i + 10] == b"Exif\x00\x00":
+            return _tiff_orientation(data[i + 10 : i + 2 + length])
+        i += 2 + length
+    return 1
+
+
+def _tiff_orientation(tiff: bytes) -> int:
+    order = {b"II": "little", b"MM": "big"}.get(tiff[:2])
+    if order is None or len(tiff) < 8:
+        return 1
+    ifd = int.from_bytes(tiff[4:8], order)  # type: ignore[arg-type]
+    if ifd + 2 > len(tiff):
+        return 1
+    for k in range(int.from_bytes(tiff[ifd : ifd + 2], order)):  # type: ignore[arg-type]
+        entry = ifd + 2 + 12 * k
+        if entry + 12 > len(tiff):
+            return 1
+        if int.from_bytes(tiff[entry : entry + 2], order) == EXIF_ORIENTATION:  # type: ignore[arg-type]
+            value = int.from_bytes(tiff[entry + 8 : entry + 10], order)  # type: ignore[arg-type]
+            return value if 1 <= value <= 8 else 1
+    return 1
+
+
 def cpu_decode_reason(data: bytes) -> Optional[str]:
     """Why a file goes to the CPU decoder instead of nvJPEG; None when nvJPEG takes it.
 
     Decided from the bytes alone (cheap, in the worker): nvJPEG decodes baseline and
     progressive YCbCr/grayscale JPEGs; ImageNet also holds a PNG and CMYK JPEGs named
-    ``.JPEG``, and a truncated file has no end-of-image marker.
+    ``.JPEG``, and a truncated file has no end-of-image marker. nvJPEG ignores an EXIF
+    orientation, which DALI and the torchvision loader apply: such a file goes to Pillow too,
+    so every loader shows it upright.
     """
     if not data.startswith(b"\xff\xd8\xff"):
         return "PNG data, not a JPEG" if data.startswith(b"\x89PNG") else "not a JPEG"
@@ -126,6 +162,9 @@ def cpu_decode_reason(data: bytes) -> Optional[str]:
         return "no JPEG frame header"
     if frame[2] == 4:
         return "CMYK/YCCK JPEG"
+    orientation = jpeg_exif_orientation(data)
+    if orientation != 1:  # nvJPEG ignores it; Pillow turns the image as DALI and the torchvision loader do
+        return f"EXIF orientation {orientation}"
     return None
 
 
