@@ -1,6 +1,6 @@
-"""Every example of the documentation pages runs, or says why not (issue 45).
+"""Every example of the README and the documentation pages runs, or says why not (issue 45).
 
-Sybil (a well-kept runner for examples in documentation) reads each page of docs/: its
+Sybil (a well-kept runner for examples in documentation) reads README.md and each page of docs/: its
 ```python blocks run in one namespace per page, in order, and its ```bash blocks run with bash
 (``-euo pipefail``) in a scratch folder, with this environment's console scripts on PATH. A
 block that cannot run here (GPUs, a TPU, a cluster, a data set at a fixed path) is preceded by
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs_text import PAGES, ROOT
+from tests.docs_text import ROOT, doc_files
 
 sybil = pytest.importorskip("sybil", reason="Sybil is not installed (pip install -e '.[dev]')")
 from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser  # noqa: E402
@@ -40,10 +40,11 @@ def _shell(workdir: Path):
     return evaluate
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+@pytest.mark.parametrize("page", doc_files(), ids=[p.name for p in doc_files()])
 def test_every_example_runs_or_says_why_not(page: Path, tmp_path: Path) -> None:
     for folder in ("launch", "benchmarks", "scripts", "conf"):
         (tmp_path / folder).symlink_to(ROOT / folder)  # the commands name these as in a checkout
+    (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)  # ".venv/bin/..." as make train made it
     reader = sybil.Sybil(parsers=[PythonCodeBlockParser(), CodeBlockParser(language="bash", evaluator=_shell(tmp_path)),
                                   SkipParser()])
     ran, skipped = 0, []
@@ -65,6 +66,6 @@ def test_every_example_runs_or_says_why_not(page: Path, tmp_path: Path) -> None:
 
 
 def test_skips_name_their_reason() -> None:
-    for page in PAGES:
+    for page in doc_files():
         for directive in SKIP.findall(page.read_text(encoding="utf-8")):
             assert re.fullmatch(r'next "[^"]{10,}"', directive), f"{page.name}: <!-- skip: {directive} -->"

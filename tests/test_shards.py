@@ -125,12 +125,13 @@ def test_dali_reads_shards_disjoint_per_epoch_and_val_exactly_once(shards: Path,
 
 
 def test_readme_shard_loader_example_runs(checked: Path, tmp_path: Path) -> None:
-    """The README's "from Python" block, run as written on small shards (CPU, small sizes)."""
+    """The documented "from Python" block (docs/input-pipelines.md), run as written on small shards (CPU, small sizes)."""
     pytest.importorskip("nvidia.dali")
     import re
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    (block,) = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "build_dali_shard_loaders" in b]
+    from tests.docs_text import python_blocks
+
+    (block,) = [b for b in python_blocks() if "build_dali_shard_loaders" in b]
     out = tmp_path / "shards"
     make_shards(checked, out, shard_size=16)
     program = (block.replace('"/data/imagenet-shards"', repr(str(out))).replace("image_size=224", "image_size=16")

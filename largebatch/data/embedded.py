@@ -7,7 +7,7 @@ the schema reads it without loading numpy, Pillow or torch. ``conf/data/embedded
 the same values for its reader; ``tests/test_config.py`` keeps the two equal.
 
 resnet10t at 32 px reaches 91.7-93.5% best val top-1 on this set over seeds 0-2 in fp32 and
-bf16 (README "What the default run does").
+bf16 (docs/getting-started.md, "What it does").
 """
 
 __all__ = ["DEFAULT_CLASSES", "DEFAULT_IMAGE_SIZE", "DEFAULT_TRAIN_PER_CLASS", "DEFAULT_VAL_PER_CLASS"]
