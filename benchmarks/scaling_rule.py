@@ -775,7 +775,7 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
                      f"**{v['verdict']}** |")
     trained = list(rows.values())
     L += ["", f"{len(trained)} trainings, {sum(r['seconds'] for r in trained) / 60:.1f} min of training summed "
-          "(workers of one thread each, on a shared 2-core machine; the README gives the wall time)."]
+          "(workers of one thread each, on a shared 2-core machine; docs/scaling-rule.md gives the wall time)."]
     text = "\n".join(L) + "\n"
     args.out.with_suffix(".md").write_text(text, encoding="utf-8")
     plot(args, rows)
