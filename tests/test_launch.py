@@ -238,8 +238,11 @@ def test_slurm_passes_a_sighup_on_to_torchrun_and_requeues(tmp_path: Path) -> No
                      'while :; do sleep 0.1; done\n'),
     }
     env = _fake_slurm_job(bin_dir, fakes, tmp_path, "78")
+    # SIGHUP at its default in the batch shell, as SLURM starts it: a suite run under nohup passes it
+    # ignored, and bash cannot trap a signal that was ignored when it started
     proc = subprocess.Popen(["bash", str(LAUNCH / "slurm.sbatch")], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     deadline = time.time() + 30
     while not ready.exists():
         assert proc.poll() is None and time.time() < deadline, proc.communicate()

@@ -31,10 +31,10 @@ ARGS = [
 
 
 def _default_signals() -> None:
-    """The launch as a terminal starts it: a suite run in the background (``cmd &``, nohup)
-    passes SIGINT ignored to its children, and bash can neither trap nor reset a signal that was
-    ignored when it started, so the launch would not see the SIGINT this test sends."""
-    for sig in (signal.SIGINT, signal.SIGQUIT):
+    """The launch as a terminal starts it: a suite run in the background (``cmd &``) passes SIGINT
+    ignored to its children, and one under ``nohup`` SIGHUP; bash can neither trap nor reset a
+    signal that was ignored when it started, so the launch would not see the signal this test sends."""
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
 
 
