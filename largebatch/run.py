@@ -226,10 +226,17 @@ def _train_model(cfg: Any, backend: Any, model: Any) -> Any:
     return compile_model(train_model, cfg.model.compile)
 
 
-def _uses_cuda_graphs(cfg: Any, backend: Any) -> bool:
+def _step_settings(cfg: Any, backend: Any, plan: BatchPlan, autocast_dtype: Optional[torch.dtype]) -> Any:
+    """How the loop runs a step (``largebatch.engine.loop.StepSettings``) from the config."""
     from largebatch.engine.compile import uses_cuda_graphs
+    from largebatch.engine.loop import StepSettings
 
-    return uses_cuda_graphs(cfg.model.compile) and backend.device.type == "cuda"
+    return StepSettings(
+        epochs=cfg.epochs, global_batch_size=plan.global_batch_size, accumulation_steps=plan.accumulation_steps,
+        label_smoothing=cfg.label_smoothing, autocast_dtype=autocast_dtype, log_every=cfg.log_every,
+        max_steps=cfg.max_steps, non_finite=cfg.non_finite, max_skipped_steps=cfg.max_skipped_steps,
+        cuda_graph_steps=uses_cuda_graphs(cfg.model.compile) and backend.device.type == "cuda",
+    )
 
 
 def _optimizer_options(opt: Any) -> dict[str, Any]:
@@ -447,11 +454,8 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
         trainer = Trainer(
             model=train_model, optimizer=optimizer, scheduler=scheduler,
             train_loader=backend.wrap_loader(train_loader, channels_last=channels_last),
-            backend=backend, epochs=cfg.epochs, global_batch_size=plan.global_batch_size,
-            accumulation_steps=plan.accumulation_steps, label_smoothing=cfg.label_smoothing,
-            autocast_dtype=precision.autocast_dtype, scaler=scaler, log_every=cfg.log_every,
-            max_steps=cfg.max_steps, non_finite=cfg.non_finite, max_skipped_steps=cfg.max_skipped_steps,
-            hooks=hooks.hooks, state=state, cuda_graph_steps=_uses_cuda_graphs(cfg, backend),
+            backend=backend, settings=_step_settings(cfg, backend, plan, precision.autocast_dtype), scaler=scaler,
+            hooks=hooks.hooks, state=state,
         )
         return _train(trainer, hooks, run_dir, (train_loader, val_loader), backend.is_main)
     finally:

@@ -117,7 +117,7 @@ def _trained_sums(loader, *, epoch_step: int) -> list[float]:
     and DataOrderHook; the pixel sums of the images the model saw, in order."""
     from largebatch.backends import build_backend
     from largebatch.engine.hooks import DataOrderHook
-    from largebatch.engine.loop import Trainer, TrainState
+    from largebatch.engine.loop import StepSettings, Trainer, TrainState
 
     recorder = _SampleRecorder()
     model = nn.Sequential(recorder, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(3, 2))
@@ -126,7 +126,8 @@ def _trained_sums(loader, *, epoch_step: int) -> list[float]:
     state.epoch, state.epoch_step, state.step = 1, epoch_step, 10 + epoch_step
     trainer = Trainer(
         model=model, optimizer=optimizer, scheduler=torch.optim.lr_scheduler.ConstantLR(optimizer, 1.0),
-        train_loader=loader, backend=build_backend("cpu"), epochs=2, global_batch_size=4,
+        train_loader=loader, backend=build_backend("cpu"),
+        settings=StepSettings(epochs=2, global_batch_size=4),
         hooks=[DataOrderHook()], state=state,
     )
     trainer.train()

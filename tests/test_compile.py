@@ -16,7 +16,7 @@ from largebatch.config import ConfigError, compose_config, to_train_config
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
 from largebatch.engine.compile import compile_model, parse_compile_mode, strip_compile_prefixes, unwrap_model
 from largebatch.engine.hooks import CheckpointHook
-from largebatch.engine.loop import Trainer
+from largebatch.engine.loop import StepSettings, Trainer
 from largebatch.errors import UsageError
 
 
@@ -67,7 +67,7 @@ def test_checkpoint_of_a_compiled_model_has_plain_keys(tmp_path: Path) -> None:
         model=compile_model(model, "default"), optimizer=optimizer,
         scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
         train_loader=[(torch.zeros(2, 4), torch.zeros(2, dtype=torch.int64))], backend=TorchDistributedBackend("cpu"),
-        epochs=1, global_batch_size=2, hooks=[hook],
+        settings=StepSettings(epochs=1, global_batch_size=2), hooks=[hook],
     )
     assert hook.state()["model"].keys() == model.state_dict().keys()
 
@@ -126,16 +126,16 @@ def test_cuda_graphs_with_accumulation_is_refused_at_compose_time(
 
 
 def test_trainer_refuses_cuda_graph_steps_with_accumulation() -> None:
-    """The same rule for the Trainer used as a library (no config in between)."""
+    """The same rule for the Trainer used as a library (no config in between): its step settings refuse it."""
     model = nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     batches = [(torch.randn(2, 2), torch.tensor([0, 1]))] * 4
     kwargs = dict(model=model, optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
-                  train_loader=batches, backend=TorchDistributedBackend("cpu"), epochs=1, global_batch_size=4)
+                  train_loader=batches, backend=TorchDistributedBackend("cpu"))
     with pytest.raises(UsageError, match="cannot accumulate gradients over 2 micro-steps"):
-        Trainer(**kwargs, accumulation_steps=2, cuda_graph_steps=True)
-    Trainer(**kwargs, accumulation_steps=2)
-    Trainer(**kwargs, accumulation_steps=1, cuda_graph_steps=True)
+        StepSettings(epochs=1, global_batch_size=4, accumulation_steps=2, cuda_graph_steps=True)
+    Trainer(**kwargs, settings=StepSettings(epochs=1, global_batch_size=4, accumulation_steps=2))
+    Trainer(**kwargs, settings=StepSettings(epochs=1, global_batch_size=4, cuda_graph_steps=True))
 
 
 def test_cudnn_benchmark_is_a_backend_key_left_alone_off_cuda(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from largebatch.backends.torch_dist import TorchDistributedBackend
 from largebatch.data.contract import LoaderSpec
 from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 from largebatch.data.synthetic import make_synthetic_imagenet
-from largebatch.engine.loop import Trainer
+from largebatch.engine.loop import StepSettings, Trainer
 from largebatch.optim import LARS, param_groups
 
 HOST_READS = {"item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__", "nonzero"}
@@ -87,7 +87,8 @@ def _steps(tmp_path: Path, device: str, hook_type: type = PerStep) -> dict[int, 
     reads = HostReads()
     hook = hook_type(reads)
     trainer = Trainer(model=model, optimizer=opt, scheduler=sched, train_loader=train, backend=backend,
-                      epochs=1, global_batch_size=4, hooks=[hook], log_every=LOG_EVERY, max_steps=STEPS)
+                      settings=StepSettings(epochs=1, global_batch_size=4, log_every=LOG_EVERY, max_steps=STEPS),
+                      hooks=[hook])
     with reads:
         trainer.train()
     return hook.by_step

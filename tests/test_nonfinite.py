@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from largebatch.backends.torch_dist import TorchDistributedBackend
-from largebatch.engine.loop import NonFiniteLossError, Trainer
+from largebatch.engine.loop import NonFiniteLossError, StepSettings, Trainer
 
 
 def _model() -> nn.Module:
@@ -48,8 +48,9 @@ def _train(
     scaler: Optional[torch.amp.GradScaler] = backend.grad_scaler(fp16, 2.0**8, 2000)
     trainer = Trainer(
         model=model, optimizer=opt, scheduler=sched, train_loader=batches, backend=backend,
-        epochs=1, global_batch_size=4, log_every=log_every, non_finite=policy,
-        max_skipped_steps=max_skipped, autocast_dtype=torch.float16 if fp16 else None, scaler=scaler,
+        settings=StepSettings(epochs=1, global_batch_size=4, log_every=log_every, non_finite=policy,
+                              max_skipped_steps=max_skipped, autocast_dtype=torch.float16 if fp16 else None),
+        scaler=scaler,
     )
     trainer.train()
     return trainer

@@ -54,7 +54,7 @@ class DataOrderHook(Hook):
 
     def before_epoch(self) -> None:
         t = self.trainer
-        done = t.state.epoch_step * t.accumulation_steps  # micro-batches this rank has read
+        done = t.state.epoch_step * t.settings.accumulation_steps  # micro-batches this rank has read
         if done:
             t.train_loader.set_epoch(t.state.epoch, skip_batches=done)
         else:
@@ -77,7 +77,7 @@ class ProgressHook(Hook):
         self.bar = tqdm(
             total=t.steps_per_epoch,
             initial=t.state.epoch_step,
-            desc=f"epoch {t.state.epoch + 1}/{t.epochs}",
+            desc=f"epoch {t.state.epoch + 1}/{t.settings.epochs}",
             unit="step",
             leave=False,
             dynamic_ncols=True,
@@ -104,7 +104,7 @@ class ProgressHook(Hook):
                if "ema_top1" in metrics else "")
         log.info(
             "epoch %d/%d  step %d  val top-1 %.2f%%  top-5 %.2f%%%s  (%d images)  elapsed %.1fs",
-            t.state.epoch, t.epochs, t.state.step, metrics["top1"], metrics["top5"], ema,
+            t.state.epoch, t.settings.epochs, t.state.step, metrics["top1"], metrics["top5"], ema,
             metrics["total"], t.elapsed(),
         )
 
@@ -299,15 +299,15 @@ class EvalHook(Hook):
     def after_epoch(self) -> None:
         t = self.trainer
         epoch = t.state.epoch
-        if epoch % self.every and epoch != t.epochs:
+        if epoch % self.every and epoch != t.settings.epochs:
             return
         metrics = evaluate(
-            t.model, self.val_loader, backend=t.backend, autocast_dtype=t.autocast_dtype,
+            t.model, self.val_loader, backend=t.backend, autocast_dtype=t.settings.autocast_dtype,
             channels_last=self.channels_last,
         )
         if self.ema_model is not None:
             ema = evaluate(
-                self.ema_model(), self.val_loader, backend=t.backend, autocast_dtype=t.autocast_dtype,
+                self.ema_model(), self.val_loader, backend=t.backend, autocast_dtype=t.settings.autocast_dtype,
                 channels_last=self.channels_last,
             )
             metrics.update(ema_top1=ema["top1"], ema_top5=ema["top5"], ema_loss=ema["loss"],
@@ -373,8 +373,8 @@ class CheckpointHook(Hook):
             "train_state": t.state.state_dict() | {"elapsed_s": t.elapsed()},
             "rng": capture_rng_state(),
             "world_size": t.backend.world_size,
-            "global_batch_size": t.global_batch_size,
-            "accumulation_steps": t.accumulation_steps,
+            "global_batch_size": t.settings.global_batch_size,
+            "accumulation_steps": t.settings.accumulation_steps,
             "steps_per_epoch": t.steps_per_epoch,
             **self.extra_state(),
         })
@@ -411,7 +411,7 @@ class CheckpointHook(Hook):
 
     def after_epoch(self) -> None:
         t = self.trainer
-        if (self.every_epochs and t.state.epoch % self.every_epochs == 0) or t.state.epoch == t.epochs:
+        if (self.every_epochs and t.state.epoch % self.every_epochs == 0) or t.state.epoch == t.settings.epochs:
             self.save()
 
     def after_train(self) -> None:

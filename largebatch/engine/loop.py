@@ -36,7 +36,7 @@ from torch import nn
 from largebatch.engine.nonfinite import NonFiniteGuard, NonFiniteLossError
 from largebatch.errors import UsageError
 
-__all__ = ["Hook", "NonFiniteLossError", "Trainer", "TrainState"]
+__all__ = ["Hook", "NonFiniteLossError", "StepSettings", "Trainer", "TrainState"]
 
 
 @dataclass
@@ -75,8 +75,46 @@ class Hook:
     def after_train(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class StepSettings:
+    """How the loop runs each optimizer step, and when it stops (read by :class:`Trainer`).
+
+    ``global_batch_size`` counts the images of one optimizer step on all ranks (the
+    ``images_seen`` unit); ``accumulation_steps`` micro-batches make one step. ``non_finite``:
+    ``stop`` or ``skip`` (:mod:`largebatch.engine.nonfinite`), with at most
+    ``max_skipped_steps`` skips. ``cuda_graph_steps``: the model is compiled with CUDA graphs
+    (``reduce-overhead``), which overwrite their outputs at each replay; the loop marks each
+    micro-step so that the previous one's outputs are known dead.
+    """
+
+    epochs: int
+    global_batch_size: int
+    accumulation_steps: int = 1
+    label_smoothing: float = 0.0
+    autocast_dtype: Optional[torch.dtype] = None
+    log_every: int = 20
+    max_steps: Optional[int] = None
+    non_finite: str = "stop"
+    max_skipped_steps: int = 10
+    cuda_graph_steps: bool = False
+
+    def __post_init__(self) -> None:
+        if self.cuda_graph_steps and self.accumulation_steps > 1:
+            # Each replay reuses the previous replay's buffers, .grad included (pytorch
+            # issue 169545): the accumulated gradients would be overwritten, silently.
+            raise UsageError(
+                f"a model compiled with CUDA graphs cannot accumulate gradients over "
+                f"{self.accumulation_steps} micro-steps; compile without CUDA graphs "
+                "(max-autotune-no-cudagraphs) or use accumulation_steps=1"
+            )
+
+
 class Trainer:
-    """Runs the optimizer steps of a run; everything else is a hook."""
+    """Runs the optimizer steps of a run; everything else is a hook.
+
+    ``settings`` says how a step runs (:class:`StepSettings`); ``scaler`` is the fp16 loss
+    scaler (None: none); ``state`` the loop state to continue (a resumed run's).
+    """
 
     def __init__(
         self,
@@ -86,53 +124,27 @@ class Trainer:
         scheduler: Any,
         train_loader: Any,
         backend: Any,
-        epochs: int,
-        global_batch_size: int,
-        accumulation_steps: int = 1,
-        label_smoothing: float = 0.0,
-        autocast_dtype: Optional[torch.dtype] = None,
+        settings: StepSettings,
         scaler: Any = None,
-        log_every: int = 20,
-        max_steps: Optional[int] = None,
-        non_finite: str = "stop",
-        max_skipped_steps: int = 10,
         hooks: Sequence[Hook] = (),
         state: Optional[TrainState] = None,
-        cuda_graph_steps: bool = False,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.train_loader = train_loader
         self.backend = backend
-        self.epochs = epochs
-        self.global_batch_size = global_batch_size
-        self.accumulation_steps = accumulation_steps
-        self.label_smoothing = label_smoothing
-        self.autocast_dtype = autocast_dtype
+        self.settings = settings
         self.scaler = scaler
-        self.log_every = max(1, log_every)
-        self.max_steps = max_steps
-        # A model compiled with CUDA graphs (reduce-overhead) overwrites its outputs at each
-        # replay; marking each micro-step tells it the previous one's outputs are dead.
-        self.cuda_graph_steps = cuda_graph_steps
         self.state = state or TrainState()
         self.hooks = list(hooks)
         for h in self.hooks:
             h.trainer = self
-        if cuda_graph_steps and accumulation_steps > 1:
-            # Each replay reuses the previous replay's buffers, .grad included (pytorch
-            # issue 169545): the accumulated gradients would be overwritten, silently.
-            raise UsageError(
-                f"a model compiled with CUDA graphs cannot accumulate gradients over "
-                f"{accumulation_steps} micro-steps; compile without CUDA graphs "
-                "(max-autotune-no-cudagraphs) or use accumulation_steps=1"
-            )
-        self.steps_per_epoch = len(train_loader) // accumulation_steps
+        self.steps_per_epoch = len(train_loader) // settings.accumulation_steps
         if self.steps_per_epoch == 0:
             raise UsageError(
                 f"an epoch has no optimizer step: {len(train_loader)} batches per rank for "
-                f"{accumulation_steps} accumulation steps; use a smaller global_batch_size"
+                f"{settings.accumulation_steps} accumulation steps; use a smaller global_batch_size"
             )
         self.stop_reason: Optional[str] = None
         # A run file rank 0 could not write (largebatch.engine.run_files): the ranks stop
@@ -140,8 +152,8 @@ class Trainer:
         self.failure: Optional[BaseException] = None
         self.start_time: Optional[float] = None  # wall clock at the first step of this process
         self.guard = NonFiniteGuard(
-            policy=non_finite,
-            max_skipped_steps=max_skipped_steps,
+            policy=settings.non_finite,
+            max_skipped_steps=settings.max_skipped_steps,
             backend=backend,
             model=model,
             optimizer=optimizer,
@@ -180,25 +192,27 @@ class Trainer:
         self._optimizer_steps += 1
 
     def _should_stop(self) -> bool:
-        if self.max_steps is not None and self.state.step >= self.max_steps:
-            self.request_stop(f"max_steps={self.max_steps} reached")
+        max_steps = self.settings.max_steps
+        if max_steps is not None and self.state.step >= max_steps:
+            self.request_stop(f"max_steps={max_steps} reached")
         return self.stop_reason is not None
 
     # -- the loop ------------------------------------------------------------------------
     def train(self) -> TrainState:
         self.guard.start(step=self.state.step, skipped_steps=self.state.skipped_steps)
+        s = self.settings
         self.call("before_train")
         try:
-            while self.state.epoch < self.epochs and not self._should_stop():
+            while self.state.epoch < s.epochs and not self._should_stop():
                 self.call("before_epoch")
                 batches = iter(self.train_loader)
                 while self.state.epoch_step < self.steps_per_epoch and not self._should_stop():
-                    micro = list(itertools.islice(batches, self.accumulation_steps))
-                    if len(micro) < self.accumulation_steps:
+                    micro = list(itertools.islice(batches, s.accumulation_steps))
+                    if len(micro) < s.accumulation_steps:
                         break  # the loader ended early (e.g. skipped unreadable files)
                     self.run_step(micro)
                     self.call("after_step")
-                    if self.state.step % self.log_every == 0 or self.state.epoch_step == self.steps_per_epoch:
+                    if self.state.step % max(1, s.log_every) == 0 or self.state.epoch_step == self.steps_per_epoch:
                         self.call("after_log", self._read_metrics())
                 if self.state.epoch_step < self.steps_per_epoch and self._should_stop():
                     break  # stopped mid-epoch
@@ -217,17 +231,18 @@ class Trainer:
         if self.start_time is None:
             self.start_time = time.perf_counter()
             self._log_time = self.start_time
+        s = self.settings
         n = len(micro_batches)
         self.guard.before_step()
         step_loss = torch.zeros((), device=self.backend.device)
         for i, (images, labels, *_) in enumerate(micro_batches):
             sync = contextlib.nullcontext() if i == n - 1 else self.backend.no_sync(self.model)
             with sync:
-                if self.cuda_graph_steps:
+                if s.cuda_graph_steps:
                     torch.compiler.cudagraph_mark_step_begin()
-                with self.backend.autocast(self.autocast_dtype):
+                with self.backend.autocast(s.autocast_dtype):
                     logits = self.model(images)
-                loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.label_smoothing) / n
+                loss = F.cross_entropy(logits.float(), labels, label_smoothing=s.label_smoothing) / n
                 (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             step_loss += loss.detach()
             self._log_images += images.shape[0] * self.backend.world_size
@@ -244,7 +259,7 @@ class Trainer:
         self._loss_steps += (~bad).to(self._loss_steps.dtype)
         self.state.step += 1
         self.state.epoch_step += 1
-        self.state.images_seen += self.global_batch_size
+        self.state.images_seen += s.global_batch_size
 
     def _read_metrics(self) -> dict[str, float]:
         """The one host read-back: mean finite loss since the last log step, lr, throughput.

@@ -10,7 +10,7 @@ from tests.distributed.harness import run_ranks
 
 def _skip_run(rank: int, world_size: int, nan_rank: int | None) -> dict:
     from largebatch.backends.torch_dist import TorchDistributedBackend
-    from largebatch.engine.loop import Trainer
+    from largebatch.engine.loop import StepSettings, Trainer
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
@@ -29,7 +29,7 @@ def _skip_run(rank: int, world_size: int, nan_rank: int | None) -> dict:
     if nan_rank is None:  # the reference: the step both ranks skip never happens
         del batches[1]
     t = Trainer(model=ddp, optimizer=opt, scheduler=sched, train_loader=batches, backend=backend,
-                epochs=1, global_batch_size=8, non_finite="skip", log_every=1)
+                settings=StepSettings(epochs=1, global_batch_size=8, non_finite="skip", log_every=1))
     t.train()
     params = {k: v.clone() for k, v in model.state_dict().items()}
     return {"skipped": t.state.skipped_steps, "params": params}

@@ -156,7 +156,7 @@ def test_compiled_training_saves_plain_checkpoints(cache: Path, mode: str) -> No
 def test_training_step_has_no_host_sync() -> None:
     """bf16 + LARS: the step queues work and returns (fp16's GradScaler reads found_inf, a sync)."""
     from largebatch.backends.torch_dist import TorchDistributedBackend
-    from largebatch.engine.loop import Trainer
+    from largebatch.engine.loop import StepSettings, Trainer
     from largebatch.models import build_model
     from largebatch.optim import build_optimizer
 
@@ -168,8 +168,8 @@ def test_training_step_has_no_host_sync() -> None:
              torch.randint(0, 10, (16,), device=backend.device))
     trainer = Trainer(model=model, optimizer=optimizer,
                       scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
-                      train_loader=[batch] * 4, backend=backend, epochs=1, global_batch_size=16,
-                      autocast_dtype=torch.bfloat16)
+                      train_loader=[batch] * 4, backend=backend,
+                      settings=StepSettings(epochs=1, global_batch_size=16, autocast_dtype=torch.bfloat16))
     trainer.run_step([batch])  # first step: cuDNN/cuBLAS set-up may sync
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")

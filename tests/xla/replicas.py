@@ -80,7 +80,7 @@ def scenario_sync_bn(backend: Any, out: dict[str, Any]) -> None:
 def scenario_train(backend: Any, out: dict[str, Any]) -> None:
     """Trainer steps of the tiny ResNet with global BN (group 4) and SGD; replicas start
     from different weights, which prepare_model must overwrite with rank 0's."""
-    from largebatch.engine.loop import Trainer
+    from largebatch.engine.loop import StepSettings, Trainer
     from largebatch.lr import build_lr_scheduler
     from largebatch.nn import convert_group_sync_batchnorm
     from largebatch.optim import build_optimizer
@@ -99,7 +99,7 @@ def scenario_train(backend: Any, out: dict[str, Any]) -> None:
     trainer = Trainer(
         model=backend.wrap_model(model), optimizer=opt, scheduler=sched,
         train_loader=backend.wrap_loader(ListLoader(train_batches(backend.rank))), backend=backend,
-        epochs=1, global_batch_size=TRAIN_BATCH * backend.world_size, log_every=TRAIN_STEPS,
+        settings=StepSettings(epochs=1, global_batch_size=TRAIN_BATCH * backend.world_size, log_every=TRAIN_STEPS),
     )
     trainer.train()
     out["state"] = {k: v.cpu() for k, v in model.state_dict().items()}
@@ -129,7 +129,7 @@ def scenario_ema(backend: Any, out: dict[str, Any]) -> None:
     """Trainer steps with the weight EMA (largebatch.engine.ema) and per-replica BN: the EMA
     before and after ``eval_model()`` (which gives every replica rank 0's)."""
     from largebatch.engine.ema import EmaHook, build_model_ema
-    from largebatch.engine.loop import Trainer
+    from largebatch.engine.loop import StepSettings, Trainer
     from largebatch.lr import build_lr_scheduler
     from largebatch.optim import build_optimizer
     from tests.xla.common import ListLoader, tiny_resnet
@@ -142,7 +142,7 @@ def scenario_ema(backend: Any, out: dict[str, Any]) -> None:
     trainer = Trainer(
         model=backend.wrap_model(model), optimizer=opt, scheduler=sched,
         train_loader=backend.wrap_loader(ListLoader(train_batches(backend.rank))), backend=backend,
-        epochs=1, global_batch_size=TRAIN_BATCH * backend.world_size, log_every=TRAIN_STEPS, hooks=[hook],
+        settings=StepSettings(epochs=1, global_batch_size=TRAIN_BATCH * backend.world_size, log_every=TRAIN_STEPS), hooks=[hook],
     )
     trainer.train()
     backend.mark_step()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from largebatch.engine.evaluate import evaluate
-from largebatch.engine.loop import Hook, Trainer
+from largebatch.engine.loop import Hook, StepSettings, Trainer
 from largebatch.lr import build_lr_scheduler
 from largebatch.optim import build_optimizer
 from tests.xla.common import (
@@ -76,8 +76,9 @@ def _train(backend, batches, *, steps: int, log_every: int, optimizer: str = "sg
     rec = _Record()
     trainer = Trainer(
         model=backend.wrap_model(model), optimizer=opt, scheduler=sched,
-        train_loader=backend.wrap_loader(ListLoader(batches)), backend=backend, epochs=1,
-        global_batch_size=batches[0][0].shape[0], log_every=log_every, autocast_dtype=autocast,
+        train_loader=backend.wrap_loader(ListLoader(batches)), backend=backend,
+        settings=StepSettings(epochs=1, global_batch_size=batches[0][0].shape[0], log_every=log_every,
+                              autocast_dtype=autocast),
         hooks=[rec],
     )
     trainer.train()
