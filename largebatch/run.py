@@ -288,6 +288,7 @@ def _resolved(cfg: Any, backend: Any, plan: BatchPlan, **facts: Any) -> dict[str
         "lr": facts["lr"],
         "optimizer": cfg.optimizer.name,
         "steps_per_epoch": steps_per_epoch,
+        "warmup_epochs": cfg.schedule.warmup_epochs,
         "warmup_steps": int(round(cfg.schedule.warmup_epochs * steps_per_epoch)),
         "precision": facts["precision"],
         "model": cfg.model.name,
@@ -323,41 +324,37 @@ def _announce(resolved: dict[str, Any], run_dir: Path, raw_cfg: Any) -> None:
 
 
 def _ema(cfg: Any, model: Any) -> Any:
-    """timm's ``ModelEmaV3`` of the model (``ema.enabled``), or None."""
-    from largebatch.engine.ema import build_model_ema
+    """The weight EMA's hook (``ema.enabled``): timm's ``ModelEmaV3`` of the model, updated
+    every ``ema.every`` steps; or None."""
+    from largebatch.engine.ema import EmaHook, build_model_ema
 
     e = cfg.ema
     if not e.enabled:
         return None
-    return build_model_ema(model, decay=e.decay, warmup=e.warmup, warmup_gamma=e.warmup_gamma,
-                           warmup_power=e.warmup_power, min_decay=e.min_decay,
-                           update_after_step=e.update_after_step)
+    ema = build_model_ema(model, decay=e.decay, warmup=e.warmup, warmup_gamma=e.warmup_gamma,
+                          warmup_power=e.warmup_power, min_decay=e.min_decay,
+                          update_after_step=e.update_after_step)
+    return EmaHook(ema, every=e.every)
 
 
-def _hooks(cfg: Any, backend: Any, run_dir: Path, val_loader: Any, resolved: dict[str, Any], raw_cfg: Any,
-           ema: Any) -> Any:
-    """The run's hooks (``largebatch.engine.assemble``) from the config's plain values."""
-    from largebatch.engine.assemble import build_run_hooks
+def _hooks(cfg: Any, backend: Any, run_dir: Path, val_loader: Any, identity: Any, ema: Any) -> Any:
+    """The run's hooks (``largebatch.engine.assemble``), their settings read from the config."""
+    from largebatch.engine.assemble import LogSettings, build_run_hooks
+    from largebatch.engine.hooks import CheckpointSettings, EvalSettings
 
-    channels_last = resolved["channels_last"]  # resolved once (_channels_last)
-    config_dict = OmegaConf.to_container(raw_cfg, resolve=True) if raw_cfg is not None else None
+    channels_last = identity.resolved["channels_last"]  # resolved once (_channels_last)
     ckpt = cfg.checkpoint
     return build_run_hooks(
         run_dir=run_dir, is_main=backend.is_main,
         val_loader=backend.wrap_loader(val_loader, channels_last=channels_last),
         # Agree on a stop every step on CPU/gloo (cheap), every log step on accelerators.
         agree_every=1 if backend.device.type == "cpu" else cfg.log_every,
-        progress=cfg.progress, eval_every=cfg.eval_every, target_top1=cfg.target_top1,
-        stop_at_target=cfg.stop_at_target, channels_last=channels_last,
-        checkpoint_every_epochs=ckpt.every_epochs, checkpoint_every_steps=ckpt.every_steps, checkpoint_keep=ckpt.keep,
-        checkpoint_extra=lambda: {"config": config_dict, "resolved": resolved, "model_name": cfg.model.name},
-        tensorboard=cfg.tensorboard,
-        mlperf_params={
-            "global_batch_size": resolved["global_batch_size"], "world_size": resolved["world_size"],
-            "opt_name": cfg.optimizer.name, "opt_base_learning_rate": resolved["lr"],
-            "opt_learning_rate_warmup_epochs": cfg.schedule.warmup_epochs, "model": cfg.model.name,
-        },
-        summary_extra=resolved, ema=ema, ema_every=cfg.ema.every, ema_target=cfg.ema.target,
+        identity=identity,
+        evaluation=EvalSettings(every=cfg.eval_every, target_top1=cfg.target_top1, stop_at_target=cfg.stop_at_target,
+                                channels_last=channels_last, top1_of=cfg.ema.target),
+        checkpointing=CheckpointSettings(every_epochs=ckpt.every_epochs, every_steps=ckpt.every_steps, keep=ckpt.keep),
+        logging=LogSettings(progress=cfg.progress, tensorboard=cfg.tensorboard),
+        ema=ema,
     )
 
 
@@ -401,9 +398,10 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
 
 def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
     """The job on a started backend; everything it builds is released when it returns."""
+    from largebatch.engine.checkpoint_format import RunIdentity
     from largebatch.engine.loop import Trainer, TrainState
     from largebatch.engine.precision import resolve_precision
-    from largebatch.engine.resume import resume_run
+    from largebatch.engine.resume import ResumeCheck, RunParts, resume_run
     from largebatch.engine.run_dir import make_run_dir
     from largebatch.lr import scale_lr
 
@@ -435,22 +433,24 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
         scheduler = _scheduler(cfg, optimizer, steps_per_epoch, lr)
         scaler = backend.grad_scaler(precision.loss_scaling, cfg.precision.init_scale, cfg.precision.growth_interval)
         state = TrainState()
+        config = OmegaConf.to_container(raw_cfg, resolve=True) if raw_cfg is not None else None
         resume = _resume_setting(cfg.resume)
         if resume:
             resume_run(
-                resume, run_dir / "checkpoints", backend=backend, model_name=cfg.model.name,
-                optimizer_name=cfg.optimizer.name, global_batch_size=plan.global_batch_size,
-                per_device=plan.per_device, steps_per_epoch=steps_per_epoch, model=model,
-                optimizer=optimizer, scheduler=scheduler, scaler=scaler, state=state, ema=ema,
-                num_classes=num_classes,
-                config=OmegaConf.to_container(raw_cfg, resolve=True) if raw_cfg is not None else None,
+                resume, run_dir / "checkpoints", backend=backend,
+                check=ResumeCheck(model_name=cfg.model.name, optimizer_name=cfg.optimizer.name,
+                                  global_batch_size=plan.global_batch_size, per_device=plan.per_device,
+                                  steps_per_epoch=steps_per_epoch, num_classes=num_classes, config=config),
+                parts=RunParts(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, state=state,
+                               ema=ema.ema if ema is not None else None),
             )
         resolved = _resolved(cfg, backend, plan, lr=lr, steps_per_epoch=steps_per_epoch, precision=precision.name,
                              num_classes=num_classes, data_root=data_root, run_dir=run_dir,
                              channels_last=channels_last)
         if backend.is_main:
             _announce(resolved, run_dir, raw_cfg)
-        hooks = _hooks(cfg, backend, run_dir, val_loader, resolved, raw_cfg, ema)
+        identity = RunIdentity(model_name=cfg.model.name, config=config, resolved=resolved)
+        hooks = _hooks(cfg, backend, run_dir, val_loader, identity, ema)
         trainer = Trainer(
             model=train_model, optimizer=optimizer, scheduler=scheduler,
             train_loader=backend.wrap_loader(train_loader, channels_last=channels_last),

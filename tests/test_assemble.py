@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from largebatch.engine import hooks as H
-from largebatch.engine.assemble import build_run_hooks
+from largebatch.engine.assemble import LogSettings, build_run_hooks
 from largebatch.engine.mllog import MLPerfLogHook
 from largebatch.engine.preemption import PreemptionHook
 
@@ -24,7 +24,7 @@ def test_rank0_order(tmp_path: Path) -> None:
         H.DataOrderHook, H.ProgressHook, PreemptionHook, MLPerfLogHook, H.EvalHook, H.CheckpointHook,
         H.TensorBoardHook, H.JsonlHook, H.SummaryHook,
     ]
-    assert H.TensorBoardHook not in _kinds(True, tmp_path, tensorboard=False)
+    assert H.TensorBoardHook not in _kinds(True, tmp_path, logging=LogSettings(tensorboard=False))
 
 
 def test_other_ranks_write_nothing(tmp_path: Path) -> None:
@@ -33,6 +33,7 @@ def test_other_ranks_write_nothing(tmp_path: Path) -> None:
     kinds = _kinds(False, run)
     assert kinds == [H.DataOrderHook, H.ProgressHook, PreemptionHook, H.EvalHook, H.CheckpointHook, H.SummaryHook]
     assert list(run.iterdir()) == []
-    hooks = build_run_hooks(run_dir=run, is_main=False, val_loader=[], agree_every=7, progress=True)
+    hooks = build_run_hooks(run_dir=run, is_main=False, val_loader=[], agree_every=7,
+                            logging=LogSettings(progress=True))
     assert hooks.summary.path is None and hooks.preemption.check_every == 7
     assert not next(h for h in hooks.hooks if isinstance(h, H.ProgressHook)).enabled

@@ -16,6 +16,7 @@ from largebatch.cli import main
 from largebatch.engine import hooks as H
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
 from largebatch.engine.ema import EmaHook, build_model_ema
+from largebatch.engine.loop import StepSettings
 from tests.test_no_host_sync import HostReads
 from tests.test_resume import EXACT, _assert_identical
 
@@ -107,10 +108,10 @@ def _eval_hook(target: str, raw: list[float], ema: list[float], target_top1: Opt
     """An EvalHook whose evaluations return the given top-1s for the raw and the EMA model."""
     raw_model, ema_model = nn.Linear(1, 1), nn.Linear(1, 1)
     seen: list[dict] = []
-    hook = H.EvalHook([], target_top1=target_top1, ema_model=lambda: ema_model, target=target)
+    hook = H.EvalHook([], H.EvalSettings(target_top1=target_top1, top1_of=target), ema_model=lambda: ema_model)
     state = SimpleNamespace(epoch=0, step=0, evals=[], best_top1=-1.0, best_epoch=-1, time_to_target_s=None)
     hook.trainer = SimpleNamespace(
-        model=raw_model, epochs=len(raw), state=state, backend=None, autocast_dtype=None,
+        model=raw_model, settings=StepSettings(epochs=len(raw), global_batch_size=1), state=state, backend=None,
         elapsed=lambda: 10.0 * state.epoch, request_stop=lambda reason: None,
         call=lambda event, metrics: seen.append(metrics),
     )
@@ -141,7 +142,7 @@ def test_evaluation_reports_both_and_times_the_target_named(monkeypatch: pytest.
 
 def test_ema_target_needs_an_ema_model() -> None:
     with pytest.raises(ValueError, match="'ema' with an ema_model"):
-        H.EvalHook([], target="ema")
+        H.EvalHook([], H.EvalSettings(top1_of="ema"))
 
 
 EMA = ["ema.enabled=true", "ema.decay=0.8", "ema.warmup=true", "ema.target=ema", "checkpoint.every_steps=1"]

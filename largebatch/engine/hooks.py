@@ -7,19 +7,14 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from largebatch import __version__
-from largebatch.engine.checkpoint import (
-    CheckpointSaveError,
-    capture_rng_state,
-    checkpoint_name,
-    save_checkpoint,
-    to_plain,
-)
+from largebatch.engine.checkpoint import CheckpointSaveError, capture_rng_state, checkpoint_name, save_checkpoint
+from largebatch.engine.checkpoint_format import RunCheckpoint, RunIdentity
 from largebatch.engine.compile import unwrap_model
 from largebatch.engine.evaluate import evaluate
 from largebatch.engine.loop import Hook
@@ -27,8 +22,10 @@ from largebatch.engine.run_files import AppendLog, record_failure, run_file_erro
 
 __all__ = [
     "CheckpointHook",
+    "CheckpointSettings",
     "DataOrderHook",
     "EvalHook",
+    "EvalSettings",
     "JsonlHook",
     "ProgressHook",
     "SummaryHook",
@@ -263,36 +260,46 @@ def target_check(
     return time_to_target_s, reached and stop_at_target
 
 
+@dataclass(frozen=True)
+class EvalSettings:
+    """What :class:`EvalHook` does: evaluate every ``every`` epochs (and after the last), stop at
+    ``target_top1`` with ``stop_at_target``, feed channels-last batches; ``top1_of`` (``raw`` |
+    ``ema``) names the top-1 that the best top-1 and the time to target use."""
+
+    every: int = 1
+    target_top1: Optional[float] = None
+    stop_at_target: bool = False
+    channels_last: bool = False
+    top1_of: str = "raw"
+
+
 class EvalHook(Hook):
     """Exact evaluation every ``every`` epochs and after the last; time-to-accuracy.
 
     The time to target is the training wall time (evaluation included, as MLPerf counts it)
     from the first training step to the end of the first evaluation at or above
-    ``target_top1``; with ``stop_at_target`` the run stops there.
+    ``target_top1``; with ``stop_at_target`` the run stops there (:class:`EvalSettings`).
 
     With a weight EMA (``ema_model`` returns its module, the same on every rank) the EMA is
-    evaluated too: the metrics gain ``ema_top1``, ``ema_top5``, ``ema_loss``; ``target``
-    (``raw`` | ``ema``) names the top-1 that the best top-1 and the time to target use.
+    evaluated too: the metrics gain ``ema_top1``, ``ema_top5``, ``ema_loss``; the settings'
+    ``top1_of`` (``raw`` | ``ema``) names the top-1 that the best top-1 and the time to target use.
     """
 
     def __init__(
         self,
         val_loader: Iterable,
+        settings: EvalSettings = EvalSettings(),
         *,
-        every: int = 1,
-        target_top1: Optional[float] = None,
-        stop_at_target: bool = False,
-        channels_last: bool = False,
         ema_model: Optional[Callable[[], torch.nn.Module]] = None,
-        target: str = "raw",
     ) -> None:
+        target = settings.top1_of
         if target not in ("raw", "ema") or (target == "ema" and ema_model is None):
-            raise ValueError(f"target={target!r}: 'raw', or 'ema' with an ema_model")
+            raise ValueError(f"top1_of={target!r}: 'raw', or 'ema' with an ema_model")
         self.val_loader = val_loader
-        self.every = max(1, every)
-        self.target_top1 = target_top1
-        self.stop_at_target = stop_at_target
-        self.channels_last = channels_last
+        self.every = max(1, settings.every)
+        self.target_top1 = settings.target_top1
+        self.stop_at_target = settings.stop_at_target
+        self.channels_last = settings.channels_last
         self.ema_model = ema_model
         self.target_key = "ema_top1" if target == "ema" else "top1"
 
@@ -328,15 +335,24 @@ class EvalHook(Hook):
         t.call("after_eval", metrics)
 
 
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """When :class:`CheckpointHook` writes: every ``every_epochs`` epochs (0: only at the end),
+    every ``every_steps`` optimizer steps (0: never mid-epoch); it keeps the newest ``keep``."""
+
+    every_epochs: int = 1
+    every_steps: int = 0
+    keep: int = 3
+
+
 class CheckpointHook(Hook):
     """Atomic checkpoints every N epochs / N steps and at the end; keeps the newest K.
 
-    A checkpoint holds the model, optimizer, LR schedule and loss-scaler states, the loop
-    state (epoch, step, step within the epoch = the data position, skipped steps, evals),
-    the RNG states (python, numpy, torch, CUDA), the world size, global batch and steps per
-    epoch it was written with, and the library version; ``extra_state`` returns what the
-    run adds (resolved config, model name). Everything is stored as tensors and plain values
-    (Enums as their values), so the file loads with ``weights_only=True``. Only rank 0
+    A checkpoint holds a :class:`~largebatch.engine.checkpoint_format.RunCheckpoint` (what it
+    holds, and its format, are written down there): the model, optimizer, LR schedule and
+    loss-scaler states, the loop state, the RNG states, the run's shape (world size, global
+    batch, steps per epoch), ``identity`` (model name, config, resolved settings) and, given
+    ``ema`` (the :class:`~largebatch.engine.ema.EmaHook`), the EMA weights. Only rank 0
     writes: every rank seeds the same global RNG and draws from it in step, so rank 0's RNG
     state is every rank's.
     Before writing, the non-finite loss counters are checked and then every parameter and
@@ -348,36 +364,35 @@ class CheckpointHook(Hook):
     def __init__(
         self,
         directory: str | os.PathLike,
+        settings: CheckpointSettings = CheckpointSettings(),
         *,
-        every_epochs: int = 1,
-        every_steps: int = 0,
-        keep: int = 3,
-        extra_state: Callable[[], dict[str, Any]] = dict,
+        identity: RunIdentity = RunIdentity(),
+        ema: Any = None,
     ) -> None:
         self.directory = Path(directory)
-        self.every_epochs = every_epochs
-        self.every_steps = every_steps
-        self.keep = keep
-        self.extra_state = extra_state
+        self.every_epochs = settings.every_epochs
+        self.every_steps = settings.every_steps
+        self.keep = settings.keep
+        self.identity = identity
+        self.ema = ema
         self.last_saved_step: Optional[int] = None
 
     def state(self) -> dict[str, Any]:
         t = self.trainer
-        model = unwrap_model(t.model)  # DDP / torch.compile wrappers add key prefixes
-        return to_plain({
-            "version": __version__,
-            "model": model.state_dict(),
-            "optimizer": t.optimizer.state_dict(),
-            "scheduler": t.scheduler.state_dict(),
-            "scaler": t.scaler.state_dict() if t.scaler is not None else None,
-            "train_state": t.state.state_dict() | {"elapsed_s": t.elapsed()},
-            "rng": capture_rng_state(),
-            "world_size": t.backend.world_size,
-            "global_batch_size": t.settings.global_batch_size,
-            "accumulation_steps": t.settings.accumulation_steps,
-            "steps_per_epoch": t.steps_per_epoch,
-            **self.extra_state(),
-        })
+        return RunCheckpoint(
+            model=unwrap_model(t.model).state_dict(),  # DDP / torch.compile wrappers add key prefixes
+            optimizer=t.optimizer.state_dict(),
+            scheduler=t.scheduler.state_dict(),
+            scaler=t.scaler.state_dict() if t.scaler is not None else None,
+            train_state=t.state.state_dict() | {"elapsed_s": t.elapsed()},
+            rng=capture_rng_state(),
+            ema=self.ema.state_dict() if self.ema is not None else None,
+            world_size=t.backend.world_size,
+            global_batch_size=t.settings.global_batch_size,
+            accumulation_steps=t.settings.accumulation_steps,
+            steps_per_epoch=t.steps_per_epoch,
+            identity=self.identity,
+        ).to_state()
 
     def save(self) -> None:
         t = self.trainer

@@ -29,6 +29,7 @@ checkpoint resumed from for one of them.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -42,11 +43,12 @@ from largebatch.engine.checkpoint import (
     restore_rng_state,
     set_aside_newer,
 )
+from largebatch.engine.checkpoint_format import RunCheckpoint
 from largebatch.engine.compile import strip_compile_prefixes
 from largebatch.engine.ema import load_ema_state
 
-__all__ = ["RUN_KEYS", "SCHEDULE_KEYS", "check_fits", "check_same_run", "find_checkpoint", "resume_run", "schedule_changes",
-           "set_aside_abandoned"]
+__all__ = ["RUN_KEYS", "SCHEDULE_KEYS", "ResumeCheck", "RunParts", "check_fits", "check_same_run", "find_checkpoint",
+           "resume_run", "schedule_changes", "set_aside_abandoned"]
 
 # config keys (or key prefixes) the learning-rate schedule is computed from
 SCHEDULE_KEYS = ("epochs", "schedule.", "optimizer.lr", "base_batch_size", "lr_scaling")
@@ -59,7 +61,35 @@ _HOW_KEYS = ("optimizer.foreach", "model.compile", "model.channels_last")
 
 log = logging.getLogger("largebatch")
 
-_RUN_PARTS = ("optimizer", "scheduler", "train_state", "rng")
+
+@dataclass(frozen=True)
+class ResumeCheck:
+    """What a checkpoint must share with the run resuming it (:func:`check_fits`): the model,
+    optimizer, global batch and epoch length (``per_device`` only names the fix), the data
+    set's class count (None: not checked), and this run's config as a plain dict, compared
+    key by key (:data:`RUN_KEYS`, :data:`SCHEDULE_KEYS`; None: not compared)."""
+
+    model_name: str
+    optimizer_name: str
+    global_batch_size: int
+    per_device: int
+    steps_per_epoch: int
+    num_classes: Optional[int] = None
+    config: Optional[dict[str, Any]] = None
+
+
+@dataclass(frozen=True)
+class RunParts:
+    """The live objects a checkpoint is loaded into: the plain model (not DDP- or
+    compile-wrapped), the optimizer, the LR schedule, the loss scaler (None: none), the loop
+    state (``TrainState``) and the weight EMA (a ``ModelEmaV3``; None: no EMA)."""
+
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    scaler: Any
+    state: Any
+    ema: Any = None
 
 
 def find_checkpoint(resume: str, ckpt_dir: Path, backend: Any) -> Optional[Path]:
@@ -166,110 +196,60 @@ def _continue_on_new_schedule(scheduler: Any, optimizer: Any, changes: list[str]
                 ", ".join(changes), step, before, optimizer.param_groups[0]["lr"])
 
 
-def _saved_optimizer(ckpt: dict[str, Any]) -> Optional[str]:
-    resolved = ckpt.get("resolved") or {}
-    if resolved.get("optimizer"):
-        return str(resolved["optimizer"])
-    config = ckpt.get("config") or {}
-    return (config.get("optimizer") or {}).get("name")
-
-
-def check_fits(
-    ckpt: dict[str, Any], path: Path, *, model_name: str, optimizer_name: str, global_batch_size: int,
-    world_size: int, per_device: int, steps_per_epoch: int, num_classes: Optional[int] = None,
-) -> None:
+def check_fits(ckpt: RunCheckpoint, path: Path, check: ResumeCheck, world_size: int) -> None:
     """A checkpoint must come from the same model, optimizer, global batch, class count and
-    epoch length (and hold a whole run state); raise ``CheckpointError`` naming what differs
-    and the fix. ``num_classes``: the run's data set's (None: not checked)."""
-    saved_model = ckpt.get("model_name")
-    if saved_model is not None and saved_model != model_name:
+    epoch length; raise ``CheckpointError`` naming what differs and the fix."""
+    saved_model = ckpt.identity.model_name
+    if saved_model is not None and saved_model != check.model_name:
         raise CheckpointError(
-            f"checkpoint {path} was made with model {saved_model}, not {model_name}; "
+            f"checkpoint {path} was made with model {saved_model}, not {check.model_name}; "
             f"resume with model.name={saved_model} or start a new run_dir"
         )
-    saved_opt = _saved_optimizer(ckpt)
-    if saved_opt is not None and saved_opt != optimizer_name:
+    saved_opt = ckpt.identity.optimizer_name
+    if saved_opt is not None and saved_opt != check.optimizer_name:
         raise CheckpointError(
-            f"checkpoint {path} was made with optimizer={saved_opt}, not {optimizer_name}; its "
+            f"checkpoint {path} was made with optimizer={saved_opt}, not {check.optimizer_name}; its "
             f"optimizer state does not fit another update rule: resume with optimizer={saved_opt} "
             f"or start a new run_dir"
         )
-    saved_batch = ckpt.get("global_batch_size", global_batch_size)
-    if saved_batch != global_batch_size:
+    saved_batch = ckpt.global_batch_size
+    if saved_batch is not None and saved_batch != check.global_batch_size:
         raise CheckpointError(
             f"checkpoint {path} was made with global_batch_size={saved_batch}, not "
-            f"{global_batch_size}; resume with global_batch_size={saved_batch} (the LR, "
+            f"{check.global_batch_size}; resume with global_batch_size={saved_batch} (the LR, "
             f"schedule and data position depend on it)"
         )
-    saved_classes = (ckpt.get("resolved") or {}).get("num_classes")
-    if num_classes is not None and saved_classes is not None and saved_classes != num_classes:
+    saved_classes = ckpt.identity.num_classes
+    if check.num_classes is not None and saved_classes is not None and saved_classes != check.num_classes:
         # the same model name, but its classifier has another width: the data set differs
         raise CheckpointError(
             f"checkpoint {path} was trained on {saved_classes} classes, but this run's data set has "
-            f"{num_classes}; resume with the data set it was trained on (data.root), or start a new run_dir"
+            f"{check.num_classes}; resume with the data set it was trained on (data.root), or start a new run_dir"
         )
-    saved_steps = ckpt.get("steps_per_epoch", steps_per_epoch)
-    if saved_steps != steps_per_epoch:
+    saved_steps = ckpt.steps_per_epoch
+    if saved_steps is not None and saved_steps != check.steps_per_epoch:
         raise CheckpointError(
             f"checkpoint {path} has {saved_steps} steps per epoch but this run has "
-            f"{steps_per_epoch} (world size {world_size}, {per_device} per device "
+            f"{check.steps_per_epoch} (world size {world_size}, {check.per_device} per device "
             f"drops a different tail of the data); resume at world size "
-            f"{ckpt.get('world_size')} or with a global_batch_size that divides the data evenly"
+            f"{ckpt.world_size} or with a global_batch_size that divides the data evenly"
         )
 
 
-def resume_run(
-    resume: str, ckpt_dir: Path, *, backend: Any, model_name: str, optimizer_name: str,
-    global_batch_size: int, per_device: int, steps_per_epoch: int,
-    model: Any, optimizer: Any, scheduler: Any, scaler: Any, state: Any, ema: Any = None,
-    num_classes: Optional[int] = None, config: Optional[dict[str, Any]] = None,
-) -> Optional[Path]:
-    """Load the checkpoint ``resume`` names (a path, or ``auto``: the newest in the run).
-
-    ``ema`` (a ``ModelEmaV3``, or None): loaded from the checkpoint's EMA weights; a
-    checkpoint written without them starts the EMA from the resumed weights (one log line).
-    ``config``: this run's config as a plain dict, compared with the checkpoint's for a
-    changed learning-rate schedule (module docstring); None: not compared.
-
-    Returns the checkpoint loaded, or None (``auto`` and no checkpoint file yet).
-    """
-    path, ckpt = _find_checkpoint(resume, ckpt_dir, backend)
-    if path is None:
-        log.info("resume=auto: no checkpoint in %s, starting from scratch", ckpt_dir)
-        return None
-    if ckpt is None:  # a path given, or a rank other than 0
-        ckpt = load_checkpoint(path)
-    world_size = backend.world_size
-    check_fits(ckpt, path, model_name=model_name, optimizer_name=optimizer_name,
-               global_batch_size=global_batch_size, world_size=world_size, per_device=per_device,
-               steps_per_epoch=steps_per_epoch, num_classes=num_classes)
+def _load_parts(ckpt: RunCheckpoint, path: Path, parts: RunParts) -> None:
+    """Optimizer, schedule, scaler, loop state, RNG and EMA from the checkpoint (the model is loaded)."""
     try:
-        # strip: checkpoints of older versions were saved from the compiled module
-        model.load_state_dict(strip_compile_prefixes(ckpt["model"]))
-    except RuntimeError as e:
-        raise CheckpointError(
-            f"checkpoint {path} does not fit model {model_name} "
-            f"({str(e).splitlines()[0]}); resume with the model (and the data set's class count) it was made with"
-        ) from None
-    missing = [k for k in _RUN_PARTS if k not in ckpt]
-    if missing:
-        raise CheckpointError(
-            f"checkpoint {path} holds no {', '.join(missing)} state (model weights only?), so a "
-            f"run cannot continue from it; resume from a checkpoint largebatch-train wrote, or "
-            f"start a new run without resume="
-        )
-    try:
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        if scaler is not None and ckpt.get("scaler"):
-            scaler.load_state_dict(ckpt["scaler"])
-        state.load_state_dict(ckpt["train_state"])
-        restore_rng_state(ckpt["rng"])
-        if ema is not None and not load_ema_state(ema, ckpt.get("ema"), model):
+        parts.optimizer.load_state_dict(ckpt.optimizer)
+        parts.scheduler.load_state_dict(ckpt.scheduler)
+        if parts.scaler is not None and ckpt.scaler:
+            parts.scaler.load_state_dict(ckpt.scaler)
+        parts.state.load_state_dict(ckpt.train_state)
+        restore_rng_state(ckpt.rng)
+        if parts.ema is not None and not load_ema_state(parts.ema, ckpt.ema, parts.model):
             log.warning("checkpoint %s holds no EMA weights (written with ema.enabled=false or "
                         "before the EMA existed): the EMA starts from its weights at step %d",
-                        path, state.step)
-        if ema is None and "ema" in ckpt:
+                        path, parts.state.step)
+        if parts.ema is None and ckpt.ema is not None:
             log.info("checkpoint %s holds EMA weights; ema.enabled=false: they are not used", path)
     except (KeyError, ValueError, TypeError, RuntimeError) as e:
         raise CheckpointError(
@@ -277,18 +257,55 @@ def resume_run(
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); resume with the "
             f"settings it was made with, or start a new run_dir"
         ) from None
+
+
+def resume_run(resume: str, ckpt_dir: Path, *, backend: Any, check: ResumeCheck, parts: RunParts) -> Optional[Path]:
+    """Load the checkpoint ``resume`` names (a path, or ``auto``: the newest in the run) into ``parts``.
+
+    ``check``: what the checkpoint must share with this run (``check_fits``; its config is
+    compared for a changed learning-rate schedule, module docstring). ``parts.ema`` (a
+    ``ModelEmaV3``, or None) is loaded from the checkpoint's EMA weights; a checkpoint
+    written without them starts the EMA from the resumed weights (one log line).
+
+    Returns the checkpoint loaded, or None (``auto`` and no checkpoint file yet).
+    """
+    path, state = _find_checkpoint(resume, ckpt_dir, backend)
+    if path is None:
+        log.info("resume=auto: no checkpoint in %s, starting from scratch", ckpt_dir)
+        return None
+    if state is None:  # a path given, or a rank other than 0
+        state = load_checkpoint(path)
+    ckpt = RunCheckpoint.from_state(state, path)
+    world_size = backend.world_size
+    check_fits(ckpt, path, check, world_size)
+    try:
+        # strip: checkpoints of older versions were saved from the compiled module
+        parts.model.load_state_dict(strip_compile_prefixes(ckpt.model))
+    except RuntimeError as e:
+        raise CheckpointError(
+            f"checkpoint {path} does not fit model {check.model_name} "
+            f"({str(e).splitlines()[0]}); resume with the model (and the data set's class count) it was made with"
+        ) from None
+    missing = ckpt.missing_parts()
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {path} holds no {', '.join(missing)} state (model weights only?), so a "
+            f"run cannot continue from it; resume from a checkpoint largebatch-train wrote, or "
+            f"start a new run without resume="
+        )
+    _load_parts(ckpt, path, parts)
     # after the loads: an optimizer's own refusal (LARS's momentum form) names its option better
-    check_same_run(ckpt.get("config"), config, path)
-    changes = schedule_changes(ckpt.get("config"), config)
+    check_same_run(ckpt.identity.config, check.config, path)
+    changes = schedule_changes(ckpt.identity.config, check.config)
     if changes:
-        _continue_on_new_schedule(scheduler, optimizer, changes, state.step)
-    saved_world = ckpt.get("world_size", world_size)
+        _continue_on_new_schedule(parts.scheduler, parts.optimizer, changes, parts.state.step)
+    saved_world = ckpt.world_size if ckpt.world_size is not None else world_size
     if saved_world != world_size:
         log.warning(
             "checkpoint written at world size %d, resuming at %d: per-device batch is now %d "
             "(global batch %d kept); the result is not bit-identical to an uninterrupted run",
-            saved_world, world_size, per_device, global_batch_size,
+            saved_world, world_size, check.per_device, check.global_batch_size,
         )
-    log.info("resumed from %s (epoch %d, step %d)", path, state.epoch, state.step)
-    set_aside_abandoned(ckpt_dir, state.step, backend)
+    log.info("resumed from %s (epoch %d, step %d)", path, parts.state.epoch, parts.state.step)
+    set_aside_abandoned(ckpt_dir, parts.state.step, backend)
     return path

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from largebatch.engine.checkpoint import remove_orphaned_temp_files
-from largebatch.errors import RunDirError, UsageError, os_error_text
+from largebatch.errors import RunDirError, os_error_text
 
 __all__ = ["RunDir", "RunDirError", "RunDirLock", "elastic_run_id", "make_run_dir", "newest_run_dir"]
 
