@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 import torch
 
-from largebatch.data.augment import augment_batch, augment_each
+from largebatch.data.augment import CropRecipe, augment_batch, augment_each
 
 
 def median_ms(fn: Callable[[], torch.Tensor], rounds: int, device: torch.device) -> float:
@@ -50,7 +50,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     print("| geometry | image by image (ms) | batched (ms) | max abs difference (0..255) |")
     print("|---|---:|---:|---:|")
     for train in (True, False):
-        kw = dict(train=train, size=args.size, epoch=0, seed=0)
+        kw = dict(recipe=CropRecipe(args.size), train=train, epoch=0, seed=0)
         each = median_ms(lambda: augment_each(images, indices, **kw), args.rounds, device)
         batched = median_ms(lambda: augment_batch(images, indices, **kw), args.rounds, device)
         diff = (augment_each(images, indices, **kw) - augment_batch(images, indices, **kw)).abs().max()

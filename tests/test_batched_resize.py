@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from largebatch.data.augment import augment_batch, augment_each, crop_plans, random_resized_crop_box, sample_rng
+from largebatch.data.augment import (
+    CropRecipe,
+    augment_batch,
+    augment_each,
+    crop_plans,
+    random_resized_crop_box,
+    sample_rng,
+)
 from largebatch.data.batched_resize import AxisPlan, group_by_area, resize_group
 
 SIZES = [(30, 40), (40, 30), (375, 500), (500, 375), (17, 9), (100, 100), (1, 7), (224, 224), (600, 120)]
@@ -25,7 +32,7 @@ def test_crop_plans_are_the_per_image_draws_bit_for_bit() -> None:
         rng = sample_rng(7, 2, index)
         top, left, ch, cw = random_resized_crop_box(h, w, (0.08, 1.0), (3 / 4, 4 / 3), rng)
         flip = rng.random() < 0.5
-        (rows, cols), = crop_plans([(h, w)], [index], train=True, size=24, epoch=2, seed=7)
+        (rows, cols), = crop_plans([(h, w)], [index], CropRecipe(24), train=True, epoch=2, seed=7)
         assert (rows.start, cols.start, rows.length, cols.length, cols.flip) == (top, left, ch, cw, flip)
         assert not rows.flip and rows.virtual == cols.virtual == 24 and rows.offset == cols.offset == 0
 
@@ -35,7 +42,7 @@ def test_crop_plans_are_the_per_image_draws_bit_for_bit() -> None:
 def test_batched_equals_image_by_image(train: bool, size: int) -> None:
     images = _images()
     indices = list(range(100, 100 + len(images)))
-    kw = dict(train=train, size=size, epoch=1, seed=3)
+    kw = dict(recipe=CropRecipe(size), train=train, epoch=1, seed=3)
     reference = augment_each(images, indices, **kw)
     batched = augment_batch(images, indices, **kw)
     assert batched.shape == reference.shape == (len(images), 3, size, size) and batched.dtype == torch.float32

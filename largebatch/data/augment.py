@@ -4,13 +4,14 @@ One recipe, its constants written once below (timm's and torchvision's defaults)
 
 * training: a random-resized crop of area ``TRAIN_CROP_SCALE`` (``data.crop_scale``) and aspect
   ratio ``TRAIN_CROP_RATIO`` (torchvision's ``RandomResizedCrop`` sampling rule), a horizontal
-  flip with probability 1/2, the ImageNet mean/std;
+  flip with probability ``TRAIN_FLIP`` (1/2), the ImageNet mean/std;
 * evaluation: the shorter side resized to ``image_size / VAL_CROP_RATIO`` (0.875: 256 -> 224)
   and the centre ``image_size`` square.
 
 :func:`build_train_transform` / :func:`build_val_transform` apply it to PIL images in loader
 workers (``data.loader=torchvision``); :func:`augment_batch` and :func:`normalise` to decoded
-uint8 ``(3, H, W)`` tensors of different sizes where they lie (a GPU after nvJPEG). There the
+uint8 ``(3, H, W)`` tensors of different sizes where they lie (a GPU after nvJPEG), with the
+geometry of a :class:`CropRecipe`. There the
 crop and flip are drawn on the host from :func:`sample_rng` ``(seed, epoch, index)``, so a
 batch does not depend on how many workers made it or where a run was stopped; the pixels are
 cut and resized on the images' device. DALI builds the same recipe as a graph of its own
@@ -22,6 +23,7 @@ from __future__ import annotations
 import functools
 import math
 import random
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -37,12 +39,15 @@ __all__ = [
     "IMAGENET_DEFAULT_STD",
     "TRAIN_CROP_RATIO",
     "TRAIN_CROP_SCALE",
+    "TRAIN_FLIP",
     "VAL_CROP_RATIO",
+    "CropRecipe",
     "augment_batch",
     "augment_each",
     "build_train_transform",
     "build_val_transform",
     "centre_crop_box",
+    "check_val_crop_ratio",
     "crop_plans",
     "normalise",
     "normalise_cast",
@@ -55,9 +60,36 @@ IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
 TRAIN_CROP_SCALE = (0.08, 1.0)  # area fraction of a training crop (data.crop_scale's default)
 TRAIN_CROP_RATIO = (3 / 4, 4 / 3)  # aspect ratio of a training crop (RandomResizedCrop's default)
+TRAIN_FLIP = 0.5  # probability of a training crop's horizontal flip (RandomHorizontalFlip's default)
 VAL_CROP_RATIO = 0.875  # evaluation: centre crop of the image resized to image_size / 0.875
 # padded pixels per batched resize group (x 3 channels x 4 bytes: 192 MiB of float32)
 GROUP_PIXELS = 2**24
+
+
+def check_val_crop_ratio(value: float) -> float:
+    """``value`` if it is a valid evaluation crop ratio, in (0, 1]; else one-line ``UsageError``."""
+    if not 0 < value <= 1:
+        raise UsageError(f"the evaluation crop ratio (data.val_crop_ratio) must be in (0, 1], got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class CropRecipe:
+    """The crop geometry at one image size, for the tensor path (:func:`crop_plans`):
+    training's random-resized crop (area ``crop_scale``, aspect ``crop_ratio``) and flip (with
+    probability ``hflip``), evaluation's centre ``size`` crop of the image resized to
+    ``size / val_crop_ratio``. The defaults are the recipe's constants above."""
+
+    size: int
+    crop_scale: tuple[float, float] = TRAIN_CROP_SCALE
+    crop_ratio: tuple[float, float] = TRAIN_CROP_RATIO
+    hflip: float = TRAIN_FLIP
+    val_crop_ratio: float = VAL_CROP_RATIO
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "crop_scale", tuple(self.crop_scale))
+        object.__setattr__(self, "crop_ratio", tuple(self.crop_ratio))
+        check_val_crop_ratio(self.val_crop_ratio)
 
 
 # ---------------------------------------------------------------------------------------
@@ -69,7 +101,7 @@ def build_train_transform(
     *,
     scale: Sequence[float] = TRAIN_CROP_SCALE,
     ratio: Sequence[float] = TRAIN_CROP_RATIO,
-    hflip: float = 0.5,
+    hflip: float = TRAIN_FLIP,
     mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
     std: Sequence[float] = IMAGENET_DEFAULT_STD,
 ) -> v2.Compose:
@@ -91,8 +123,7 @@ def build_val_transform(
     std: Sequence[float] = IMAGENET_DEFAULT_STD,
 ) -> v2.Compose:
     """Resize the shorter side to ``image_size / crop_ratio``, centre-crop ``image_size``."""
-    if not 0 < crop_ratio <= 1:
-        raise UsageError(f"crop_ratio must be in (0, 1], got {crop_ratio}")
+    check_val_crop_ratio(crop_ratio)
     return v2.Compose([
         v2.Resize(round(image_size / crop_ratio), antialias=True),
         v2.CenterCrop(image_size),
@@ -156,31 +187,28 @@ def _resize(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
 def crop_plans(
     sizes: Sequence[tuple[int, int]],
     indices: Sequence[int],
+    recipe: CropRecipe,
     *,
     train: bool,
-    size: int,
     epoch: int = 0,
     seed: int = 0,
-    crop_scale: Sequence[float] = TRAIN_CROP_SCALE,
-    crop_ratio: Sequence[float] = TRAIN_CROP_RATIO,
-    hflip: float = 0.5,
-    val_crop_ratio: float = VAL_CROP_RATIO,
 ) -> list[tuple[AxisPlan, AxisPlan]]:
     """Each sample's ``(rows, columns)`` plan for images of ``sizes`` ``(h, w)``, drawn on the host.
 
-    ``train``: the random-resized crop (area ``crop_scale``, aspect ``crop_ratio``), then a
-    flip with probability ``hflip``, both from ``sample_rng(seed, epoch, indices[i])`` in that
-    order. Else the evaluation crop: shorter side to ``size / val_crop_ratio``, centre ``size``.
+    ``train``: the recipe's random-resized crop, then its flip, both from
+    ``sample_rng(seed, epoch, indices[i])`` in that order. Else the evaluation crop: shorter
+    side to ``size / val_crop_ratio``, centre ``size``.
     """
+    r, size = recipe, recipe.size
     plans = []
     for index, (h, w) in zip(indices, sizes):
         if train:
             rng = sample_rng(seed, epoch, index)
-            top, left, ch, cw = random_resized_crop_box(h, w, crop_scale, crop_ratio, rng)
-            flip = rng.random() < hflip
+            top, left, ch, cw = random_resized_crop_box(h, w, r.crop_scale, r.crop_ratio, rng)
+            flip = rng.random() < r.hflip
             plans.append((AxisPlan(top, ch, size), AxisPlan(left, cw, size, 0, flip)))
         else:
-            (rh, rw), top, left = centre_crop_box(h, w, size, val_crop_ratio)
+            (rh, rw), top, left = centre_crop_box(h, w, size, r.val_crop_ratio)
             plans.append((AxisPlan(0, h, rh, top), AxisPlan(0, w, rw, left)))
     return plans
 
@@ -188,27 +216,23 @@ def crop_plans(
 def augment_batch(
     images: Sequence[torch.Tensor],
     indices: Sequence[int],
+    recipe: CropRecipe,
     *,
     train: bool,
-    size: int,
     epoch: int = 0,
     seed: int = 0,
-    crop_scale: Sequence[float] = TRAIN_CROP_SCALE,
-    crop_ratio: Sequence[float] = TRAIN_CROP_RATIO,
-    hflip: float = 0.5,
-    val_crop_ratio: float = VAL_CROP_RATIO,
     max_pixels: int = GROUP_PIXELS,
 ) -> torch.Tensor:
-    """Crop and resize each image to ``size`` x ``size``: float32 ``(N, 3, size, size)``, 0..255.
+    """Crop and resize each image to the recipe's ``size``: float32 ``(N, 3, size, size)``, 0..255.
 
     The geometry of :func:`crop_plans`; the pixels are cut, resized (antialiased bilinear, as
     PIL) and flipped for a whole group of images at once (:mod:`largebatch.data.batched_resize`:
     two batched matrix multiplies per group of at most ``max_pixels`` padded pixels). Equal to
     :func:`augment_each` up to float rounding.
     """
-    plans = crop_plans([tuple(image.shape[-2:]) for image in images], indices, train=train, size=size,
-                       epoch=epoch, seed=seed, crop_scale=crop_scale, crop_ratio=crop_ratio, hflip=hflip,
-                       val_crop_ratio=val_crop_ratio)
+    plans = crop_plans([tuple(image.shape[-2:]) for image in images], indices, recipe, train=train, epoch=epoch,
+                       seed=seed)
+    size = recipe.size
     spans = [image[:, r.start : r.start + r.length, c.start : c.start + c.length]
              for image, (r, c) in zip(images, plans)]
     groups = group_by_area([tuple(s.shape[-2:]) for s in spans], max_pixels)
@@ -226,22 +250,18 @@ def augment_batch(
 def augment_each(
     images: Sequence[torch.Tensor],
     indices: Sequence[int],
+    recipe: CropRecipe,
     *,
     train: bool,
-    size: int,
     epoch: int = 0,
     seed: int = 0,
-    crop_scale: Sequence[float] = TRAIN_CROP_SCALE,
-    crop_ratio: Sequence[float] = TRAIN_CROP_RATIO,
-    hflip: float = 0.5,
-    val_crop_ratio: float = VAL_CROP_RATIO,
 ) -> torch.Tensor:
     """:func:`augment_batch` image by image with ``F.interpolate`` (the reference it is tested
     against, and the "before" of benchmarks/augment.py): a few kernels and some Python
     per image."""
-    plans = crop_plans([tuple(image.shape[-2:]) for image in images], indices, train=train, size=size,
-                       epoch=epoch, seed=seed, crop_scale=crop_scale, crop_ratio=crop_ratio, hflip=hflip,
-                       val_crop_ratio=val_crop_ratio)
+    plans = crop_plans([tuple(image.shape[-2:]) for image in images], indices, recipe, train=train, epoch=epoch,
+                       seed=seed)
+    size = recipe.size
     out = []
     for image, (r, c) in zip(images, plans):
         if train:

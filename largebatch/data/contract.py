@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from largebatch.data.augment import TRAIN_CROP_SCALE, VAL_CROP_RATIO
+from largebatch.data.augment import TRAIN_CROP_SCALE, VAL_CROP_RATIO, CropRecipe
 from largebatch.data.samplers import ShardedSampler
 from largebatch.data.worker_signals import stop_signals_blocked
 from largebatch.errors import DataError
@@ -104,6 +104,13 @@ class LoaderSpec:
     def __post_init__(self) -> None:  # accept "cpu"/"cuda:0" and a list crop_scale (the config's)
         object.__setattr__(self, "device", torch.device(self.device))
         object.__setattr__(self, "crop_scale", tuple(self.crop_scale))
+        self.crop_recipe  # noqa: B018 - checks the crop values here, once for every pipeline
+
+    @property
+    def crop_recipe(self) -> CropRecipe:
+        """The crop geometry the tensor path draws (nvjpeg), from ``image_size``, ``crop_scale``
+        and ``val_crop_ratio``; the other values are the recipe's constants."""
+        return CropRecipe(self.image_size, crop_scale=self.crop_scale, val_crop_ratio=self.val_crop_ratio)
 
     @property
     def on_gpu(self) -> bool:

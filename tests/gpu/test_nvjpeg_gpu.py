@@ -187,7 +187,7 @@ def test_batched_augmentation_on_the_gpu_matches_the_per_image_path(tf32: bool) 
     """The batched crop-resize-flip on CUDA against the per-image F.interpolate path; with TF32
     matmuls allowed (as benchmarks/throughput.py and cudnn_benchmark runs set them) the error
     is that of TF32's 10-bit mantissa on 0..255 values: held to 1 level."""
-    from largebatch.data.augment import augment_batch, augment_each
+    from largebatch.data.augment import CropRecipe, augment_batch, augment_each
 
     g = torch.Generator().manual_seed(0)
     images = [torch.randint(0, 256, (3, 375, 500) if i % 4 else (3, 500, 375), dtype=torch.uint8,
@@ -196,7 +196,7 @@ def test_batched_augmentation_on_the_gpu_matches_the_per_image_path(tf32: bool) 
     torch.backends.cuda.matmul.allow_tf32 = tf32
     try:
         for train in (True, False):
-            kw = dict(train=train, size=224, epoch=0, seed=0)
+            kw = dict(recipe=CropRecipe(224), train=train, epoch=0, seed=0)
             diff = (augment_batch(images, list(range(64)), **kw) - augment_each(images, list(range(64)), **kw)).abs()
             assert diff.max() < (1.0 if tf32 else 0.001)
     finally:

@@ -29,6 +29,7 @@ from largebatch.data.contract import LoaderSpec
 from largebatch.data.images import list_split, not_a_folder, read_file_list
 from largebatch.data.pipelines.dali_graph import (
     DEFAULT_HW_DECODER_LOAD,
+    DaliPipeline,
     _aug_seed,
     _check_common,
     _dali,
@@ -38,7 +39,7 @@ from largebatch.data.pipelines.dali_graph import (
     _val_images,
 )
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
-from largebatch.errors import DataError, UsageError
+from largebatch.errors import DataError
 
 __all__ = ["DaliLoader", "build_dali_loaders"]
 
@@ -80,28 +81,24 @@ class DaliLoader:
         sampler: ShardedSampler | ExactShardSampler,
         batch_size: int,
         drop_last: bool,
-        graph: Callable[[Any, bool], Any],
-        workers: int,
-        device_id: int | None,
+        pipeline: DaliPipeline,
         seed: int,
-        layout: str,
-        prefetch_queue_depth: int = 2,
         data_root: str | None = None,
     ) -> None:
         self.sampler = sampler
         self.data_root = data_root
         self.batch_size = batch_size
         self.drop_last = drop_last
-        self.layout = layout
-        self.device_id = device_id
+        self.layout = pipeline.layout
+        self.device_id = pipeline.device_id
         self.epoch = 0
         self.skip_batches = 0
         self.skipped = 0  # never grows: DALI cannot skip a file, the data check left them out
         self._source = _BatchSource(paths, np.asarray(labels, dtype=np.int64))
-        self._graph = graph
-        self._workers = max(1, workers)
+        self._graph = pipeline.graph
+        self._workers = max(1, pipeline.workers)
         self._seed = seed
-        self._depth = prefetch_queue_depth
+        self._depth = pipeline.prefetch_queue_depth
         self._iterator: Any = None
         self._pending = 0  # batches DALI still holds for the epoch being read (-1: none begun)
 
@@ -245,8 +242,6 @@ def build_dali_loaders(
     Returns ``(train_loader, val_loader, num_classes)``.
     """
     _check_common(spec, dtype)
-    if not 0 < spec.val_crop_ratio <= 1:
-        raise UsageError(f"val_crop_ratio must be in (0, 1], got {spec.val_crop_ratio}")
     root = os.fspath(root)
     if not os.path.isdir(root):
         raise DataError(f"data root {root} {not_a_folder(root)}: set data.root to a folder holding "
@@ -271,18 +266,20 @@ def build_dali_loaders(
         return _val_images(encoded, gpu=gpu, image_size=spec.image_size, val_crop_ratio=spec.val_crop_ratio,
                            layout=layout, dtype=dtype, hw_decoder_load=hw_decoder_load)
 
-    common = dict(workers=spec.workers, device_id=spec.device_id, layout=layout,
-                  prefetch_queue_depth=prefetch_queue_depth, data_root=root,
-                  seed=_aug_seed(spec.seed, spec.rank))
+    def pipeline(graph: Callable[[Any, bool], Any]) -> DaliPipeline:
+        return DaliPipeline(graph, spec.workers, spec.device_id, layout, prefetch_queue_depth)
+
+    seed = _aug_seed(spec.seed, spec.rank)
     train = DaliLoader(
-        train_paths, train_labels, batch_size=spec.batch_size, drop_last=True, graph=train_graph,
+        train_paths, train_labels, batch_size=spec.batch_size, drop_last=True, pipeline=pipeline(train_graph),
         sampler=ShardedSampler(len(train_paths), rank=spec.rank, world_size=spec.world_size,
                                batch_size=spec.batch_size, seed=spec.seed),
-        **common,
+        seed=seed, data_root=root,
     )
     val = DaliLoader(
-        val_paths, val_labels, batch_size=spec.val_batch, drop_last=False, graph=val_graph,
-        sampler=ExactShardSampler(len(val_paths), rank=spec.rank, world_size=spec.world_size), **common,
+        val_paths, val_labels, batch_size=spec.val_batch, drop_last=False, pipeline=pipeline(val_graph),
+        sampler=ExactShardSampler(len(val_paths), rank=spec.rank, world_size=spec.world_size),
+        seed=seed, data_root=root,
     )
     return train, val, num_classes
 

@@ -3,7 +3,7 @@
 The augmentation is the recipe of :mod:`largebatch.data.augment`, done by DALI's operators:
 training decodes a random crop (area ``crop_scale`` of the image, aspect ratio 3/4..4/3, ten
 tries, as ``RandomResizedCrop``; fused decode-and-crop as in Ying et al. 2018), resizes it to
-``image_size`` (bilinear, antialiased), flips it with probability 1/2 and normalises with the
+``image_size`` (bilinear, antialiased), flips it with probability ``TRAIN_FLIP`` and normalises with the
 ImageNet mean/std; evaluation resizes the shorter side to ``image_size / val_crop_ratio`` and
 takes the centre crop. With ``device_id=None`` everything runs on the CPU (libjpeg-turbo);
 with a GPU the decode is ``mixed`` (nvJPEG, and the A100/H100 hardware JPEG decoder for
@@ -20,7 +20,8 @@ model wants, no copy). Labels are int64 ``(N,)``. Both are on the pipeline's dev
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -30,12 +31,14 @@ from largebatch.data.augment import (
     IMAGENET_DEFAULT_STD,
     TRAIN_CROP_RATIO,
     TRAIN_CROP_SCALE,
+    TRAIN_FLIP,
 )
 from largebatch.data.contract import LoaderSpec
 from largebatch.errors import DataError, UsageError
 
 __all__ = [
     "DEFAULT_HW_DECODER_LOAD",
+    "DaliPipeline",
     "TRAIN_ASPECT_RATIO",
     "dali_available",
     "decode_random_crop",
@@ -52,6 +55,20 @@ DEFAULT_HW_DECODER_LOAD = 0.65
 _DEVICE_MEMORY_PADDING = 211_025_920
 _HOST_MEMORY_PADDING = 140_544_512
 _SHARD_IMAGE_EXT = "jpg;jpeg;png;bmp;tif;tiff;webp"
+
+
+@dataclass(frozen=True)
+class DaliPipeline:
+    """How a DALI loader builds and runs its pipeline, the same for both readers:
+    ``graph(encoded, gpu)`` adds the decode / augment operators to the files read, ``workers``
+    CPU threads, ``device_id`` its GPU (None: everything on the CPU), ``layout`` of the batches
+    (``NCHW`` or ``NHWC``), ``prefetch_queue_depth`` batches prepared ahead of the one in use."""
+
+    graph: Callable[[Any, bool], Any]
+    workers: int
+    device_id: Optional[int]
+    layout: str
+    prefetch_queue_depth: int = 2
 
 
 def dali_available() -> bool:
@@ -136,7 +153,7 @@ def _train_images(encoded: Any, *, gpu: bool, image_size: int, crop_scale: Seque
     images = fn.resize(images, resize_x=image_size, resize_y=image_size,
                        interp_type=types.INTERP_LINEAR, antialias=True)
     return _normalize(images, layout=layout, dtype=dtype,
-                      mirror=fn.random.coin_flip(probability=0.5))
+                      mirror=fn.random.coin_flip(probability=TRAIN_FLIP))
 
 
 def _val_images(encoded: Any, *, gpu: bool, image_size: int, val_crop_ratio: float,

@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
 from largebatch.data.contract import LoaderSpec
 from largebatch.data.pipelines.dali_graph import (
     DEFAULT_HW_DECODER_LOAD,
+    DaliPipeline,
     _SHARD_IMAGE_EXT,
     _aug_seed,
     _check_common,
@@ -58,33 +59,28 @@ class DaliShardLoader:
         tars: Sequence[str],
         indexes: Sequence[str],
         num_samples: int,
+        spec: LoaderSpec,
         *,
         train: bool,
-        batch_size: int,
-        rank: int,
-        world_size: int,
-        seed: int,
-        graph: Callable[[Any, bool], Any],
-        workers: int,
-        device_id: int | None,
-        layout: str,
-        prefetch_queue_depth: int = 2,
-        shuffle_buffer: int = 4096,
+        pipeline: DaliPipeline,
     ) -> None:
+        """``tars`` and their DALI ``indexes`` hold ``num_samples`` samples; ``spec`` gives the
+        batch (``batch_size``, or ``val_batch`` for evaluation), this rank's place, the seed and
+        the training shuffle buffer."""
         self.tars, self.indexes = list(tars), list(indexes)
         self.total = num_samples
         self.train = train
-        self.batch_size = batch_size
-        self.rank, self.world_size, self.seed = rank, world_size, seed
-        self.layout = layout
-        self.device_id = device_id
+        self.batch_size = spec.batch_size if train else spec.val_batch
+        self.rank, self.world_size, self.seed = spec.rank, spec.world_size, spec.seed
+        self.layout = pipeline.layout
+        self.device_id = pipeline.device_id
         self.epoch = 0
         self.skip_batches = 0
         self.skipped = 0  # never grows (see DaliLoader.skipped)
-        self._graph = graph
-        self._workers = max(1, workers)
-        self._depth = prefetch_queue_depth
-        self._buffer = shuffle_buffer
+        self._graph = pipeline.graph
+        self._workers = max(1, pipeline.workers)
+        self._depth = pipeline.prefetch_queue_depth
+        self._buffer = spec.shuffle_buffer
         self._iterator: Any = None
         self._iterator_epoch: int | None = None
         self._pending = 0
@@ -215,12 +211,8 @@ def build_dali_shard_loaders(
             return _val_images(encoded, gpu=gpu, image_size=image_size, val_crop_ratio=spec.val_crop_ratio,
                                layout=layout, dtype=dtype, hw_decoder_load=hw_decoder_load)
 
-        loaders.append(DaliShardLoader(
-            tars, indexes, int(meta["num_samples"]), train=train,
-            batch_size=batch_size if train else spec.val_batch, rank=spec.rank,
-            world_size=world_size, seed=spec.seed, graph=graph, workers=spec.workers, device_id=spec.device_id,
-            layout=layout, prefetch_queue_depth=prefetch_queue_depth, shuffle_buffer=spec.shuffle_buffer,
-        ))
+        pipeline = DaliPipeline(graph, spec.workers, spec.device_id, layout, prefetch_queue_depth)
+        loaders.append(DaliShardLoader(tars, indexes, int(meta["num_samples"]), spec, train=train, pipeline=pipeline))
     if loaders[0].num_samples == 0:
         raise TooFewSamplesError(f"{loaders[0].total} packed samples on {world_size} ranks give no full "
                                  f"batch of {batch_size} per rank; lower the batch size", num_samples=loaders[0].total)

@@ -49,7 +49,6 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from largebatch.data.augment import (
     IMAGENET_DEFAULT_MEAN,
     IMAGENET_DEFAULT_STD,
-    TRAIN_CROP_RATIO,
     augment_batch,
     augment_each,
     normalise_cast,
@@ -330,38 +329,15 @@ class NvjpegLoader(LoaderView):
     skip_batches)`` selects the epoch's shuffle and augmentation and skips batches (resume).
     """
 
-    def __init__(
-        self,
-        loader: DataLoader,
-        *,
-        train: bool,
-        device: torch.device,
-        image_size: int,
-        seed: int,
-        crop_scale: Sequence[float],
-        crop_ratio: Sequence[float],
-        hflip: float,
-        val_crop_ratio: float,
-        mean: Sequence[float],
-        std: Sequence[float],
-        dtype: torch.dtype,
-        channels_last: bool,
-        prefetch_batches: int = 2,
-    ) -> None:
+    def __init__(self, loader: DataLoader, spec: LoaderSpec, *, train: bool, prefetch_batches: int = 2) -> None:
         self.loader = loader
         self.prefetch_batches = prefetch_batches
         self.train = train
-        self.device = torch.device(device)
-        self.image_size = image_size
-        self.seed = seed
-        self.crop_scale = tuple(crop_scale)
-        self.crop_ratio = tuple(crop_ratio)
-        self.hflip = hflip
-        self.val_crop_ratio = val_crop_ratio
-        self.mean = tuple(mean)
-        self.std = tuple(std)
-        self.dtype = dtype
-        self.channels_last = channels_last
+        self.device = spec.device
+        self.seed = spec.seed
+        self.recipe = spec.crop_recipe
+        self.dtype = spec.dtype
+        self.channels_last = spec.channels_last
         self.epoch = 0
         dataset = loader.dataset
         # unreadable files skipped by this process since the loader was built, each once
@@ -457,12 +433,9 @@ class NvjpegLoader(LoaderView):
         # on the CPU, where the batched path's dense resize matrices measured 1.1-21x slower
         # (benchmarks/augment.py, benchmarks/README.md). Both give the same crops.
         augment = augment_each if self.device.type == "cpu" else augment_batch
-        images = augment(
-            [image for _, _, image in good], [index for _, index, _ in good], train=self.train,
-            size=self.image_size, epoch=epoch, seed=self.seed, crop_scale=self.crop_scale,
-            crop_ratio=self.crop_ratio, hflip=self.hflip, val_crop_ratio=self.val_crop_ratio,
-        )
-        images = normalise_cast(images, self.mean, self.std, self.dtype, self.channels_last)
+        images = augment([image for _, _, image in good], [index for _, index, _ in good], self.recipe,
+                         train=self.train, epoch=epoch, seed=self.seed)
+        images = normalise_cast(images, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, self.dtype, self.channels_last)
         positions = [k for k, _, _ in good]
         labels = batch.labels
         if positions != list(range(len(batch))):  # a file skipped or a slot refilled
@@ -494,8 +467,6 @@ def build_nvjpeg_loaders(
     thread holds, at least 2 batches are ready ahead of the step. Returns
     ``(train_loader, val_loader, num_classes)``.
     """
-    if not 0 < spec.val_crop_ratio <= 1:
-        raise ValueError(f"val_crop_ratio must be in (0, 1], got {spec.val_crop_ratio}")
     root = os.fspath(root)
     train_set = RobustImageFolder(split_folder(root, "train"))
     val_set = RobustImageFolder(split_folder(root, "val"))
@@ -518,10 +489,5 @@ def build_nvjpeg_loaders(
         batch_size=spec.val_batch, drop_last=False,
         sampler=ExactShardSampler(len(val_set), rank=rank, world_size=world_size), **common,
     )
-    options: dict[str, Any] = dict(
-        device=spec.device, image_size=spec.image_size, seed=spec.seed, crop_scale=spec.crop_scale,
-        crop_ratio=TRAIN_CROP_RATIO, hflip=0.5, val_crop_ratio=spec.val_crop_ratio, mean=IMAGENET_DEFAULT_MEAN,
-        std=IMAGENET_DEFAULT_STD, dtype=spec.dtype, channels_last=spec.channels_last,
-        prefetch_batches=prefetch_batches,
-    )
-    return NvjpegLoader(train, train=True, **options), NvjpegLoader(val, train=False, **options), len(train_set.classes)
+    return (NvjpegLoader(train, spec, train=True, prefetch_batches=prefetch_batches),
+            NvjpegLoader(val, spec, train=False, prefetch_batches=prefetch_batches), len(train_set.classes))
