@@ -79,7 +79,9 @@ class TorchDistributedBackend(Backend):
             # its functions when first imported (DDP imports it); imported while a group
             # exists, it would keep that group alive until interpreter exit, and shutdown()
             # could never join its worker threads. Imported now, the defaults are None.
-            import torch.distributed.nn.functional  # noqa: F401
+            # (imported under another name: a plain ``import torch.distributed...`` here would make
+            # ``torch`` a local name of this method, unbound at the set_device call above)
+            import torch.distributed.nn.functional as _dist_nn_functional  # noqa: F401
 
             dist.init_process_group(
                 "nccl" if self.kind == "cuda" else "gloo",
