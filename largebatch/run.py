@@ -26,13 +26,16 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 from omegaconf import OmegaConf
 
 from largebatch import __version__
 from largebatch.errors import Preempted, TooFewSamplesError, UsageError, os_error_text
+
+if TYPE_CHECKING:
+    from largebatch.data.contract import Loader
 
 __all__ = ["BatchPlan", "batch_too_large", "plan_batches", "run"]
 
@@ -171,7 +174,7 @@ def _channels_last(cfg: Any, backend: Any) -> bool:
 
 
 def _data(cfg: Any, backend: Any, plan: BatchPlan, dtype: Optional[torch.dtype],
-          channels_last: bool) -> tuple[Path, Any, Any, int]:
+          channels_last: bool) -> tuple[Path, Loader, Loader, int]:
     """The data folder and this rank's loaders (``largebatch.data.build``), from one ``LoaderSpec``."""
     from largebatch.data.build import build_run_loaders, resolve_data_root
     from largebatch.data.contract import LoaderSpec
@@ -358,7 +361,7 @@ def _hooks(cfg: Any, backend: Any, run_dir: Path, val_loader: Any, identity: Any
     )
 
 
-def _train(trainer: Any, hooks: Any, run_dir: Path, loaders: Sequence[Any], is_main: bool) -> dict[str, Any]:
+def _train(trainer: Any, hooks: Any, run_dir: Path, loaders: Sequence[Loader], is_main: bool) -> dict[str, Any]:
     """Run the loop; a SIGTERM/SIGINT stop becomes ``Preempted`` (exit 75, resumable)."""
     try:
         trainer.train()
@@ -371,7 +374,7 @@ def _train(trainer: Any, hooks: Any, run_dir: Path, loaders: Sequence[Any], is_m
             f"{trainer.stop_reason} at step {trainer.state.step}; checkpoint saved in "
             f"{run_dir / 'checkpoints'}; continue with resume=auto run_dir={run_dir}"
         )
-    skipped = sum(getattr(loader, "skipped", 0) for loader in loaders)
+    skipped = sum(loader.skipped for loader in loaders)
     if skipped and is_main:
         log.warning("%d unreadable image file(s) were skipped (named above in the log)", skipped)
     return hooks.summary.summary
@@ -383,7 +386,7 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
 
     backend = build_backend(cfg.backend.name, timeout_s=cfg.backend.timeout_s)
     backend.start()
-    if getattr(backend, "kind", None) == "cuda":
+    if backend.device.type == "cuda":
         torch.backends.cudnn.benchmark = bool(cfg.backend.cudnn_benchmark)
     try:
         return _run_job(cfg, raw_cfg, backend)

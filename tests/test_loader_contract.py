@@ -3,7 +3,8 @@
 The four pipelines are built on the CPU over one generated data set and checked the same way:
 ``isinstance(loader, Loader)`` (the Protocol's members exist), then the behaviour the members
 promise: ``len()`` batches per epoch, full training batches of ``batch_size``, every
-validation image once, ``set_epoch(e, k)`` skipping the first ``k`` batches of epoch ``e``
+validation image once, ``evaluation`` and ``total_samples`` saying which split and how large,
+``set_epoch(e, k)`` skipping the first ``k`` batches of epoch ``e``
 (the same batches the full pass gives from ``k`` on) and without a skip the whole epoch
 again, ``skipped`` an int.
 """
@@ -86,6 +87,8 @@ def test_every_loader_satisfies_the_contract(root: Path, tmp_path_factory: pytes
     for loader in (train, val):
         assert isinstance(loader, Loader), f"{type(loader).__name__} lacks a member of the contract"
         assert isinstance(loader.skipped, int) and loader.batch_size == BATCH
+    assert (train.evaluation, val.evaluation) == (False, True)
+    assert (train.total_samples, val.total_samples) == (3 * 8, 3 * 3)  # the splits, all ranks together
     train.set_epoch(1)
     full = _labels(train)
     assert len(full) == len(train) and all(len(b) == BATCH for b in full)
@@ -95,3 +98,10 @@ def test_every_loader_satisfies_the_contract(root: Path, tmp_path_factory: pytes
     assert _labels(train) == full  # set_epoch without a skip gives the whole epoch again
     val.set_epoch(0)
     assert sum(len(b) for b in _labels(val)) == 3 * 3  # every validation image once
+
+
+def test_the_spec_refuses_a_bad_crop_ratio_for_every_pipeline_in_one_line() -> None:
+    from largebatch.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"data.val_crop_ratio\) must be in \(0, 1\], got 1.5$"):
+        LoaderSpec(image_size=SIZE, batch_size=BATCH, workers=0, val_crop_ratio=1.5)

@@ -176,12 +176,12 @@ class XlaBackend(Backend):
             channels_last: ignored on XLA (the compiler chooses layouts).
             evaluation: pad the batches to ``loader.batch_size`` with weight-0 samples and
                 yield ``(images, labels, weight)``, the same number of batches on every rank.
-                ``None``: when the loader's sampler is an ``ExactShardSampler``.
+                ``None``: a largebatch loader's ``evaluation`` (the loader contract,
+                ``largebatch.data.contract.Loader``); a plain ``DataLoader`` is one when its
+                sampler is the exact ``ExactShardSampler``.
         """
         if evaluation is None:
-            from largebatch.data.samplers import ExactShardSampler
-
-            evaluation = isinstance(getattr(loader, "sampler", None), ExactShardSampler)
+            evaluation = _is_evaluation(loader)
         return _XlaLoader(loader, self, evaluation)
 
     def mark_step(self) -> None:
@@ -217,13 +217,34 @@ class XlaBackend(Backend):
 # data
 
 
-def _eval_batch_count(loader: Any, batch_size: int) -> int:
+def _exact_data_loader(loader: Iterable) -> bool:
+    """A plain ``DataLoader`` reading with the exact evaluation sampler."""
+    from torch.utils.data import DataLoader
+
+    from largebatch.data.samplers import ExactShardSampler
+
+    return isinstance(loader, DataLoader) and isinstance(loader.sampler, ExactShardSampler)
+
+
+def _is_evaluation(loader: Iterable) -> bool:
+    from largebatch.data.contract import Loader
+
+    if isinstance(loader, Loader):
+        return loader.evaluation
+    return _exact_data_loader(loader)
+
+
+def _eval_batch_count(loader: Any, batch_size: int, world_size: int) -> int:
     """Batches every rank runs: those of the largest exact part (same on all ranks)."""
-    sampler = getattr(loader, "sampler", None)
-    n, world = getattr(sampler, "dataset_len", None), getattr(sampler, "world_size", None)
-    if n is None or world is None:
-        return len(loader)  # type: ignore[arg-type]
-    return math.ceil(math.ceil(n / world) / batch_size)
+    from largebatch.data.contract import Loader
+
+    if isinstance(loader, Loader):
+        n = loader.total_samples
+    elif _exact_data_loader(loader):
+        n = loader.sampler.dataset_len
+    else:
+        return len(loader)
+    return math.ceil(math.ceil(n / world_size) / batch_size)
 
 
 def _template_sample(loader: Any) -> Optional[tuple[torch.Tensor, Any]]:
@@ -277,14 +298,15 @@ def padded_eval_batches(loader: Iterable, batch_size: int, num_batches: int) -> 
 class _HostBatches:
     """The host-side iterable handed to ``MpDeviceLoader`` (keeps ``len``)."""
 
-    def __init__(self, loader: Any, evaluation: bool) -> None:
+    def __init__(self, loader: Any, evaluation: bool, world_size: int) -> None:
         self.loader = loader
         self.evaluation = evaluation
+        self.world_size = world_size
         self.batch_size = getattr(loader, "batch_size", None)
 
     def __len__(self) -> int:
         if self.evaluation and self.batch_size:
-            return _eval_batch_count(self.loader, self.batch_size)
+            return _eval_batch_count(self.loader, self.batch_size, self.world_size)
         return len(self.loader)
 
     def __iter__(self) -> Iterator:
@@ -300,7 +322,7 @@ class _XlaLoader:
         self.loader = loader
         self.backend = backend
         self.evaluation = evaluation
-        self._host = _HostBatches(loader, evaluation)
+        self._host = _HostBatches(loader, evaluation, backend.world_size)
 
     def __len__(self) -> int:
         return len(self._host)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Optional
 from largebatch.errors import DataError
 
 if TYPE_CHECKING:
-    from largebatch.data.contract import LoaderSpec
+    from largebatch.data.contract import Loader, LoaderSpec
 
 __all__ = ["DaliDecision", "build_run_loaders", "dali_decision", "ensure_checked", "resolve_data_root"]
 
@@ -128,8 +128,9 @@ def _agree_on_dali(requested: str, root: Path, backend: Any, fallback: str) -> D
 
 def build_run_loaders(
     root: Path, spec: LoaderSpec, *, loader: str, shards: Optional[str], backend: Any
-) -> tuple[Any, Any, int]:
-    """This rank's ``(train_loader, val_loader, num_classes)``.
+) -> tuple[Loader, Loader, int]:
+    """This rank's ``(train_loader, val_loader, num_classes)``: loaders of the contract
+    (:class:`~largebatch.data.contract.Loader`), whichever pipeline reads.
 
     Args:
         root: the image folder (:func:`resolve_data_root`).
@@ -178,7 +179,7 @@ def build_run_loaders(
     if backend.is_main:
         log.info(
             "input pipeline: DALI, %s decode, %d thread(s), %s; %d train / %d val files from the "
-            "data check's lists", decode, max(1, spec.workers), spec.layout, train.sampler.dataset_len,
-            val.sampler.dataset_len,
+            "data check's lists", decode, max(1, spec.workers), spec.layout, train.total_samples,
+            val.total_samples,
         )
     return train, val, num_classes

@@ -17,7 +17,11 @@ all four. The contract, written once:
   it was read (:class:`UnreadableTally`, which also stops training on a class left without a
   readable image); DALI cannot skip a file, so the data check leaves them out and its
   ``skipped`` stays 0;
-* ``batch_size`` is the batch size of this rank.
+* ``batch_size`` is the batch size of this rank;
+* ``evaluation`` is True for an evaluation loader (every sample of the split once over all
+  ranks, the last batches short or none), False for a training loader (whole batches, the
+  same count on every rank); a backend that needs equal batch counts (XLA) pads by it;
+* ``total_samples`` is the number of samples of the split, all ranks together.
 
 :class:`LoaderSpec` is what every builder is told (sizes, this rank's place, the device);
 :class:`LoaderView` is the base of the loaders that wrap a ``torch.utils.data.DataLoader``
@@ -39,7 +43,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from largebatch.data.augment import TRAIN_CROP_SCALE, VAL_CROP_RATIO, CropRecipe
-from largebatch.data.samplers import ShardedSampler
+from largebatch.data.samplers import ExactShardSampler, ShardedSampler
 from largebatch.data.worker_signals import stop_signals_blocked
 from largebatch.errors import DataError
 
@@ -52,6 +56,8 @@ class Loader(Protocol):
 
     batch_size: Any
     skipped: int
+    evaluation: bool
+    total_samples: int
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]: ...
 
@@ -156,6 +162,15 @@ class LoaderView:
     @property
     def batch_size(self) -> int | None:
         return self.loader.batch_size
+
+    @property
+    def evaluation(self) -> bool:
+        """An evaluation loader reads with the exact sampler (every sample once over the ranks)."""
+        return isinstance(self.loader.sampler, ExactShardSampler)
+
+    @property
+    def total_samples(self) -> int:
+        return len(self.loader.dataset)
 
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
         """Use epoch ``epoch``'s shuffle and skip its first ``skip_batches`` batches (resume).

@@ -12,7 +12,7 @@ applies, and the DALI file-list format the data check writes.
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 from PIL import Image, ImageOps
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
@@ -23,6 +23,7 @@ __all__ = [
     "IMG_EXTENSIONS",
     "Unreadable",
     "EXIF_ORIENTATION",
+    "check_same_classes",
     "decompression_bomb_limit",
     "list_class_images",
     "list_folder",
@@ -32,6 +33,20 @@ __all__ = [
     "read_file_list",
     "split_folder",
 ]
+
+
+def check_same_classes(train_root: str, train_classes: Sequence[str], val_root: str,
+                       val_classes: Sequence[str]) -> None:
+    """Both splits must have the same class folders (a label means one class in both); else one
+    line naming a few folders only one split has."""
+    if list(train_classes) != list(val_classes):
+        only_train = sorted(set(train_classes) - set(val_classes))
+        only_val = sorted(set(val_classes) - set(train_classes))
+        raise DataError(
+            f"train ({train_root}) and val ({val_root}) class folders differ: "
+            f"{len(only_train)} only in train {only_train[:3]}, {len(only_val)} only in val "
+            f"{only_val[:3]}; both splits need the same class folders"
+        )
 
 
 class Unreadable(NamedTuple):

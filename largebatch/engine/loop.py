@@ -27,7 +27,7 @@ import contextlib
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +35,9 @@ from torch import nn
 
 from largebatch.engine.nonfinite import NonFiniteGuard, NonFiniteLossError
 from largebatch.errors import UsageError
+
+if TYPE_CHECKING:
+    from largebatch.data.contract import Loader
 
 __all__ = ["Hook", "NonFiniteLossError", "StepSettings", "Trainer", "TrainState"]
 
@@ -112,7 +115,10 @@ class StepSettings:
 class Trainer:
     """Runs the optimizer steps of a run; everything else is a hook.
 
-    ``settings`` says how a step runs (:class:`StepSettings`); ``scaler`` is the fp16 loss
+    ``train_loader``: this rank's training batches on the device (a loader of the contract,
+    :class:`~largebatch.data.contract.Loader`, as ``backend.wrap_loader`` passes it on; a plain
+    list of batches also serves where nothing sets the epoch). ``settings`` says how a step runs
+    (:class:`StepSettings`); ``scaler`` is the fp16 loss
     scaler (None: none); ``state`` the loop state to continue (a resumed run's).
     """
 
@@ -122,7 +128,7 @@ class Trainer:
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         scheduler: Any,
-        train_loader: Any,
+        train_loader: Loader,
         backend: Any,
         settings: StepSettings,
         scaler: Any = None,

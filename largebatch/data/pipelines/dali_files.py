@@ -103,6 +103,15 @@ class DaliLoader:
         self._pending = 0  # batches DALI still holds for the epoch being read (-1: none begun)
 
     @property
+    def evaluation(self) -> bool:
+        """Read with the exact sampler: every sample once over the ranks (the loader contract)."""
+        return isinstance(self.sampler, ExactShardSampler)
+
+    @property
+    def total_samples(self) -> int:
+        return self.sampler.dataset_len
+
+    @property
     def num_samples(self) -> int:
         """Samples this rank reads in a whole epoch."""
         if isinstance(self.sampler, ShardedSampler):

@@ -86,6 +86,14 @@ class DaliShardLoader:
         self._pending = 0
 
     @property
+    def evaluation(self) -> bool:
+        return not self.train
+
+    @property
+    def total_samples(self) -> int:
+        return self.total
+
+    @property
     def num_samples(self) -> int:
         if self.train:
             per_rank = self.total // self.world_size

@@ -55,8 +55,14 @@ from largebatch.data.augment import (
 )
 from largebatch.data.background import in_background
 from largebatch.data.contract import LoaderSpec, LoaderView, UnreadableTally
-from largebatch.data.pipelines.torchvision import RobustImageFolder, _check_same_classes
-from largebatch.data.images import EXIF_ORIENTATION, decompression_bomb_limit, load_rgb, split_folder
+from largebatch.data.pipelines.torchvision import RobustImageFolder
+from largebatch.data.images import (
+    EXIF_ORIENTATION,
+    check_same_classes,
+    decompression_bomb_limit,
+    load_rgb,
+    split_folder,
+)
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
 from largebatch.data.worker_signals import ignoring_stop_signals
 from largebatch.errors import DataError
@@ -470,7 +476,7 @@ def build_nvjpeg_loaders(
     root = os.fspath(root)
     train_set = RobustImageFolder(split_folder(root, "train"))
     val_set = RobustImageFolder(split_folder(root, "val"))
-    _check_same_classes(train_set, val_set)
+    check_same_classes(train_set.root, train_set.classes, val_set.root, val_set.classes)
     rank, world_size, batch_size, workers = spec.rank, spec.world_size, spec.batch_size, spec.workers
     common: dict[str, Any] = dict(num_workers=workers, pin_memory=spec.pin_memory,
                                   persistent_workers=workers > 0, collate_fn=collate_encoded)

@@ -43,7 +43,7 @@ from torchvision.datasets import ImageFolder
 
 from largebatch.data.augment import build_train_transform, build_val_transform
 from largebatch.data.contract import LoaderSpec, LoaderView, UnreadableTally
-from largebatch.data.images import Unreadable, list_folder, load_rgb, split_folder
+from largebatch.data.images import Unreadable, check_same_classes, list_folder, load_rgb, split_folder
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler, sample_seed
 from largebatch.data.worker_signals import ignoring_stop_signals
 from largebatch.errors import DataError
@@ -181,17 +181,6 @@ class SkipCountingLoader(LoaderView):
                 yield images, labels
 
 
-def _check_same_classes(train: RobustImageFolder, val: RobustImageFolder) -> None:
-    if train.classes != val.classes:
-        only_train = sorted(set(train.classes) - set(val.classes))
-        only_val = sorted(set(val.classes) - set(train.classes))
-        raise DataError(
-            f"train ({train.root}) and val ({val.root}) class folders differ: "
-            f"{len(only_train)} only in train {only_train[:3]}, {len(only_val)} only in val "
-            f"{only_val[:3]}; both splits need the same class folders"
-        )
-
-
 def build_loaders(root: str | os.PathLike, spec: LoaderSpec) -> tuple[SkipCountingLoader, SkipCountingLoader, int]:
     """Train and val loaders of ``root/train`` and ``root/val`` for one rank.
 
@@ -215,7 +204,7 @@ def build_loaders(root: str | os.PathLike, spec: LoaderSpec) -> tuple[SkipCounti
     val_set = RobustImageFolder(
         split_folder(root, "val"), build_val_transform(spec.image_size, crop_ratio=spec.val_crop_ratio)
     )
-    _check_same_classes(train_set, val_set)
+    check_same_classes(train_set.root, train_set.classes, val_set.root, val_set.classes)
     train_sampler = ShardedSampler(len(train_set), rank=spec.rank, world_size=spec.world_size,
                                    batch_size=spec.batch_size, seed=spec.seed, with_epoch=True)
     val_sampler = ExactShardSampler(len(val_set), rank=spec.rank, world_size=spec.world_size)
