@@ -38,7 +38,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import re
 import shutil
 import signal

@@ -520,8 +520,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"{m} @ {args.image_size}px: {f / 1e9:.2f} GFLOPs per training image")
     print(f"batch {args.batch} per GPU, {args.steps} timed steps after {args.warmup} warm-up steps "
           f"(DALI rows: at least {DALI_MIN_ITERS}); GPU idle from {PROFILED_STEPS} more steps under the profiler")
-    print(f"input stall = 1 - img/s / synthetic img/s at the same model, precision, layout, compile mode and "
-          f"optimizer\n")
+    print("input stall = 1 - img/s / synthetic img/s at the same model, precision, layout, compile mode and "
+          "optimizer\n")
     print(f"| kind | configuration | img/s | MFU ({measured}) | MFU ({spec}) | input stall "
           f"| GPU idle per step (ms) | GPU mem peak (GiB) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
