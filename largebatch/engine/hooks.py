@@ -40,7 +40,7 @@ class DataOrderHook(Hook):
     """Sets the epoch's shuffle and skips the batches a resumed run has already seen.
 
     The position is ``epoch_step x accumulation_steps x per-device batch`` samples of this
-    rank's shard. ``ShardedSampler`` deals one permutation round-robin (``perm[r::w]``), so
+    rank's part. ``ShardedSampler`` deals one permutation round-robin (``perm[r::w]``), so
     after k steps of global batch B the ranks together have read ``perm[:k*B]`` at any world
     size: a run resumed at another world size (same global batch) continues with the next
     unseen images.

@@ -8,8 +8,9 @@ Event order (each hook sees the events it defines, in the order the hooks were g
         for step in epoch:                # one optimizer step = accumulation_steps micro-batches
             run_step                      # no host read here (see largebatch.engine.nonfinite)
             after_step                    # checkpoints every N steps, stop requests (preemption)
-            after_log(metrics)            # only every log_every steps: the one loss read-back,
-                                          # and the non-finite check (policy stop|skip)
+            after_log(metrics)            # every log_every steps and at an epoch's last step:
+                                          # the one loss read-back, and the non-finite check
+                                          # (policy stop|skip)
         after_epoch                       # state.epoch now counts this epoch as done:
                                           # evaluation (-> after_eval(metrics)), checkpoint
     after_train                           # summary; runs in `finally`, also on errors

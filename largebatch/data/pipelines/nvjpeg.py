@@ -21,7 +21,7 @@ Batch contract (that of :func:`largebatch.data.pipelines.torchvision.build_loade
 
 * Iterating yields ``(images, labels)``: ``(N, 3, S, S)`` normalised images in ``dtype``
   (channels_last if asked) and int64 ``(N,)`` labels, both on ``device``.
-* Sharding and order are the torchvision loader's: :class:`ShardedSampler` for training,
+* Each rank's part and its order are the torchvision loader's: :class:`ShardedSampler` for training,
   :class:`ExactShardSampler` (every val image once over all ranks) for evaluation.
 * A file nvJPEG cannot take (not a JPEG, e.g. a PNG named ``.JPEG``; a CMYK/YCCK JPEG; no
   end-of-image marker; or one nvJPEG rejects) is decoded on the CPU instead (Pillow), named
