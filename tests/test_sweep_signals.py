@@ -72,3 +72,17 @@ def test_a_signal_stops_the_sweep_after_the_running_jobs_checkpoint(tmp_path: Pa
 def test_resume_command_replaces_the_sweep_dir_and_resume() -> None:
     command = resume_command(["optimizer=sgd,lars", "hydra.sweep.dir=/old", "resume=null", "epochs=2"], "/s dir")
     assert command == "largebatch-train -m optimizer=sgd,lars epochs=2 'hydra.sweep.dir=/s dir' resume=auto"
+
+
+def test_the_signal_that_stopped_a_job_is_carried_by_its_error_not_searched_for_in_its_text() -> None:
+    import pickle
+
+    from largebatch.errors import Preempted
+    from largebatch.multirun import stopping_signal
+
+    carried = Preempted("SIGINT before the job's first step; nothing to save", signal_name="SIGINT")
+    assert stopping_signal(carried) == "SIGINT"
+    assert stopping_signal(pickle.loads(pickle.dumps(carried))) == "SIGINT"  # across a launcher's process
+    # a rank stopped by another rank's signal got none; a signal's name in a path is not one
+    other = Preempted("preempted (signal on another rank) at step 3; checkpoint saved in /runs/SIGTERM-sweep")
+    assert stopping_signal(other) == "a signal"
