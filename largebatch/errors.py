@@ -140,7 +140,15 @@ class NonFiniteLossError(RuntimeError):
 
 
 class Preempted(Exception):
-    """The run stopped on SIGTERM/SIGINT/SIGHUP after saving a checkpoint (resumable)."""
+    """The run stopped on SIGTERM/SIGINT/SIGHUP after saving a checkpoint (resumable).
+
+    ``signal_name`` is the signal that stopped it (``"SIGTERM"``), or None where this process
+    did not get one (a rank that stopped because another rank was signalled).
+    """
+
+    def __init__(self, message: str, *, signal_name: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.signal_name = signal_name
 
 
 class ReplicaError(RuntimeError):

@@ -2,8 +2,10 @@
 
 * zero-initialised last BN gamma of every residual block (Goyal et al. 2017, sec. 5.1: each
   block starts as the identity, which makes the early, high-lr phase of large-batch
-  training stable);
-* channels_last memory format (faster convolutions on GPUs with tensor cores).
+  training stable).
+
+The channels_last memory format is the backend's choice, made where the model is moved to
+its device (``Backend.prepare_model`` in ``largebatch/backends/base.py``).
 
 No weights are downloaded: models are built from scratch (``pretrained=False``).
 """
@@ -11,7 +13,6 @@ No weights are downloaded: models are built from scratch (``pretrained=False``).
 from __future__ import annotations
 
 import timm
-import torch
 from torch import nn
 
 from largebatch.errors import ModelError
@@ -65,7 +66,3 @@ def build_model(
     if zero_init_last_bn_gamma:
         zero_init_last_bn(model)
     return model
-
-
-def to_channels_last(model: nn.Module) -> nn.Module:
-    return model.to(memory_format=torch.channels_last)

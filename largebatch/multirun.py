@@ -47,7 +47,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from largebatch.errors import STOP_SIGNALS
 
-__all__ = ["JOB_FIELDS", "NOT_STARTED", "resume_command", "run_multirun", "summary_table", "train_job"]
+__all__ = [
+    "JOB_FIELDS", "NOT_STARTED", "resume_command", "run_multirun", "stopping_signal", "summary_table", "train_job",
+]
 
 # What train_job returns for each job (a plain dict: it crosses process boundaries).
 JOB_FIELDS = ("job", "overrides", "exit_code", "best_top1", "time_to_target_s", "wall_time_s", "run_dir", "error")
@@ -78,7 +80,7 @@ class _SweepStop:
         self.signal_name = self.signal_name or name
         print(f"largebatch: {name} received: the sweep stops after the current job", file=sys.stderr, flush=True)
         if self.in_job:  # a job being set up (training installs its own handler): nothing to save yet
-            raise Preempted(f"{name} before the job's first step; nothing to save")
+            raise Preempted(f"{name} before the job's first step; nothing to save", signal_name=name)
 
 
 _SWEEP = _SweepStop()
@@ -224,13 +226,25 @@ def train_job(cfg: DictConfig) -> dict[str, Any]:
             raise  # a bug stops the sweep with its traceback
         row.update(exit_code=code, error=f"preempted: {e}" if code == EXIT_PREEMPTED else str(e))
         if code == EXIT_PREEMPTED:  # the job's preemption hook took the signal: stop the sweep
-            _SWEEP.signal_name = _SWEEP.signal_name or next(
-                (sig.name for sig in STOP_SIGNALS if sig.name in str(e)), "a signal")
+            _SWEEP.signal_name = _SWEEP.signal_name or stopping_signal(e)
     if row["wall_time_s"] is None:
         row["wall_time_s"] = round(time.monotonic() - start, 2)
     if row["error"]:
         print(f"largebatch: job {row['job']} ({row['overrides']}): error: {row['error']}", file=sys.stderr)
     return row
+
+
+def stopping_signal(error: BaseException) -> str:
+    """The name of the signal that stopped a job (``"SIGTERM"``), from the ``Preempted`` it raised.
+
+    A ``Preempted`` raised without ``signal_name`` (``largebatch.run.run`` does not pass it yet)
+    is named from its text, which ``PreemptionHook`` writes as ``preempted (SIGTERM)``.
+    """
+    from largebatch.errors import Preempted
+
+    if isinstance(error, Preempted) and error.signal_name:
+        return error.signal_name
+    return next((sig.name for sig in STOP_SIGNALS if f"({sig.name})" in str(error)), "a signal")
 
 
 def _cell(value: Any, fmt: str) -> str:

@@ -4,6 +4,9 @@ Each environment runs its own part of ``python -m pytest tests`` and skips the r
 reason: ``.venv`` (torch 2.14.1) everything but ``tests/xla``; ``.venv-xla`` (torch-xla pins
 torch 2.9.0, no DALI) only ``tests/xla``, because there this pytest process is an XLA:CPU
 device (``tests/xla/conftest.py``) and ``backend=auto`` rightly picks XLA for every run.
+
+The ``cache`` fixture gives a test its own data cache; the override lists the training tests
+start from are in ``tests/smoke.py``.
 """
 
 from __future__ import annotations
@@ -13,6 +16,13 @@ from pathlib import Path
 
 import pytest
 import torch
+
+
+@pytest.fixture()
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``tmp_path``, with ``LARGEBATCH_CACHE`` pointing into it: the embedded set is made per test."""
+    monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "cache"))
+    return tmp_path
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -20,7 +20,7 @@ from largebatch.engine.checkpoint import (
     load_latest,
     save_checkpoint,
 )
-from tests.test_resume import EXACT
+from tests.smoke import EXACT
 
 
 def _flip_one_bit(path: Path) -> int:

@@ -24,12 +24,6 @@ TINY = [
 ]
 
 
-@pytest.fixture()
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "cache"))
-    return tmp_path
-
-
 def _only_run_dir(root: Path) -> Path:
     runs = [p for p in root.iterdir() if p.is_dir()]
     assert len(runs) == 1, runs

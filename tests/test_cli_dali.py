@@ -26,12 +26,6 @@ from largebatch.data.synthetic import make_synthetic_imagenet  # noqa: E402
 TINY = ["debug=smoke", "progress=false", "tensorboard=false", "model=resnet10t", "data.workers=0"]
 
 
-@pytest.fixture()
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "cache"))
-    return tmp_path
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A user ImageFolder tree (2 classes x 8 train, 2 val), not checked."""

@@ -18,6 +18,7 @@ from largebatch.engine.compile import compile_model, parse_compile_mode, strip_c
 from largebatch.engine.hooks import CheckpointHook
 from largebatch.engine.loop import StepSettings, Trainer
 from largebatch.errors import UsageError
+from tests.smoke import smoke
 
 
 @pytest.mark.parametrize("value,mode", [
@@ -76,9 +77,7 @@ def test_checkpoint_of_a_compiled_model_has_plain_keys(tmp_path: Path) -> None:
 def test_compiled_run_saves_plain_checkpoints_and_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "cache"))
     run = tmp_path / "run"
-    args = ["debug=smoke", "global_batch_size=8", "data.synthetic.train_per_class=8", "data.synthetic.val_per_class=2",
-            "data.image_size=16", "progress=false", "tensorboard=false", "model=resnet10t", "data.workers=0",
-            "precision=fp32", "model.compile=default", "epochs=1", f"run_dir={run}"]
+    args = smoke("model=resnet10t", "precision=fp32", "model.compile=default", "epochs=1", f"run_dir={run}")
     assert main([*args, "max_steps=2", "checkpoint.every_steps=1"]) == 0
     state = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])
     assert state["train_state"]["step"] == 2
@@ -94,9 +93,8 @@ def test_a_checkpoint_with_compile_prefixes_still_resumes(tmp_path: Path, monkey
 
     monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "cache"))
     run = tmp_path / "run"
-    args = ["debug=smoke", "global_batch_size=8", "data.synthetic.train_per_class=8", "data.synthetic.val_per_class=2",
-            "data.image_size=16", "progress=false", "tensorboard=false", "model=resnet10t", "data.workers=0",
-            "precision=fp32", "epochs=1", f"run_dir={run}", "checkpoint.every_steps=1", "checkpoint.keep=1"]
+    args = smoke("model=resnet10t", "precision=fp32", "epochs=1", f"run_dir={run}", "checkpoint.every_steps=1",
+                 "checkpoint.keep=1")
     assert main([*args, "max_steps=2"]) == 0
     path = list_checkpoints(run / "checkpoints")[-1]
     state = load_checkpoint(path)

@@ -18,7 +18,8 @@ from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
 from largebatch.engine.ema import EmaHook, build_model_ema
 from largebatch.engine.loop import StepSettings
 from tests.test_no_host_sync import HostReads
-from tests.test_resume import EXACT, _assert_identical
+from tests.smoke import EXACT
+from tests.test_resume import _assert_identical
 
 
 def _tiny() -> nn.Module:

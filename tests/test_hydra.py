@@ -20,10 +20,10 @@ TINY = ["debug=smoke", "progress=false", "tensorboard=false", "epochs=1", "data.
 
 
 @pytest.fixture()
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)  # Hydra's defaults must not write into the repository
-    return tmp_path
+def cache(cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """tests/conftest.py's, and the working directory in it."""
+    monkeypatch.chdir(cache)  # Hydra's defaults must not write into the repository
+    return cache
 
 
 def _one_line_error(capsys: pytest.CaptureFixture) -> str:

@@ -11,19 +11,12 @@ import torch
 
 from largebatch.cli import main
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
+from tests import smoke
 
-# as tests/test_resume.py: 4 classes x 8 train images, global batch 8 -> 4 steps per epoch
-EXACT = [
-    "debug=smoke", "global_batch_size=8", "data.synthetic.train_per_class=8", "data.synthetic.val_per_class=2",
-    "data.image_size=16", "progress=false", "tensorboard=false", "model=resnet10t", "data.workers=0",
-    "precision=fp32", "schedule=cosine", "schedule.warmup_epochs=0.5", "checkpoint.keep=0", "data.loader=nvjpeg",
-]
+EXACT = [*smoke.EXACT, "data.loader=nvjpeg"]  # tests/test_resume.py's, with nvjpeg
 
 
-@pytest.fixture(autouse=True)
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "cache"))
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("cache")  # tests/conftest.py
 
 
 def _last(run: Path) -> dict:

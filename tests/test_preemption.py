@@ -17,19 +17,12 @@ from largebatch.cli import main
 from largebatch.errors import EXIT_PREEMPTED
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
 from tests.signals import wait_for_checkpoint
+from tests.smoke import smoke
 
-FAST = [
-    "debug=smoke",
-    "progress=false",
-    "tensorboard=false",
-    "data.workers=0",
-    "global_batch_size=8",
-    "data.synthetic.train_per_class=8",
-    "data.synthetic.val_per_class=2",
-    "data.image_size=16",
+FAST = smoke(
     "epochs=3",  # 4 steps per epoch: 12 steps
     "checkpoint.every_steps=1",
-]
+)
 
 
 # SIGHUP (a closed terminal, a dropped ssh session) killed the run silently with 129 and lost

@@ -11,25 +11,10 @@ import torch
 
 from largebatch.cli import main
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
+from tests.smoke import EXACT
 
-# debug=smoke shrunk: 4 classes x 8 train images, global batch 8 -> 4 steps per epoch, 2
-# epochs. A warmup + cosine schedule and random-resized crops make the schedule position and
-# the RNG state matter; momentum SGD makes the optimizer state matter.
-EXACT = [
-    "debug=smoke",
-    "global_batch_size=8",
-    "data.synthetic.train_per_class=8",
-    "data.synthetic.val_per_class=2",
-    "data.image_size=16",
-    "progress=false",
-    "tensorboard=false",
-    "model=resnet10t",
-    "data.workers=0",
-    "precision=fp32",
-    "schedule=cosine",
-    "schedule.warmup_epochs=0.5",
-    "checkpoint.keep=0",
-]
+# EXACT: 4 classes x 8 train images, global batch 8 -> 4 steps per epoch, 2 epochs, fp32, warmup +
+# cosine (tests/smoke.py).
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,9 @@ from pathlib import Path
 import pytest
 
 from largebatch.cli import main
+from tests.smoke import smoke
 
-FAST = [
-    "debug=smoke", "progress=false", "tensorboard=false", "data.workers=0", "global_batch_size=8",
-    "data.synthetic.train_per_class=8", "data.synthetic.val_per_class=2", "data.image_size=16",
-    "max_steps=1",
-]
+FAST = smoke("max_steps=1")
 
 _HOLDER = """
 import os, sys, time

@@ -24,6 +24,8 @@ from typing import Iterator
 
 import pytest
 
+from tests.smoke import smoke
+
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "scripts" / "slurm_cluster.sh"
 
@@ -36,11 +38,8 @@ pytestmark = [
 ]
 
 # 8 steps per epoch, a checkpoint every step; fp32 and one loader worker: the subject is SLURM
-ARGS = [
-    "backend=cpu", "debug=smoke", "progress=false", "tensorboard=false", "data.workers=1",
-    "global_batch_size=8", "data.synthetic.train_per_class=16", "data.synthetic.val_per_class=2",
-    "data.image_size=16", "checkpoint.every_steps=1", "precision=fp32",
-]
+ARGS = smoke("backend=cpu", "data.workers=1", "data.synthetic.train_per_class=16", "checkpoint.every_steps=1",
+             "precision=fp32")
 # what a CPU-only cluster needs instead of the script's 8 GPUs and 64 CPUs per task
 SBATCH_CPU = ["--nodes=1", "--gpus-per-node=0", "--cpus-per-task=1"]
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",

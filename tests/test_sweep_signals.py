@@ -17,16 +17,16 @@ from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
 from largebatch.errors import EXIT_PREEMPTED
 from largebatch.multirun import resume_command
 from tests.signals import wait_for_checkpoint
+from tests.smoke import smoke
 
-SWEEP = [
-    "debug=smoke", "progress=false", "tensorboard=false", "data.workers=0", "backend=cpu",
-    "global_batch_size=8", "data.synthetic.train_per_class=8", "data.synthetic.val_per_class=2",
-    "data.image_size=16", "epochs=3",  # 4 steps per epoch: 12 steps a job
+SWEEP = smoke(
+    "backend=cpu",
+    "epochs=3",  # 4 steps per epoch: 12 steps a job
     "checkpoint.every_steps=1",
     # fp32: the subject is signals. (bf16 on an AVX-512-BF16 CPU: a later in-process job of a
     # resumed sweep sometimes stopped with non-finite weights; an open question, not this test's.)
     "precision=fp32",
-]
+)
 
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:
@@ -72,3 +72,17 @@ def test_a_signal_stops_the_sweep_after_the_running_jobs_checkpoint(tmp_path: Pa
 def test_resume_command_replaces_the_sweep_dir_and_resume() -> None:
     command = resume_command(["optimizer=sgd,lars", "hydra.sweep.dir=/old", "resume=null", "epochs=2"], "/s dir")
     assert command == "largebatch-train -m optimizer=sgd,lars epochs=2 'hydra.sweep.dir=/s dir' resume=auto"
+
+
+def test_the_signal_that_stopped_a_job_is_carried_by_its_error_not_searched_for_in_its_text() -> None:
+    import pickle
+
+    from largebatch.errors import Preempted
+    from largebatch.multirun import stopping_signal
+
+    carried = Preempted("SIGINT before the job's first step; nothing to save", signal_name="SIGINT")
+    assert stopping_signal(carried) == "SIGINT"
+    assert stopping_signal(pickle.loads(pickle.dumps(carried))) == "SIGINT"  # across a launcher's process
+    # a rank stopped by another rank's signal got none; a signal's name in a path is not one
+    other = Preempted("preempted (signal on another rank) at step 3; checkpoint saved in /runs/SIGTERM-sweep")
+    assert stopping_signal(other) == "a signal"

@@ -4,18 +4,19 @@ A signal handler only sets a flag (nothing else is safe inside a handler). After
 :class:`PreemptionHook` decides, on all ranks together, whether to stop: the flag of each
 rank is all-reduced in a small tensor, so ranks that got the signal a step apart (or
 not at all: a scheduler may signal one node) still stop after the same step. The loop then
-ends, the checkpoint hook saves (its ``after_train``), and the CLI exits with
-``EXIT_PREEMPTED``. A second SIGINT interrupts at once (``KeyboardInterrupt``).
+ends, the checkpoint hook saves (its ``after_train``), and :func:`largebatch.run.run` raises
+``Preempted``, which the command line exits with as ``EXIT_PREEMPTED``. A second SIGINT
+interrupts at once (``KeyboardInterrupt``).
 
 The same agreement carries a second flag: rank 0 could not write a run file
 (``trainer.failure``, see :mod:`largebatch.engine.run_files`). Every rank then stops after
 the agreed step, the checkpoint hook saves it, and the run exits 74 instead of 75.
 
 Cost: at world size 1 the flag is a Python bool read every step (free). With several ranks
-the agreement is a collective and a host read, so it runs every ``check_every`` steps; the
-CLI passes 1 on CPU/gloo (a tiny all-reduce there is microseconds next to a step) and the
-log interval on accelerators (where it would be a per-step host sync). A batch scheduler's
-grace period (typically 30 s or more) covers that many steps.
+the agreement is a collective and a host read, so it runs every ``check_every`` steps;
+``largebatch.run`` passes 1 on CPU/gloo (a tiny all-reduce there is microseconds next to a
+step) and the log interval on accelerators (where it would be a per-step host sync). A batch
+scheduler's grace period (typically 30 s or more) covers that many steps.
 """
 
 from __future__ import annotations
@@ -83,8 +84,9 @@ class PreemptionHook(Hook):
             t.request_stop(f"preempted ({self.signal_name or 'signal on another rank'})")
 
     def uninstall(self) -> None:
-        """Put the previous handlers back (the CLI calls it after the final checkpoint, so a
-        second SIGTERM during that write does not kill it halfway: it is atomic anyway)."""
+        """Put the previous handlers back (``largebatch.run`` calls it after the final
+        checkpoint, so a second SIGTERM during that write does not kill it halfway: it is
+        atomic anyway)."""
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()

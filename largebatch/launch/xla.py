@@ -3,7 +3,7 @@
 The TPU-pod launch of Ying et al. 2018 / Wongpanich et al. 2020 in PyTorch/XLA form: the
 same command runs on every host of a TPU slice (``gcloud ... ssh --worker=all``, see
 ``launch/tpu_pod.sh``); on each host ``torch_xla.launch`` starts one replica per local
-device and PJRT joins the hosts into one job. Every replica runs the training CLI's
+device and PJRT joins the hosts into one job. Every replica runs
 :func:`largebatch.run.run` with the same config (the given overrides plus ``backend=xla``),
 composed and checked once per host before any replica starts, so a config mistake is one
 message, not one per device.

@@ -1,4 +1,4 @@
-"""Registry of optimizers by name, and ``build_optimizer``, the one call the training CLI makes.
+"""Registry of optimizers by name, and ``build_optimizer``, the one call ``largebatch.run`` makes.
 
 Variants are data: ``larc`` is the ``lars`` entry with ``trust_clip=True``, ``sgd`` is ``torch.optim.SGD``
 with momentum 0.9 (timm ``_optim_factory.py`` does the same). Configs name an entry; nothing here reads a

@@ -25,25 +25,14 @@ import pytest
 
 from largebatch.cli import main
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
+from tests.smoke import smoke
 
 ROOT = Path(__file__).resolve().parents[2]
 FAULTS = Path(__file__).resolve().parent / "faults"
 TIMEOUT_S = 240  # a healthy run takes ~30 s on 2 idle cores
 
 # 4 classes x 8 images, global batch 8 (4 per rank at world size 2): 4 steps per epoch.
-JOB = [
-    "debug=smoke",
-    "progress=false",
-    "tensorboard=false",
-    "backend=cpu",
-    "data.workers=0",
-    "data.image_size=16",
-    "global_batch_size=8",
-    "data.synthetic.train_per_class=8",
-    "data.synthetic.val_per_class=2",
-    "checkpoint.every_steps=2",
-    "checkpoint.keep=0",
-]
+JOB = smoke("backend=cpu", "checkpoint.every_steps=2", "checkpoint.keep=0")
 
 
 def _torchrun(root: Path, fault: str, *extra: str, max_restarts: int) -> tuple[int, str]:

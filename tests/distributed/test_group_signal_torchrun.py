@@ -19,15 +19,15 @@ import pytest
 
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
 from tests.signals import wait_for_checkpoint
+from tests.smoke import smoke
 
 LAUNCH = Path(__file__).resolve().parents[2] / "launch"
 
-ARGS = [
-    "backend=cpu", "debug=smoke", "progress=false", "tensorboard=false", "data.workers=2",
-    "global_batch_size=8", "data.synthetic.train_per_class=16", "data.synthetic.val_per_class=2",
-    "data.image_size=16", "epochs=3",  # 8 steps per epoch: 24 steps
+ARGS = smoke(
+    "backend=cpu", "data.workers=2", "data.synthetic.train_per_class=16",
+    "epochs=3",  # 8 steps per epoch: 24 steps
     "checkpoint.every_steps=1", "precision=fp32",  # fp32: the subject is signals
-]
+)
 
 
 def _default_signals() -> None:

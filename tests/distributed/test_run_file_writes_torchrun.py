@@ -13,14 +13,14 @@ from pathlib import Path
 
 from largebatch.engine.checkpoint import checkpoint_step, list_checkpoints
 from tests.test_run_file_writes import _file_on_tiny_fs, mounts  # noqa: F401  (the fixture)
+from tests.smoke import smoke
 
 LAUNCH = Path(__file__).resolve().parents[2] / "launch"
 
-ARGS = [
-    "backend=cpu", "debug=smoke", "progress=false", "tensorboard=false", "data.workers=0",
-    "global_batch_size=8", "data.synthetic.train_per_class=16", "data.synthetic.val_per_class=2",
-    "data.image_size=16", "epochs=2", "log_every=1", "precision=fp32",  # 8 steps per epoch: 16 steps
-]
+ARGS = smoke(
+    "backend=cpu", "data.synthetic.train_per_class=16",
+    "epochs=2", "log_every=1", "precision=fp32",  # 8 steps per epoch: 16 steps
+)
 
 
 def test_a_full_disk_under_metrics_stops_both_ranks_with_a_checkpoint_and_exit_74(

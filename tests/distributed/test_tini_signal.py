@@ -28,17 +28,17 @@ import pytest
 
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
 from tests.signals import wait_for_checkpoint
+from tests.smoke import smoke
 
 LAUNCH = Path(__file__).resolve().parents[2] / "launch"
 TINI = shutil.which("tini")
 pytestmark = pytest.mark.skipif(TINI is None, reason="tini is not installed (apt-get install -y tini)")
 
-ARGS = [
-    "backend=cpu", "debug=smoke", "progress=false", "tensorboard=false", "data.workers=1",
-    "global_batch_size=8", "data.synthetic.train_per_class=16", "data.synthetic.val_per_class=2",
-    "data.image_size=16", "epochs=3",  # 8 steps per epoch: 24 steps
+ARGS = smoke(
+    "backend=cpu", "data.workers=1", "data.synthetic.train_per_class=16",
+    "epochs=3",  # 8 steps per epoch: 24 steps
     "checkpoint.every_steps=1", "precision=fp32",
-]
+)
 
 
 def _env(nproc: int) -> dict[str, str]:

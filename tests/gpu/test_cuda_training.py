@@ -19,12 +19,6 @@ pytestmark = pytest.mark.gpu
 TINY = ["debug=smoke", "progress=false", "data.workers=2", "backend=cuda", "epochs=1"]
 
 
-@pytest.fixture()
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "cache"))
-    return tmp_path
-
-
 def _run_dir(root: Path) -> Path:
     (run,) = [p for p in root.iterdir() if p.is_dir()]
     return run

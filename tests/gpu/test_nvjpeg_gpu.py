@@ -30,12 +30,6 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_synthetic_imagenet(tmp_path_factory.mktemp("nvjpeg_gpu") / "ds", **SMALL)
 
 
-@pytest.fixture()
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "cache"))
-    return tmp_path
-
-
 def _loaders(root: Path, device: str, prefetch_batches: int = 2, **spec: object):  # type: ignore[no-untyped-def]
     spec = LoaderSpec(image_size=64, batch_size=8, workers=2, device=device, **spec)  # type: ignore[arg-type]
     return build_nvjpeg_loaders(root, spec, prefetch_batches=prefetch_batches)
