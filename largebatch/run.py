@@ -372,7 +372,8 @@ def _train(trainer: Any, hooks: Any, run_dir: Path, loaders: Sequence[Loader], i
     if hooks.preemption.preempted:
         raise Preempted(
             f"{trainer.stop_reason} at step {trainer.state.step}; checkpoint saved in "
-            f"{run_dir / 'checkpoints'}; continue with resume=auto run_dir={run_dir}"
+            f"{run_dir / 'checkpoints'}; continue with resume=auto run_dir={run_dir}",
+            signal_name=hooks.preemption.signal_name,
         )
     skipped = sum(loader.skipped for loader in loaders)
     if skipped and is_main:
