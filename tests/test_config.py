@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from largebatch.config import ConfigError, compose_config, config_keys, to_train_config
 from largebatch.config.schema import TrainConfig
-from largebatch.data import embedded
+from largebatch import defaults
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("__pycache__",))
@@ -139,15 +139,15 @@ def test_embedded_yaml_writes_the_sizes_of_the_embedded_module() -> None:
     written = yaml.safe_load((CONF / "data" / "embedded.yaml").read_text())["synthetic"]
     sizes = {key: written[key] for key in ("classes", "train_per_class", "val_per_class", "image_size")}
     assert sizes == {
-        "classes": embedded.DEFAULT_CLASSES,
-        "train_per_class": embedded.DEFAULT_TRAIN_PER_CLASS,
-        "val_per_class": embedded.DEFAULT_VAL_PER_CLASS,
-        "image_size": embedded.DEFAULT_IMAGE_SIZE,
+        "classes": defaults.DEFAULT_CLASSES,
+        "train_per_class": defaults.DEFAULT_TRAIN_PER_CLASS,
+        "val_per_class": defaults.DEFAULT_VAL_PER_CLASS,
+        "image_size": defaults.DEFAULT_IMAGE_SIZE,
     }
 
 
 @pytest.mark.parametrize(
-    "module", ["largebatch.config", "largebatch.data", "largebatch.data.embedded", "largebatch.engine.compile_modes"],
+    "module", ["largebatch.config", "largebatch.data", "largebatch.defaults"],
 )
 def test_importing_the_config_and_its_leaves_loads_no_torch(module: str) -> None:
     """A config error is one line in well under a second: nothing on this path loads torch."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from largebatch.engine.compile_modes import CUDA_GRAPH_MODES, parse_compile_mode
+from largebatch.defaults import CUDA_GRAPH_MODES, parse_compile_mode
 from largebatch.errors import ConfigError, UsageError
 
 __all__ = ["canonicalise_choices", "check_ranges"]

@@ -24,7 +24,7 @@ from typing import List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from largebatch.data import embedded as _embedded
+from largebatch import defaults as _defaults
 
 __all__ = [
     "BackendConfig",
@@ -155,12 +155,12 @@ class ScheduleConfig:
 
 @dataclass
 class SyntheticDataConfig:
-    # The generator's own defaults (largebatch.data.embedded), so a data preset without a
+    # The generator's own defaults (largebatch.defaults), so a data preset without a
     # synthetic block and largebatch-make-synthetic agree with conf/data/embedded.yaml.
-    classes: int = _embedded.DEFAULT_CLASSES
-    train_per_class: int = _embedded.DEFAULT_TRAIN_PER_CLASS
-    val_per_class: int = _embedded.DEFAULT_VAL_PER_CLASS
-    image_size: int = _embedded.DEFAULT_IMAGE_SIZE  # generated JPEG side, pixels
+    classes: int = _defaults.DEFAULT_CLASSES
+    train_per_class: int = _defaults.DEFAULT_TRAIN_PER_CLASS
+    val_per_class: int = _defaults.DEFAULT_VAL_PER_CLASS
+    image_size: int = _defaults.DEFAULT_IMAGE_SIZE  # generated JPEG side, pixels
     seed: int = 0
 
 
@@ -179,7 +179,7 @@ class DataConfig:
     shards: Optional[str] = None
     # data.shards only: samples DALI's webdataset reader mixes inside a rank's part (memory:
     # this many decoded-size samples per rank; 1: the packed order, shuffled per archive only)
-    shuffle_buffer: int = 4096
+    shuffle_buffer: int = _defaults.SHUFFLE_BUFFER
     synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
 
 

@@ -1,7 +1,7 @@
 """Input pipelines: from an image folder (or the embedded set) to ``(images, labels)`` batches.
 
-A map of the package; importing it loads no module of the package (nor torch), so
-``largebatch.data.embedded`` stays light for the config schema.
+A map of the package; importing it loads no module of the package (nor torch). The embedded
+set's sizes, which the config schema reads too, are in :mod:`largebatch.defaults`.
 
 =====================  =================================================================
 module                 what it holds
@@ -20,7 +20,6 @@ module                 what it holds
 ``background``         an iterator run a few items ahead in a thread
 ``worker_signals``     loader workers outlive a group SIGTERM/SIGINT
 ``synthetic``          the embedded data set's generator
-``embedded``           the embedded set's sizes (no imports; the config reads them)
 ``check``              the data check: files DALI cannot decode
 ``shards``             an image folder packed into WebDataset tar shards
 =====================  =================================================================

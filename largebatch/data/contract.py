@@ -45,6 +45,7 @@ from torch.utils.data import DataLoader
 from largebatch.data.augment import TRAIN_CROP_SCALE, VAL_CROP_RATIO, CropRecipe
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
 from largebatch.data.worker_signals import stop_signals_blocked
+from largebatch.defaults import SHUFFLE_BUFFER
 from largebatch.errors import DataError
 
 __all__ = ["Loader", "LoaderSpec", "LoaderView", "UnreadableTally"]
@@ -105,7 +106,7 @@ class LoaderSpec:
     device: torch.device = field(default=torch.device("cpu"))
     dtype: torch.dtype = torch.float32
     channels_last: bool = False
-    shuffle_buffer: int = 4096
+    shuffle_buffer: int = SHUFFLE_BUFFER
 
     def __post_init__(self) -> None:  # accept "cpu"/"cuda:0" and a list crop_scale (the config's)
         object.__setattr__(self, "device", torch.device(self.device))

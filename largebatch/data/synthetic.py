@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from largebatch.data.embedded import (  # the embedded set's sizes, written once
+from largebatch.defaults import (  # the embedded set's sizes, written once
     DEFAULT_CLASSES,
     DEFAULT_IMAGE_SIZE,
     DEFAULT_TRAIN_PER_CLASS,

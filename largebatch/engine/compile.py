@@ -9,7 +9,7 @@ Modes (``model.compile``), those of ``torch.compile``:
   the per-kernel launch cost that dominates small per-GPU batches);
 * ``max-autotune``: both.
 
-The vocabulary and its parser live in :mod:`largebatch.engine.compile_modes` (no torch), so the
+The vocabulary and its parser live in :mod:`largebatch.defaults` (no torch), so the
 config checks it at compose time; they are re-exported here.
 
 A compiled module keeps the eager one as ``_orig_mod``, so its ``state_dict()`` keys gain an
@@ -24,7 +24,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from largebatch.engine.compile_modes import COMPILE_MODES, CUDA_GRAPH_MODES, parse_compile_mode
+from largebatch.defaults import COMPILE_MODES, CUDA_GRAPH_MODES, parse_compile_mode
 
 __all__ = [
     "COMPILE_MODES",

@@ -6,7 +6,7 @@ import os
 import sys
 from typing import Sequence
 
-from largebatch.data.embedded import (
+from largebatch.defaults import (
     DEFAULT_CLASSES,
     DEFAULT_IMAGE_SIZE,
     DEFAULT_TRAIN_PER_CLASS,
