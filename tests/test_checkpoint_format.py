@@ -19,18 +19,14 @@ import torch
 from largebatch.engine.checkpoint import checkpoint_name, list_checkpoints, load_checkpoint
 from largebatch.engine.checkpoint_format import FORMAT, RunCheckpoint, RunIdentity
 from largebatch.errors import CheckpointError
+from tests.smoke import EXACT, smoke
 
 REPO = Path(__file__).resolve().parents[1]
 FORMAT_1_COMMIT = "1e2a6df"  # main before the format had a module and a number (issue 46)
 
-# debug=smoke shrunk (as tests/test_resume.py's exact resume): 4 steps per epoch, 2 epochs,
-# warmup + cosine and momentum SGD, so the schedule, optimizer and RNG states all matter
-RUN = [
-    "debug=smoke", "global_batch_size=8", "data.synthetic.train_per_class=8", "data.synthetic.val_per_class=2",
-    "data.image_size=16", "progress=false", "tensorboard=false", "model=resnet10t", "data.workers=0",
-    "precision=fp32", "schedule=cosine", "schedule.warmup_epochs=0.5", "checkpoint.keep=0",
-    "checkpoint.every_steps=2",
-]
+# tests/test_resume.py's exact resume (warmup + cosine, momentum SGD: the schedule, optimizer and
+# RNG states all matter), with a checkpoint every 2 of its 8 steps
+RUN = smoke("checkpoint.every_steps=2", base=EXACT)
 
 
 def _record(**changes: object) -> RunCheckpoint:
