@@ -29,7 +29,7 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
         assert ("index.html" if name == "index" else f"{name}/index.html") in built, page
     api = (tmp_path / "site" / "api" / "index.html").read_text()
     for name in ("LARS", "LAMB", "scale_lr", "GroupSyncBatchNorm", "LoaderSpec"):
-        assert f'id="largebatch.' in api and name in api, name
+        assert 'id="largebatch.' in api and name in api, name
     # the docstrings' Sphinx roles and literal-block markers do not reach the page as written
     assert not re.search(r":(func|meth|class|mod|attr|data):<code", api) and "::</p>" not in api
 

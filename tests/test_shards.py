@@ -127,7 +127,6 @@ def test_dali_reads_shards_disjoint_per_epoch_and_val_exactly_once(shards: Path,
 def test_readme_shard_loader_example_runs(checked: Path, tmp_path: Path) -> None:
     """The documented "from Python" block (docs/input-pipelines.md), run as written on small shards (CPU, small sizes)."""
     pytest.importorskip("nvidia.dali")
-    import re
 
     from tests.docs_text import python_blocks
 

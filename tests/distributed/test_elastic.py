@@ -21,7 +21,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from largebatch.cli import main
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint

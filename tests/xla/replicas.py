@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
 GROUP_SIZES = (1, 2, 4)
 BN_SHAPE = (3, 5, 4, 4)  # per-replica (N, C, H, W)

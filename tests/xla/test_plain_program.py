@@ -11,7 +11,6 @@ buffer aliasing). Only the known upstream crash is retried (``run_replicas``).
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
