@@ -327,17 +327,14 @@ def _announce(resolved: dict[str, Any], run_dir: Path, raw_cfg: Any) -> None:
 
 
 def _ema(cfg: Any, model: Any) -> Any:
-    """The weight EMA's hook (``ema.enabled``): timm's ``ModelEmaV3`` of the model, updated
-    every ``ema.every`` steps; or None."""
-    from largebatch.engine.ema import EmaHook, build_model_ema
+    """The weight EMA's hook (``ema.enabled``; ``largebatch.engine.ema.EmaSettings``), or None."""
+    from largebatch.engine.ema import EmaSettings
 
     e = cfg.ema
     if not e.enabled:
         return None
-    ema = build_model_ema(model, decay=e.decay, warmup=e.warmup, warmup_gamma=e.warmup_gamma,
-                          warmup_power=e.warmup_power, min_decay=e.min_decay,
-                          update_after_step=e.update_after_step)
-    return EmaHook(ema, every=e.every)
+    return EmaSettings(decay=e.decay, warmup=e.warmup, warmup_gamma=e.warmup_gamma, warmup_power=e.warmup_power,
+                       min_decay=e.min_decay, update_after_step=e.update_after_step, every=e.every).hook(model)
 
 
 def _hooks(cfg: Any, backend: Any, run_dir: Path, val_loader: Any, identity: Any, ema: Any) -> Any:

@@ -33,6 +33,7 @@ evaluates the same weights.
 from __future__ import annotations
 
 import copy
+from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 import torch
@@ -41,7 +42,28 @@ from torch import nn
 from largebatch.engine.compile import unwrap_model
 from largebatch.engine.loop import Hook
 
-__all__ = ["EmaHook", "build_model_ema", "load_ema_state", "sync_from_rank0"]
+__all__ = ["EmaHook", "EmaSettings", "build_model_ema", "load_ema_state", "sync_from_rank0"]
+
+
+@dataclass(frozen=True)
+class EmaSettings:
+    """A run's weight EMA (``ema.*``): timm's decay schedule (:func:`build_model_ema`'s
+    options, the module docstring) and ``every``, the optimizer steps between updates
+    (:class:`EmaHook`). :meth:`hook` builds both for a model."""
+
+    decay: float = 0.9999
+    warmup: bool = False
+    warmup_gamma: float = 1.0
+    warmup_power: float = 2 / 3
+    min_decay: float = 0.0
+    update_after_step: int = 0
+    every: int = 1
+
+    def hook(self, model: nn.Module) -> "EmaHook":
+        """An :class:`EmaHook` over a new ``ModelEmaV3`` of ``model``."""
+        options = asdict(self)
+        every = options.pop("every")
+        return EmaHook(build_model_ema(model, **options), every=every)
 
 
 def build_model_ema(
