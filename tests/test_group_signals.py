@@ -26,21 +26,16 @@ from largebatch.cli import main
 from largebatch.errors import EXIT_PREEMPTED
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
 from tests.signals import wait_for_checkpoint
+from tests.smoke import smoke
 
-FAST = [
-    "debug=smoke",
-    "progress=false",
-    "tensorboard=false",
-    "global_batch_size=8",
-    "data.synthetic.train_per_class=8",
+FAST = smoke(
     "data.synthetic.val_per_class=6",  # 24 val images: 3 batches, so an evaluation has more to read
-    "data.image_size=16",
     "epochs=2",  # 4 steps per epoch: 8 steps
     "checkpoint.every_steps=1",
     # bf16 on the CPU turned a parameter non-finite at step 6-7 in some runs of this tiny
     # set-up (also on main, signal or not); fp32 keeps these tests about signals.
     "precision=fp32",
-]
+)  # every run names its own data.workers
 
 # argv: moment, signal name, then the CLI's overrides. Signals the run's own process group
 # once, at the moment named; "mid-epoch" adds nothing (the test signals from outside).
@@ -98,7 +93,7 @@ sys.exit(main(sys.argv[3:]))
 
 def _start(run: Path, moment: str, sig: str, overrides: list[str]) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-c", DRIVER, moment, sig, *FAST, *overrides, f"run_dir={run}"],
+        [sys.executable, "-c", DRIVER, moment, sig, *smoke(*overrides, f"run_dir={run}", base=FAST)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
         start_new_session=True,  # its own process group: the run and its workers only
     )
@@ -161,7 +156,7 @@ def test_group_sigterm_saves_exits_75_and_resume_finishes(
         assert stopped_at == 5
     assert load_checkpoint(list_checkpoints(run / "checkpoints")[-1])["train_state"]["step"] == stopped_at
 
-    assert main([*FAST, *overrides, f"run_dir={run}", "resume=auto"]) == 0
+    assert main(smoke(*overrides, f"run_dir={run}", "resume=auto", base=FAST)) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 8 and summary["epochs"] == 2
 

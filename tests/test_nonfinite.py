@@ -16,6 +16,7 @@ from torch import nn
 
 from largebatch.backends.torch_dist import TorchDistributedBackend
 from largebatch.engine.loop import NonFiniteLossError, StepSettings, Trainer
+from tests.smoke import smoke
 
 
 def _model() -> nn.Module:
@@ -122,11 +123,7 @@ def test_cli_exits_3_naming_step_and_rank(
     from largebatch.errors import EXIT_NON_FINITE
 
     _nan_images(monkeypatch)
-    code = main([
-        "debug=smoke", "progress=false", "tensorboard=false", "data.workers=0", "global_batch_size=8",
-        "data.synthetic.train_per_class=8", "data.synthetic.val_per_class=2", "log_every=1",
-        f"non_finite={policy}", "max_skipped_steps=2", f"run_dir={tmp_path / 'run'}",
-    ])
+    code = main(smoke("log_every=1", f"non_finite={policy}", "max_skipped_steps=2", f"run_dir={tmp_path / 'run'}"))
     err = capsys.readouterr().err.strip()
     assert code == EXIT_NON_FINITE == 3
     assert err.startswith("largebatch: error:") and "\n" not in err and pattern in err, err
@@ -163,11 +160,7 @@ def test_skipped_steps_are_logged_and_in_the_summary(
 
     _nan_images(monkeypatch)
     run = tmp_path / "run"
-    assert main([
-        "debug=smoke", "progress=false", "tensorboard=false", "data.workers=0", "global_batch_size=8",
-        "data.synthetic.train_per_class=8", "data.synthetic.val_per_class=2", "log_every=2",
-        "non_finite=skip", "max_skipped_steps=100", "epochs=1", f"run_dir={run}",
-    ]) == 0
+    assert main(smoke("log_every=2", "non_finite=skip", "max_skipped_steps=100", "epochs=1", f"run_dir={run}")) == 0
     assert json.loads((run / "summary.json").read_text())["skipped_steps"] == 4
     log = (run / "train.log").read_text()
     assert "step 2: 2 step(s) skipped so far for a non-finite loss" in log

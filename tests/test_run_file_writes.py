@@ -21,12 +21,9 @@ from typing import Iterator
 import pytest
 
 from largebatch.engine.checkpoint import checkpoint_step, list_checkpoints
+from tests.smoke import smoke
 
-RUN = [
-    "debug=smoke", "global_batch_size=8", "data.synthetic.train_per_class=8", "data.synthetic.val_per_class=2",
-    "data.image_size=16", "progress=false", "model=resnet10t", "data.workers=0", "precision=fp32",
-    "log_every=1", "checkpoint.keep=0",
-]  # 4 steps per epoch, 2 epochs: 8 steps
+RUN = smoke("model=resnet10t", "precision=fp32", "log_every=1", "checkpoint.keep=0")  # 4 steps per epoch, 2 epochs: 8 steps
 
 
 def _sh(*args: str) -> subprocess.CompletedProcess:
@@ -71,7 +68,7 @@ def _bind(src: Path, dst: Path, mounts: list[Path], *, read_only: bool = False) 
 
 def _train(tmp: Path, run: Path, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, LARGEBATCH_CACHE=str(tmp / "cache"))
-    return subprocess.run([sys.executable, "-m", "largebatch.train", *RUN, f"run_dir={run}", *extra],
+    return subprocess.run([sys.executable, "-m", "largebatch.train", *smoke(f"run_dir={run}", *extra, base=RUN)],
                           capture_output=True, text=True, timeout=600, env=env)
 
 
