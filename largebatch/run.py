@@ -326,6 +326,22 @@ def _announce(resolved: dict[str, Any], run_dir: Path, raw_cfg: Any) -> None:
     )
 
 
+def _warn_long_warmup(epochs: int, resolved: dict[str, Any]) -> None:
+    """Rank 0: a warmup as long as the planned run or longer never reaches the peak lr (the
+    factor is 1 from step ``warmup_steps`` on, steps count from 0), so the run trains on a
+    schedule it did not ask for; say so once. A warning, not an error: a paper preset run for
+    an epoch or two to check it works is a fair use. ``max_steps`` is not the plan: it stops a
+    run early without changing its schedule."""
+    total = epochs * resolved["steps_per_epoch"]
+    if resolved["warmup_steps"] >= total:
+        log.warning(
+            "schedule.warmup_epochs=%g is %d warmup steps, not fewer than the run's %d (epochs=%d x %d "
+            "steps): the lr never reaches its peak %.4g; lower schedule.warmup_epochs or raise epochs",
+            resolved["warmup_epochs"], resolved["warmup_steps"], total, epochs, resolved["steps_per_epoch"],
+            resolved["lr"],
+        )
+
+
 def _ema(cfg: Any, model: Any) -> Any:
     """The weight EMA's hook (``ema.enabled``; ``largebatch.engine.ema.EmaSettings``), or None."""
     from largebatch.engine.ema import EmaSettings
@@ -450,6 +466,7 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
                              channels_last=channels_last)
         if backend.is_main:
             _announce(resolved, run_dir, raw_cfg)
+            _warn_long_warmup(cfg.epochs, resolved)
         identity = RunIdentity(model_name=cfg.model.name, config=config, resolved=resolved)
         hooks = _hooks(cfg, backend, run_dir, val_loader, identity, ema)
         trainer = Trainer(

@@ -15,6 +15,7 @@ from largebatch.cli import main
 from largebatch.errors import UsageError
 from largebatch.run import plan_batches
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
+from tests.smoke import smoke
 
 TINY = [
     "debug=smoke",
@@ -109,6 +110,22 @@ def test_train_log_keeps_the_lines_logged_before_the_run_dir(cache: Path) -> Non
     log = (run / "train.log").read_text().splitlines()
     assert "input pipeline: torchvision DataLoader" in log[0], log[:3]
     assert any("global batch 32 = 32 per device" in line for line in log)
+
+
+@pytest.mark.parametrize(("warmup_epochs", "warned"), [(2, True), (3, True), (1.75, False)])
+def test_a_warmup_not_shorter_than_the_run_is_warned_once(
+    cache: Path, capsys: pytest.CaptureFixture, warmup_epochs: float, warned: bool
+) -> None:
+    """8 planned steps (2 epochs x 4): a warmup of 8 steps or more never reaches the peak lr (the
+    factor is 1 from step 8, the run's last is step 7); 7 steps reaches it on the last step.
+    max_steps stops the run after 1 step without changing the plan the warning is about."""
+    run = cache / "run"
+    assert main(smoke("schedule=cosine", f"schedule.warmup_epochs={warmup_epochs}", "max_steps=1",
+                      f"run_dir={run}")) == 0
+    out = capsys.readouterr().out
+    line = f"schedule.warmup_epochs={warmup_epochs:g} is {round(warmup_epochs * 4)} warmup steps, not fewer than the run's 8"
+    assert out.count(line) == (1 if warned else 0), out
+    assert ("lr never reaches its peak" in (run / "train.log").read_text()) == warned
 
 
 def test_console_script_and_module_entry(cache: Path) -> None:
