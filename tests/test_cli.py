@@ -175,8 +175,13 @@ def _foreign_checkpoint(directory: Path, how: str) -> Path:
 @pytest.mark.parametrize(
     "args,pattern",
     [
-        (["epochs=many"], "could not be converted to Integer (full_key: epochs)"),
-        (["non_finite=maybe"], "expected one of [skip, stop]"),
+        (["epochs=many"], "epochs=many is not an integer; set epochs= to an integer"),
+        (["optimizer.lr=abc"], "optimizer.lr=abc is not a number; set optimizer.lr= to a number"),
+        (["progress=maybe"], "progress=maybe is not true or false; set progress=true or progress=false"),
+        (["data.crop_scale=0.5"], "data.crop_scale is a list, not a float; write it in brackets, e.g. data.crop_scale=[x,y]"),
+        (["data.crop_scale=[a,b]"], "data.crop_scale[0]=a is not a number; set data.crop_scale= to a list of numbers"),
+        (["model.name=[1,2]"], "model.name=[1, 2] is a list, not a string; set model.name= to one value"),
+        (["non_finite=maybe"], "non_finite=maybe: expected one of [skip, stop]; set non_finite= to one of them"),
         (["data.root={data}", "+break=empty_class"], "holds no image"),
         (["data.root={data}", "+break=class_lists_differ"], "class folders differ"),
         (["run_dir={cache}/a_file/run"], "cannot write the run directory"),
@@ -188,7 +193,7 @@ def _foreign_checkpoint(directory: Path, how: str) -> Path:
         (["resume={ckpt}", "+ckpt=other_class_count"], "was trained on 5 classes, but this run's data set has 4"),
         (["data.root={cache}/a_file"], "data root {cache}/a_file is a file, not a folder"),
     ],
-    ids=["wrong-type", "bad-choice", "empty-class", "class-lists-differ", "unwritable-run-dir",
+    ids=["wrong-type", "not-a-number", "not-a-bool", "not-a-list", "list-item", "list-for-a-string", "bad-choice", "empty-class", "class-lists-differ", "unwritable-run-dir",
          "missing-checkpoint", "checkpoint-other-model", "checkpoint-incompatible", "checkpoint-other-batch",
          "checkpoint-other-epoch-length", "checkpoint-other-class-count", "data-root-is-a-file"],
 )

@@ -120,6 +120,33 @@ def _split_hint(overrides: Sequence[str], i: int) -> str:
     return f"; if the shell split a value at its spaces, quote it whole: {quoted}" if quoted else ""
 
 
+# OmegaConf's type errors, as "key=value is not ...; set key= to ..." (what to do, not only what
+# went wrong). Its messages name the value and the type; full_key names the key.
+_TYPE_NAMES = {"Float": ("a number", "numbers"), "Integer": ("an integer", "integers"), "String": ("a string", "strings")}
+
+
+def _set_to(key: str, type_name: str) -> str:
+    """``set key= to <type>``; an item of a list (``data.crop_scale[0]``) is set as the whole list."""
+    one, many = _TYPE_NAMES[type_name]
+    if "[" in key:
+        return f"set {key.split('[')[0]}= to a list of {many}"
+    return f"set {key}= to {one}"
+
+
+_OMEGACONF_TYPE_ERRORS: tuple[tuple[str, Any], ...] = (
+    (r"Value '(?P<v>.*)' of type '\w+' could not be converted to (?P<t>Float|Integer|String)$",
+     lambda k, m: f"{k}={m['v']} is not {_TYPE_NAMES[m['t']][0]}; {_set_to(k, m['t'])}"),
+    (r"Cannot convert '(?P<t>\w+)' to string: '(?P<v>.*)'$",
+     lambda k, m: f"{k}={m['v']} is a {m['t']}, not a string; set {k}= to one value"),
+    (r"Value '(?P<v>.*)' is not a valid bool",
+     lambda k, m: f"{k}={m['v']} is not true or false; set {k}=true or {k}=false"),
+    (r"Invalid value '(?P<v>.*)', expected one of \[(?P<o>.*)\]$",
+     lambda k, m: f"{k}={m['v']}: expected one of [{m['o']}]; set {k}= to one of them"),
+    (r"Invalid value assigned: (?P<t>\w+) is not a ListConfig, list or tuple",
+     lambda k, m: f"{k} is a list, not a {m['t']}; write it in brackets, e.g. {k}=[x,y]"),
+)
+
+
 def _first_line(e: BaseException) -> str:
     msg = str(e).strip()
     cause = e.__cause__ or e.__context__
@@ -128,6 +155,12 @@ def _first_line(e: BaseException) -> str:
     lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
     key = next((ln for ln in lines if ln.startswith("full_key:")), "")
     head = lines[0] if lines else type(e).__name__
+    name = key.removeprefix("full_key:").strip()
+    if name:
+        for pattern, say in _OMEGACONF_TYPE_ERRORS:
+            m = re.match(pattern, head)
+            if m:
+                return say(name, m)
     return f"{head} ({key})" if key and key not in head else head
 
 
