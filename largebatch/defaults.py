@@ -31,6 +31,9 @@ __all__ = [
     "DEFAULT_IMAGE_SIZE",
     "DEFAULT_TRAIN_PER_CLASS",
     "DEFAULT_VAL_PER_CLASS",
+    "MAX_CLASSES",
+    "MAX_IMAGE_SIZE",
+    "MIN_IMAGE_SIZE",
     "SHUFFLE_BUFFER",
     "parse_compile_mode",
 ]
@@ -40,6 +43,10 @@ DEFAULT_CLASSES = 10
 DEFAULT_TRAIN_PER_CLASS = 520  # 5,200 train images
 DEFAULT_VAL_PER_CLASS = 100  # 1,000 val images: one image is 0.1 point of top-1
 DEFAULT_IMAGE_SIZE = 48  # generated JPEG side, pixels
+# what the generator can make: 10 x 10 (shape family, colour family) classes, sides of 16-1024
+# pixels; the config's range checks and the generator's own read them here
+MAX_CLASSES = 100
+MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 16, 1024
 
 SHUFFLE_BUFFER = 4096
 

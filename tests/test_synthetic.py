@@ -11,11 +11,13 @@ from PIL import Image
 
 from largebatch.data.synthetic import (
     MANIFEST_NAME,
+    check_args,
     default_dataset_root,
     ensure_synthetic,
     make_synthetic_imagenet,
     oddity_positions,
 )
+from largebatch.errors import UsageError
 from largebatch.tools.make_synthetic import main
 
 SMALL = dict(num_classes=3, train_per_class=4, val_per_class=2, image_size=24)
@@ -110,14 +112,34 @@ def test_cli_writes_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture) -
     assert str(tmp_path / "ds") in out and "4 train + 2 val" in out
 
 
-@pytest.mark.parametrize("argv", [["--classes", "0"], ["--image-size", "4"], ["--seed", "x"],
-                                  ["--train-per-class", "-1"], ["--bogus"]])
-def test_cli_bad_arguments_exit_2_one_line(argv: list[str], capsys: pytest.CaptureFixture,
-                                           tmp_path: Path) -> None:
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--classes", "0"], "--classes must be in 1..100, got 0"),
+    (["--image-size", "4"], "--image-size must be in 16..1024 pixels, got 4"),
+    (["--seed", "x"], "argument --seed: invalid int value: 'x'"),
+    (["--seed", "-1"], "--seed must be >= 0, got -1"),
+    (["--train-per-class", "-1"], "--train-per-class must be >= 1, got -1"),
+    (["--val-per-class", "0"], "--val-per-class must be >= 1, got 0"),
+    (["--workers", "-1"], "--workers must be >= 0, got -1"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_cli_bad_arguments_exit_2_one_line_naming_the_flag(argv: list[str], says: str, capsys: pytest.CaptureFixture,
+                                                           tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--root", str(tmp_path / "ds"), *argv])
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "error" in err
+    assert err.count("\n") == 1 and err.startswith("largebatch-make-synthetic: error: ") and says in err, err
     assert not (tmp_path / "ds").exists()
+
+
+def test_the_class_limit_is_what_the_families_make() -> None:
+    """The config's range (largebatch.defaults.MAX_CLASSES) is the generator's: one class per
+    (shape family, colour family) pair."""
+    from largebatch.data.synthetic import NUM_FAMILIES
+    from largebatch.defaults import MAX_CLASSES
+
+    assert MAX_CLASSES == NUM_FAMILIES * NUM_FAMILIES
+    check_args(MAX_CLASSES, 1, 1, 16, 0)  # the limit itself is accepted
+    with pytest.raises(UsageError, match="num_classes must be in 1..100, got 101"):
+        check_args(MAX_CLASSES + 1, 1, 1, 16, 0)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from largebatch.defaults import CUDA_GRAPH_MODES, parse_compile_mode
+from largebatch.defaults import CUDA_GRAPH_MODES, MAX_CLASSES, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, parse_compile_mode
 from largebatch.errors import ConfigError, UsageError
 
 __all__ = ["canonicalise_choices", "check_ranges"]
@@ -62,10 +62,12 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "data.workers": _int_at_least(0),
     "data.shuffle_buffer": _int_at_least(1),
     "data.val_crop_ratio": _finite(lambda x: 0 < x <= 1, "a number in (0, 1]"),
-    "data.synthetic.classes": _int_at_least(2),
+    "data.synthetic.classes": _finite(lambda x: x == int(x) and 2 <= x <= MAX_CLASSES, f"an integer in 2..{MAX_CLASSES}"),
     "data.synthetic.train_per_class": _int_at_least(1),
     "data.synthetic.val_per_class": _int_at_least(1),
-    "data.synthetic.image_size": _int_at_least(8),
+    "data.synthetic.seed": _int_at_least(0),
+    "data.synthetic.image_size": _finite(lambda x: x == int(x) and MIN_IMAGE_SIZE <= x <= MAX_IMAGE_SIZE,
+                                         f"an integer in {MIN_IMAGE_SIZE}..{MAX_IMAGE_SIZE} (pixels)"),
     "model.drop_rate": _FRACTION,
     "model.drop_path_rate": _FRACTION,
     "precision.init_scale": _POSITIVE,

@@ -39,6 +39,7 @@ import shutil
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 from PIL import Image
@@ -48,6 +49,9 @@ from largebatch.defaults import (  # the embedded set's sizes, written once
     DEFAULT_IMAGE_SIZE,
     DEFAULT_TRAIN_PER_CLASS,
     DEFAULT_VAL_PER_CLASS,
+    MAX_CLASSES,
+    MAX_IMAGE_SIZE,
+    MIN_IMAGE_SIZE,
 )
 from largebatch.errors import UsageError
 
@@ -66,8 +70,7 @@ __all__ = [
 FORMAT_VERSION = 1  # bump when the generated pixels change
 MANIFEST_NAME = "largebatch-synthetic.json"
 JPEG_QUALITY = 90
-NUM_FAMILIES = 10
-MAX_CLASSES = NUM_FAMILIES * NUM_FAMILIES
+NUM_FAMILIES = 10  # MAX_CLASSES (largebatch.defaults) is NUM_FAMILIES x NUM_FAMILIES (tests/test_synthetic.py)
 _SPLIT_IDS = {"train": 0, "val": 1}
 
 
@@ -93,18 +96,20 @@ class SyntheticSpec(dict):
 
 
 def check_args(num_classes: int, train_per_class: int, val_per_class: int, image_size: int,
-               seed: int) -> None:
-    """Raise ``UsageError`` naming the first argument of the generator out of its range."""
+               seed: int, *, names: Mapping[str, str] | None = None) -> None:
+    """Raise ``UsageError`` naming the first argument of the generator out of its range, by the
+    name ``names`` gives it (a tool's flag, a config key), else by its own."""
+    name = (lambda arg: (names or {}).get(arg, arg))
     if not 1 <= num_classes <= MAX_CLASSES:
-        raise UsageError(f"num_classes must be in 1..{MAX_CLASSES}, got {num_classes}")
+        raise UsageError(f"{name('num_classes')} must be in 1..{MAX_CLASSES}, got {num_classes}")
     if train_per_class < 1:
-        raise UsageError(f"train_per_class must be >= 1, got {train_per_class}")
+        raise UsageError(f"{name('train_per_class')} must be >= 1, got {train_per_class}")
     if val_per_class < 1:
-        raise UsageError(f"val_per_class must be >= 1, got {val_per_class}")
-    if not 16 <= image_size <= 1024:
-        raise UsageError(f"image_size must be in 16..1024 pixels, got {image_size}")
+        raise UsageError(f"{name('val_per_class')} must be >= 1, got {val_per_class}")
+    if not MIN_IMAGE_SIZE <= image_size <= MAX_IMAGE_SIZE:
+        raise UsageError(f"{name('image_size')} must be in {MIN_IMAGE_SIZE}..{MAX_IMAGE_SIZE} pixels, got {image_size}")
     if seed < 0:
-        raise UsageError(f"seed must be >= 0, got {seed}")
+        raise UsageError(f"{name('seed')} must be >= 0, got {seed}")
 
 
 def class_folder_name(class_index: int) -> str:

@@ -17,6 +17,9 @@ from largebatch.tools.args import OneLineArgumentParser
 
 __all__ = ["main"]
 
+FLAGS = {"num_classes": "--classes", "train_per_class": "--train-per-class", "val_per_class": "--val-per-class",
+         "image_size": "--image-size", "seed": "--seed"}
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``largebatch-make-synthetic``: write the generated data set and say where."""
@@ -33,9 +36,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1))
     args = parser.parse_args(argv)
     try:
-        check_args(args.classes, args.train_per_class, args.val_per_class, args.image_size, args.seed)
+        check_args(args.classes, args.train_per_class, args.val_per_class, args.image_size, args.seed,
+                   names=FLAGS)
         if args.workers < 0:
-            raise ValueError(f"workers must be >= 0, got {args.workers}")
+            raise ValueError(f"--workers must be >= 0, got {args.workers}")
         root = ensure_synthetic(
             args.root, num_classes=args.classes, train_per_class=args.train_per_class,
             val_per_class=args.val_per_class, image_size=args.image_size, seed=args.seed,
