@@ -132,6 +132,17 @@ def test_cli_bad_arguments_exit_2_one_line_naming_the_flag(argv: list[str], says
     assert not (tmp_path / "ds").exists()
 
 
+def test_cli_unwritable_root_is_one_line_exit_74(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    with pytest.raises(SystemExit) as exc:
+        main(["--root", str(blocker / "ds"), "--classes", "2", "--train-per-class", "1", "--val-per-class", "1",
+              "--image-size", "16", "--workers", "0"])
+    assert exc.value.code == 74
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("largebatch-make-synthetic: error: cannot write the data set: "), err
+
+
 def test_the_class_limit_is_what_the_families_make() -> None:
     """The config's range (largebatch.defaults.MAX_CLASSES) is the generator's: one class per
     (shape family, colour family) pair."""

@@ -1,4 +1,7 @@
-"""``largebatch-make-synthetic``: write the embedded data set (:mod:`largebatch.data.synthetic`) and say where."""
+"""``largebatch-make-synthetic``: write the embedded data set (:mod:`largebatch.data.synthetic`) and say where.
+
+Exit codes: 0 written (or already there), 2 a bad flag (one line naming it), 74 the set could not
+be written (one line with the errno), as ``largebatch.errors`` numbers them for a run."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from largebatch.defaults import (
     DEFAULT_VAL_PER_CLASS,
 )
 from largebatch.data.synthetic import check_args, ensure_synthetic, read_manifest
+from largebatch.errors import EXIT_IO_ERROR
 from largebatch.tools.args import OneLineArgumentParser
 
 __all__ = ["main"]
@@ -47,8 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except ValueError as err:
         parser.error(str(err))
-    except OSError as err:  # e.g. no permission to write there
-        parser.exit(1, f"{parser.prog}: error: cannot write the data set: {err}\n")
+    except OSError as err:  # no permission to write there, a full disk: exit 74, as a run's failed writes
+        parser.exit(EXIT_IO_ERROR, f"{parser.prog}: error: cannot write the data set: {err}\n")
     counts = read_manifest(root)["counts"]
     print(f"synthetic ImageNet at {root}: {args.classes} classes, "
           f"{counts['train']} train + {counts['val']} val files")
