@@ -186,6 +186,10 @@ def _foreign_checkpoint(directory: Path, how: str) -> Path:
         (["data.root={data}", "+break=class_lists_differ"], "class folders differ"),
         (["run_dir={cache}/a_file/run"], "cannot write the run directory"),
         (["resume={cache}/no_such.pt"], "does not exist; set resume="),
+        (["resume={cache}/a_folder"], "resume={cache}/a_folder is a folder, not a checkpoint file, and holds no checkpoint"),
+        (["resume={cache}/foreign", "+ckpt=other_model"],
+         "resume={cache}/foreign is a folder, not a checkpoint file; to continue that run set resume=auto "
+         "run_dir={cache}, or name one file, e.g. resume={cache}/foreign/"),
         (["resume={ckpt}", "+ckpt=other_model"], "was made with model resnet18, not resnet10t"),
         (["resume={ckpt}", "+ckpt=incompatible_tensors"], "does not fit model resnet10t"),
         (["resume={ckpt}", "+ckpt=other_batch"], "global_batch_size=64, not 8"),
@@ -194,13 +198,14 @@ def _foreign_checkpoint(directory: Path, how: str) -> Path:
         (["data.root={cache}/a_file"], "data root {cache}/a_file is a file, not a folder"),
     ],
     ids=["wrong-type", "not-a-number", "not-a-bool", "not-a-list", "list-item", "list-for-a-string", "bad-choice", "empty-class", "class-lists-differ", "unwritable-run-dir",
-         "missing-checkpoint", "checkpoint-other-model", "checkpoint-incompatible", "checkpoint-other-batch",
+         "missing-checkpoint", "resume-a-folder", "resume-a-checkpoints-folder", "checkpoint-other-model", "checkpoint-incompatible", "checkpoint-other-batch",
          "checkpoint-other-epoch-length", "checkpoint-other-class-count", "data-root-is-a-file"],
 )
 def test_more_bad_input_is_one_line_and_exit_2(
     cache: Path, small_data: Path, capsys: pytest.CaptureFixture, args: list[str], pattern: str
 ) -> None:
     (cache / "a_file").write_text("not a folder")
+    (cache / "a_folder").mkdir(exist_ok=True)
     ckpt = cache / "ckpt"
     setup = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args if a.startswith("+")}
     if "+break" in setup:

@@ -38,6 +38,7 @@ import torch
 from largebatch.engine.checkpoint import (
     CheckpointError,
     checkpoint_step,
+    list_checkpoints,
     load_checkpoint,
     load_latest,
     restore_rng_state,
@@ -105,6 +106,8 @@ def _find_checkpoint(resume: str, ckpt_dir: Path, backend: Any) -> tuple[Optiona
     if backend.is_main:
         try:
             if resume != "auto":
+                if Path(resume).is_dir():
+                    raise CheckpointError(_folder_given(Path(resume)))
                 if not Path(resume).is_file():
                     raise CheckpointError(
                         f"checkpoint {resume} does not exist; set resume= to a checkpoint file or to auto")
@@ -119,6 +122,19 @@ def _find_checkpoint(resume: str, ckpt_dir: Path, backend: Any) -> tuple[Optiona
     if error:
         raise CheckpointError(error)
     return (Path(path) if path else None), loaded
+
+
+def _folder_given(folder: Path) -> str:
+    """The line for ``resume=<a folder>``: the run directory's way to resume is ``resume=auto``
+    with ``run_dir=`` (the newest readable checkpoint, checked), or name one file."""
+    ckpts, run_dir = list_checkpoints(folder), folder.parent  # a run's checkpoints/ folder
+    if not ckpts:  # a run directory
+        ckpts, run_dir = list_checkpoints(folder / "checkpoints"), folder
+    if not ckpts:
+        return (f"resume={folder} is a folder, not a checkpoint file, and holds no checkpoint; "
+                "set resume= to a checkpoint file or to auto")
+    return (f"resume={folder} is a folder, not a checkpoint file; to continue that run set "
+            f"resume=auto run_dir={run_dir}, or name one file, e.g. resume={ckpts[-1]}")
 
 
 def set_aside_abandoned(ckpt_dir: Path, step: int, backend: Any) -> None:
