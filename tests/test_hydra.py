@@ -108,6 +108,35 @@ def test_multirun_with_a_wrong_type_is_one_line(cache: Path, capsys: pytest.Capt
     assert "epochs" in _one_line_error(capsys)
 
 
+@pytest.mark.parametrize(("sweep", "says"), [
+    ("seed=range(0,2,0)", "seed=range(0,2,0): range() arg 3 must not be zero; a sweep is a list"),
+    ("seed=range(2,0)", "seed=range(2,0) sweeps no value: range(start, stop[, step]) counts from start up to stop"),
+])
+def test_a_sweep_of_no_value_is_one_line(cache: Path, capsys: pytest.CaptureFixture, sweep: str, says: str) -> None:
+    """Hydra's sweeper raised a bare ValueError (a traceback) for a zero step and ran no job,
+    exit 0, for an empty range."""
+    assert main(["-m", *TINY, f"hydra.sweep.dir={cache / 'sweep'}", sweep]) == 2
+    assert says in _one_line_error(capsys)
+    assert not (cache / "sweep").exists()
+
+
+def test_several_values_without_m_say_to_add_it(cache: Path, capsys: pytest.CaptureFixture) -> None:
+    """Hydra's fix was on the lines after the first, which the one line left out."""
+    assert main([*TINY, "optimizer=sgd,lars"]) == 2
+    assert ("optimizer=sgd,lars lists several values, which sweeps them: add -m to run a job for each "
+            "(largebatch-train -m ... optimizer=sgd,lars)") in _one_line_error(capsys)
+
+
+def test_flags_may_follow_the_overrides(cache: Path, capsys: pytest.CaptureFixture) -> None:
+    """As in most commands; Hydra's parser called every override after a flag unrecognized."""
+    from largebatch.config.command_line import parse_command_line
+
+    opts = parse_command_line(["debug=smoke", "-m", "seed=0,1", "--cfg", "job", "epochs=3"])
+    assert opts.multirun and opts.cfg == "job" and opts.overrides == ["debug=smoke", "seed=0,1", "epochs=3"]
+    assert main([*TINY, "--cfg", "job", "epochs=3"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["epochs"] == 3
+
+
 def _table_rows(out: str) -> dict[str, list[str]]:
     """The summary table's job lines, by job number."""
     lines = out[out.index("largebatch: 2 job(s)"):].splitlines()[2:4]

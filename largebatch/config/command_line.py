@@ -3,7 +3,7 @@
 ``largebatch-train`` parses its arguments with Hydra's own parser, so the flags are those of
 any Hydra application: ``--cfg job|hydra|all`` (with ``--resolve``, ``--package``), ``--help``
 (usage, flags, every config group and its options: ``conf/hydra/help/largebatch.yaml``),
-``--hydra-help``, ``--info``, ``-m/--multirun``. Flags that pick another config tree
+``--hydra-help``, ``--info``, ``-m/--multirun``, before, between or after the overrides. Flags that pick another config tree
 (``--config-path``, ``--config-name``, ``--config-dir``) are refused: the tree is ``conf/``.
 
 Of Hydra's own settings, a single run reads ``hydra.run.dir`` (it is the run directory, as
@@ -43,7 +43,9 @@ def parse_command_line(args: Sequence[str]) -> Any:
         raise UsageError(f"{message}; see largebatch-train --help")
 
     parser.error = error  # type: ignore[method-assign]
-    opts = parser.parse_args(list(args))
+    # Intermixed: flags may stand anywhere, as in most commands ('debug=smoke -m seed=0,1');
+    # Hydra's own parse_args takes them before the overrides only and calls the rest unrecognized.
+    opts = parser.parse_intermixed_args(list(args))
     refused = [f"--{f.replace('_', '-')}" for f in _REFUSED_FLAGS if getattr(opts, f, None)]
     if refused:
         raise UsageError(f"largebatch-train does not take {refused[0]}: its config is conf/train.yaml "
@@ -70,8 +72,35 @@ def single_run_overrides(overrides: Sequence[str]) -> list[str]:
     return out
 
 
+def _check_sweeps(overrides: Sequence[str]) -> None:
+    """Each sweep runs at least one value: Hydra's sweeper raised a bare ValueError for
+    ``range(0,2,0)`` (a traceback) and ran a sweep of no job, exit 0, for ``range(2,0)``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Glob
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    for line in overrides:
+        try:
+            override = parser.parse_override(line)
+        except HydraException:
+            continue  # composing says what is wrong with it, in one line (hydra_errors)
+        if not (override.is_sweep_override() and override.is_discrete_sweep()) or isinstance(override.value(), Glob):
+            continue  # a glob is matched against the group's options when the sweep is composed
+        try:
+            values = list(override.sweep_string_iterator())
+        except ValueError as e:
+            raise UsageError(f"{line}: {e}; a sweep is a list (a,b,c) or range(start, stop[, step]) "
+                             "with a step other than 0") from None
+        if not values:
+            raise UsageError(f"{line} sweeps no value: range(start, stop[, step]) counts from start up to stop, "
+                             "stop left out (a negative step counts down)")
+
+
 def multirun_overrides(overrides: Sequence[str]) -> list[str]:
-    """A multirun gives each job its own directory: refuse one directory for all of them."""
+    """A multirun gives each job its own directory: refuse one directory for all of them; each
+    sweep runs at least one value."""
+    _check_sweeps(overrides)
     for o in overrides:
         key = _key(o)
         if key in ("run_dir", "hydra.run.dir"):

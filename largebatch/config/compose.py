@@ -174,6 +174,12 @@ def hydra_errors() -> Iterator[None]:
         yield
     except (HydraException, OmegaConfBaseException) as e:
         msg = _first_line(e)
+        sweep = re.match(r"Ambiguous value for argument '([^=']+)=(.*)'$", msg)
+        if sweep:  # Hydra's own fix is on the lines after the first: say it in the one line
+            key, value = sweep.groups()
+            raise ConfigError(f"{key}={value} lists several values, which sweeps them: add -m to run a job for "
+                              f"each (largebatch-train -m ... {key}={value}); a list value is written in "
+                              f"brackets ({key}=[{value}])") from None
         m = re.search(r"Could not find '([^']+)'", msg)
         if m and m.group(1).startswith("hydra/launcher/submitit"):
             raise ConfigError(f"{m.group(1).split('/')[-1]} needs Hydra's submitit launcher: "
