@@ -182,6 +182,11 @@ def _foreign_checkpoint(directory: Path, how: str) -> Path:
         (["data.crop_scale=[a,b]"], "data.crop_scale[0]=a is not a number; set data.crop_scale= to a list of numbers"),
         (["model.name=[1,2]"], "model.name=[1, 2] is a list, not a string; set model.name= to one value"),
         (["non_finite=maybe"], "non_finite=maybe: expected one of [skip, stop]; set non_finite= to one of them"),
+        (["epochs=${{oops}}"], "${{oops}} names no config key; write one the config has"),
+        (["epochs=${{optimizer.lr}}"], "While dereferencing interpolation '${{optimizer.lr}}': Value '0.2' of type "
+                                       "'float' could not be converted to Integer (full_key: epochs)"),
+        (["data.root=${{oc.env:LARGEBATCH_NO_SUCH_VARIABLE}}"],
+         "environment variable LARGEBATCH_NO_SUCH_VARIABLE (in ${{oc.env:LARGEBATCH_NO_SUCH_VARIABLE}}) is not set"),
         (["data.root={data}", "+break=empty_class"], "holds no image"),
         (["data.root={data}", "+break=class_lists_differ"], "class folders differ"),
         (["run_dir={cache}/a_file/run"], "cannot write the run directory"),
@@ -197,7 +202,7 @@ def _foreign_checkpoint(directory: Path, how: str) -> Path:
         (["resume={ckpt}", "+ckpt=other_class_count"], "was trained on 5 classes, but this run's data set has 4"),
         (["data.root={cache}/a_file"], "data root {cache}/a_file is a file, not a folder"),
     ],
-    ids=["wrong-type", "not-a-number", "not-a-bool", "not-a-list", "list-item", "list-for-a-string", "bad-choice", "empty-class", "class-lists-differ", "unwritable-run-dir",
+    ids=["wrong-type", "not-a-number", "not-a-bool", "not-a-list", "list-item", "list-for-a-string", "bad-choice", "no-such-interpolation", "interpolation-of-a-wrong-type", "unset-env", "empty-class", "class-lists-differ", "unwritable-run-dir",
          "missing-checkpoint", "resume-a-folder", "resume-a-checkpoints-folder", "checkpoint-other-model", "checkpoint-incompatible", "checkpoint-other-batch",
          "checkpoint-other-epoch-length", "checkpoint-other-class-count", "data-root-is-a-file"],
 )

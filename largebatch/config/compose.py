@@ -148,10 +148,10 @@ _OMEGACONF_TYPE_ERRORS: tuple[tuple[str, Any], ...] = (
 
 
 def _first_line(e: BaseException) -> str:
-    msg = str(e).strip()
-    cause = e.__cause__ or e.__context__
-    if cause is not None and str(cause).strip():
-        msg = str(cause).strip()
+    # The wrapped error says most (Hydra wraps OmegaConf's), but a __context__ can be OmegaConf's
+    # unformatted template ("Value '$VALUE' of type '$VALUE_TYPE' ..."): skip those.
+    messages = [str(x).strip() for x in (e.__cause__, e.__context__, e) if x is not None and str(x).strip()]
+    msg = next((m for m in messages if "$VALUE" not in m and "$KEY" not in m), messages[-1] if messages else "")
     lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
     key = next((ln for ln in lines if ln.startswith("full_key:")), "")
     head = lines[0] if lines else type(e).__name__
@@ -161,6 +161,14 @@ def _first_line(e: BaseException) -> str:
             m = re.match(pattern, head)
             if m:
                 return say(name, m)
+    missing = re.match(r"Interpolation key '(.*)' not found$", head)
+    if missing:
+        return (f"${{{missing.group(1)}}} names no config key; write one the config has "
+                f"(largebatch-train --cfg job shows them) or leave the $ out")
+    env = re.match(r"\"?Environment variable '(.*)' not found\"?$", head)
+    if env:
+        return (f"environment variable {env.group(1)} (in ${{oc.env:{env.group(1)}}}) is not set; set it, or give "
+                f"a default: ${{oc.env:{env.group(1)},<default>}}")
     return f"{head} ({key})" if key and key not in head else head
 
 
