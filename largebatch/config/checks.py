@@ -25,6 +25,10 @@ def _int_at_least(low: int) -> tuple[Callable[[Any], bool], str]:
     return (lambda x: _num(x) and x >= low), f"an integer >= {low}"
 
 
+def _int_in(low: int, high: int, unit: str = "") -> tuple[Callable[[Any], bool], str]:
+    return (lambda x: _num(x) and low <= x <= high), f"an integer in {low}..{high}{unit}"
+
+
 def _finite(cond: Callable[[float], bool], text: str) -> tuple[Callable[[Any], bool], str]:
     return (lambda x: _num(x) and cond(x)), text
 
@@ -62,12 +66,11 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "data.workers": _int_at_least(0),
     "data.shuffle_buffer": _int_at_least(1),
     "data.val_crop_ratio": _finite(lambda x: 0 < x <= 1, "a number in (0, 1]"),
-    "data.synthetic.classes": _finite(lambda x: x == int(x) and 2 <= x <= MAX_CLASSES, f"an integer in 2..{MAX_CLASSES}"),
+    "data.synthetic.classes": _int_in(2, MAX_CLASSES),
     "data.synthetic.train_per_class": _int_at_least(1),
     "data.synthetic.val_per_class": _int_at_least(1),
     "data.synthetic.seed": _int_at_least(0),
-    "data.synthetic.image_size": _finite(lambda x: x == int(x) and MIN_IMAGE_SIZE <= x <= MAX_IMAGE_SIZE,
-                                         f"an integer in {MIN_IMAGE_SIZE}..{MAX_IMAGE_SIZE} (pixels)"),
+    "data.synthetic.image_size": _int_in(MIN_IMAGE_SIZE, MAX_IMAGE_SIZE, " (pixels)"),
     "model.drop_rate": _FRACTION,
     "model.drop_path_rate": _FRACTION,
     "precision.init_scale": _POSITIVE,
