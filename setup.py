@@ -32,8 +32,8 @@ setup(
     package_dir={"largebatch.conf": "conf"},
     package_data={"largebatch.conf": ["**/*.yaml"]},
     install_requires=[
-        "torch>=2.4",
-        "torchvision>=0.19",
+        "torch>=2.9.0",
+        "torchvision>=0.24.0",
         "timm>=1.0",
         "hydra-core>=1.3,<1.4",
         "omegaconf>=2.3",

@@ -67,3 +67,28 @@ def test_setup_env_refuses_a_fresh_venv_without_the_space_for_it(tmp_path: Path,
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and "GiB free" in lines[0] and "free some space" in lines[0], proc.stderr
     assert not venv.exists() and not (tmp_path / "sub").exists()
+
+
+def _floor(requirement: str) -> str:
+    import re
+
+    setup = (ROOT / "setup.py").read_text(encoding="utf-8")
+    found = re.search(rf'"{requirement}>=([0-9.]+)"', setup)
+    assert found, f"setup.py has no {requirement}>= floor"
+    return found.group(1)
+
+
+def _pin(requirement: str) -> str:
+    import re
+
+    found = re.search(rf"^{requirement}==([0-9.]+)$", (ROOT / "constraints" / "xla.txt").read_text(encoding="utf-8"), re.M)
+    assert found, f"constraints/xla.txt pins no {requirement}"
+    return found.group(1)
+
+
+@pytest.mark.parametrize("requirement", ["torch", "torchvision"])
+def test_the_floor_is_the_oldest_version_a_test_environment_runs(requirement: str) -> None:
+    """setup.py allows no torch older than .venv-xla's, where tests/xla/test_torch_floor.py checks
+    that every torch name the package uses exists (the floor said 2.4 while the decode thread
+    called torch.accelerator.set_device_index, new in 2.7)."""
+    assert _floor(requirement) == _pin(requirement)

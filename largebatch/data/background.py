@@ -60,11 +60,14 @@ def in_background(produce: Callable[[], Iterator[T]], depth: int, *, device: Opt
         return False
 
     def work() -> None:
-        if device is not None and device.type != "cpu" and device.index is not None:
-            torch.accelerator.set_device_index(device.index)  # a new thread starts on device 0
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            source = produce()
-            try:
+        # Everything the thread does is inside the try, its start-up included: an error that
+        # escaped would end the thread silently and leave the consumer waiting forever.
+        source = None
+        try:
+            if cuda:
+                torch.cuda.set_device(device)  # a new thread starts on device 0
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                source = produce()
                 for item in source:
                     ready = None
                     if stream is not None:
@@ -72,11 +75,11 @@ def in_background(produce: Callable[[], Iterator[T]], depth: int, *, device: Opt
                         ready.record(stream)
                     if not put((item, ready, None)):
                         return
-                put((done, None, None))
-            except BaseException as err:  # noqa: BLE001 - handed to the consumer
-                put((None, None, err))
-            finally:
-                getattr(source, "close", lambda: None)()
+            put((done, None, None))
+        except BaseException as err:  # noqa: BLE001 - handed to the consumer
+            put((None, None, err))
+        finally:
+            getattr(source, "close", lambda: None)()
 
     thread = threading.Thread(target=work, name=name, daemon=True)
     thread.start()

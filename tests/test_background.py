@@ -1,0 +1,123 @@
+"""The decode thread (largebatch.data.background): every error of the thread reaches its consumer.
+
+Its start-up (``set_device``, ``produce()``) once ran outside the thread's ``try``: an error
+there ended the thread silently and the consumer's ``next()`` waited forever (issue 53). The
+CUDA case runs here with only ``torch.cuda``'s stream and device calls stood in.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Iterator
+
+import pytest
+import torch
+
+from largebatch.data.background import in_background
+
+
+def _consume(iterator: Iterator[Any], timeout_s: float = 20.0) -> tuple[list[Any], BaseException | None]:
+    """Everything ``iterator`` yields and the error it ends with, or a failure if it hangs."""
+    got: list[Any] = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            for item in iterator:
+                got.append(item)
+        except BaseException as e:  # noqa: BLE001 - what the test checks
+            error.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        pytest.fail(f"the consumer still waits after {timeout_s:.0f} s: the thread's error never reached it")
+    return got, error[0] if error else None
+
+
+def test_an_error_making_the_iterator_reaches_the_consumer() -> None:
+    def produce() -> Iterator[int]:
+        raise OSError("cannot open the shard list")
+
+    got, error = _consume(in_background(produce, 2))
+    assert got == [] and isinstance(error, OSError) and "shard list" in str(error)
+
+
+def test_items_then_the_end_then_the_source_is_closed() -> None:
+    closed: list[bool] = []
+
+    def produce() -> Iterator[int]:
+        try:
+            yield from range(5)
+        finally:
+            closed.append(True)
+
+    got, error = _consume(in_background(produce, 2))
+    assert got == [0, 1, 2, 3, 4] and error is None and closed == [True]
+
+
+class _Stream:
+    """What the thread and its consumer use of a CUDA stream, on the CPU."""
+
+    def __init__(self, device: Any = None) -> None:
+        self.device = device
+        self.waited: list[Any] = []
+
+    def wait_event(self, event: Any) -> None:
+        self.waited.append(event)
+
+
+class _Event:
+    def __init__(self) -> None:
+        self.recorded_on: list[Any] = []
+
+    def record(self, stream: Any) -> None:
+        self.recorded_on.append(stream)
+
+
+def _stand_in_cuda(monkeypatch: pytest.MonkeyPatch, set_device: Callable[[Any], None]) -> _Stream:
+    consumer = _Stream("consumer")
+    monkeypatch.setattr(torch.cuda, "Stream", _Stream)
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: consumer)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: _NullContext())
+    return consumer
+
+
+class _NullContext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def test_a_failing_set_device_in_the_thread_reaches_the_consumer(monkeypatch: pytest.MonkeyPatch) -> None:
+    def set_device(device: Any) -> None:
+        raise RuntimeError("CUDA error: invalid device ordinal")
+
+    _stand_in_cuda(monkeypatch, set_device)
+    got, error = _consume(in_background(lambda: iter([1, 2]), 2, device=torch.device("cuda", 1)))
+    assert got == [] and isinstance(error, RuntimeError) and "invalid device ordinal" in str(error)
+
+
+def test_the_thread_runs_on_the_consumers_device_and_hands_items_over_with_events(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    chosen: list[Any] = []
+    consumer = _stand_in_cuda(monkeypatch, chosen.append)
+    recorded: list[tuple[torch.Tensor, Any]] = []
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: recorded.append((self, s)))
+    batches = [(torch.full((2,), float(i)), torch.tensor([i])) for i in range(3)]
+    got, error = _consume(in_background(lambda: iter(batches), 1, device=torch.device("cuda", 1)))
+    assert error is None and [b[1].item() for b in got] == [0, 1, 2]
+    assert chosen == [torch.device("cuda", 1)]  # a new thread starts on device 0
+    # one event per item, recorded on the producer's stream, waited on by the consumer's
+    assert len(consumer.waited) == 3 and all(isinstance(e, _Event) for e in consumer.waited)
+    producer = {id(s) for e in consumer.waited for s in e.recorded_on}
+    assert len(producer) == 1 and consumer not in [s for e in consumer.waited for s in e.recorded_on]
+    # every tensor of every item is marked as used by the consumer's stream
+    assert len(recorded) == 6 and all(s is consumer for _, s in recorded)
