@@ -235,7 +235,9 @@ def _step_tensor(p: Tensor, step: Any) -> Tensor:
     dtype = torch.promote_types(p.dtype.to_real(), torch.float32)
     if torch.is_tensor(step):
         return step.to(device=p.device, dtype=dtype)
-    return torch.tensor(float(step), dtype=dtype, device=p.device)
+    # a fill on the device: torch.tensor(x, device=...) copies from a pageable host buffer, a
+    # blocking copy (a sync) on CUDA in the first step()
+    return torch.full((), float(step), dtype=dtype, device=p.device)
 
 
 def _bias_corrections(
