@@ -32,11 +32,13 @@ evaluates the same weights.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from largebatch.engine.compile import unwrap_model
@@ -90,11 +92,42 @@ def build_model_ema(
     options = dict(decay=decay, min_decay=min_decay, use_warmup=warmup, warmup_gamma=warmup_gamma,
                    warmup_power=warmup_power, update_after_step=update_after_step)
     device = next(model.parameters()).device
-    if _has_generator(device):
-        return ModelEmaV3(model, **options)
-    ema = ModelEmaV3(copy.deepcopy(model).cpu(), stochastic_rounding=False, **options)
-    ema.module.to(device)
+    with _process_groups_set_aside(model) as held:
+        if _has_generator(device):
+            ema = ModelEmaV3(model, **options)
+        else:
+            ema = ModelEmaV3(copy.deepcopy(model).cpu(), stochastic_rounding=False, **options)
+            ema.module.to(device)
+    for (name, group), copied in zip(held, _holders(ema.module, [name for name, _ in held])):
+        copied.process_group = group
     return ema
+
+
+def _holders(model: nn.Module, names: list[str]) -> list[nn.Module]:
+    modules = dict(model.named_modules())
+    return [modules[name] for name in names]
+
+
+@contextlib.contextmanager
+def _process_groups_set_aside(model: nn.Module) -> Iterator[list[tuple[str, dist.ProcessGroup]]]:
+    """Hold back the process groups of ``model``'s modules while it is deep-copied.
+
+    torch's ``SyncBatchNorm`` (what grouped BN is on CUDA) keeps its ``ProcessGroup``, a
+    handle that cannot be pickled, so timm's ``deepcopy`` of the model raised ``TypeError:
+    cannot pickle 'ProcessGroup'`` before the first step. A group is a handle, not state:
+    the copy gets the same one back (the EMA only evaluates, which needs no collective).
+    Yields ``(module name, group)`` of each module that held one.
+    """
+    held = [(name, m.process_group) for name, m in model.named_modules()
+            if isinstance(getattr(m, "process_group", None), dist.ProcessGroup)]
+    holders = _holders(model, [name for name, _ in held])
+    for m in holders:
+        m.process_group = None
+    try:
+        yield held
+    finally:
+        for (_, group), m in zip(held, holders):
+            m.process_group = group
 
 
 def _has_generator(device: torch.device) -> bool:

@@ -92,3 +92,43 @@ def test_torchrun_two_ranks_train_evaluate_and_checkpoint_the_ema(tmp_path: Path
     events = [json.loads(x) for x in (run / "mlperf_log.jsonl").read_text().splitlines()]
     accuracy = [e["value"] for e in events if e["key"] == "eval_accuracy"]
     assert accuracy == [round(summary["final_ema_top1"] / 100, 6)]  # the EMA's, as ema.target says
+
+
+def _ema_over_torch_sync_bn(rank: int, world: int) -> dict[str, object]:
+    """The CUDA conversion of grouped BN (torch's SyncBatchNorm on a 2-rank subgroup of 4), then
+    the EMA, as run.py builds them; only "is the model on CUDA" is stood in (SyncBatchNorm's
+    training forward needs CUDA; building, evaluating and averaging it do not)."""
+    from largebatch.backends.torch_dist import TorchDistributedBackend
+    from largebatch.engine.ema import EmaSettings
+    from largebatch.nn import sync_bn
+
+    backend = TorchDistributedBackend("cpu")
+    sync_bn._on_cuda = lambda module: True  # type: ignore[attr-defined]
+    model = sync_bn.convert_group_sync_batchnorm(_model(), 2, backend.bn_reducer(2))
+    bn = model[1]
+    assert isinstance(bn, nn.SyncBatchNorm) and bn.process_group is not None
+    hook = EmaSettings(decay=0.5).hook(model)  # TypeError: cannot pickle 'ProcessGroup' before the fix
+    ema_bn = hook.ema.module[1]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+        bn.running_mean.add_(2.0)
+    hook.ema.update(model, step=2)
+    images = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(rank))
+    hook.ema.module.eval()
+    return {
+        "same_group": ema_bn.process_group is bn.process_group,
+        "kept_group": isinstance(bn.process_group, torch.distributed.ProcessGroup),
+        "ema_is_sync_bn": isinstance(ema_bn, nn.SyncBatchNorm),
+        "ema_mean": ema_bn.running_mean.clone(),
+        "logits": hook.ema.module(images).shape,
+    }
+
+
+def test_the_ema_of_a_model_with_torch_sync_bn_on_a_subgroup() -> None:
+    """Every CUDA run with ema.enabled and 1 < bn.group_size < world died before step 1: timm's
+    deep copy of the model met the subgroup's ProcessGroup (issue 53)."""
+    for r in run_ranks(_ema_over_torch_sync_bn, 4):
+        assert r["same_group"] and r["kept_group"] and r["ema_is_sync_bn"]
+        assert torch.allclose(r["ema_mean"], torch.full((4,), 1.0))  # 0.5 * 0 + 0.5 * 2
+        assert r["logits"] == torch.Size([4, 3])
