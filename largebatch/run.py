@@ -26,7 +26,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence, cast
 
 import torch
 from omegaconf import OmegaConf
@@ -450,7 +450,8 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
         scheduler = _scheduler(cfg, optimizer, steps_per_epoch, lr)
         scaler = backend.grad_scaler(precision.loss_scaling, cfg.precision.init_scale, cfg.precision.growth_interval)
         state = TrainState()
-        config = OmegaConf.to_container(raw_cfg, resolve=True) if raw_cfg is not None else None
+        # a DictConfig becomes a dict with str keys (the config schema's)
+        config = cast(dict[str, Any], OmegaConf.to_container(raw_cfg, resolve=True)) if raw_cfg is not None else None
         resume = _resume_setting(cfg.resume)
         if resume:
             resume_run(

@@ -32,7 +32,7 @@ Inside ``torch_xla.launch`` without a process group, the same call groups the XL
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -231,6 +231,7 @@ class GroupSyncBatchNorm(_BatchNorm):
     @torch.no_grad()
     def _update_running_stats(self, mean: Tensor, var: Tensor, count: Tensor) -> None:
         assert self.num_batches_tracked is not None
+        assert self.running_mean is not None and self.running_var is not None  # track_running_stats
         self.num_batches_tracked.add_(1)
         if self.momentum is None:  # cumulative average; a tensor factor avoids a host sync
             factor: float | Tensor = 1.0 / self.num_batches_tracked.to(mean.dtype)
@@ -267,7 +268,10 @@ def _is_norm_act(bn: nn.Module) -> bool:
     return "act" in children or "drop" in children
 
 
-def _copy_state(src: _BatchNorm, dst: _BatchNorm) -> _BatchNorm:
+_Norm = TypeVar("_Norm", bound=_BatchNorm)
+
+
+def _copy_state(src: _BatchNorm, dst: _Norm) -> _Norm:
     # Share the parameter and buffer objects, as torch's conversion does, so an optimizer
     # built before the conversion keeps pointing at the live tensors.
     if src.affine:
@@ -286,7 +290,7 @@ def _replace_batchnorms(module: nn.Module, make: Callable[[_BatchNorm], nn.Modul
 
 
 def _on_cuda(module: nn.Module) -> bool:
-    first = next(iter(module.parameters()), None)
+    first: Tensor | None = next(iter(module.parameters()), None)
     if first is None:
         first = next(iter(module.buffers()), None)
     return first is not None and first.is_cuda
@@ -336,9 +340,8 @@ def convert_group_sync_batchnorm(
         return convert_torch_sync_batchnorm(module, process_group=reducer.process_group)
 
     def make(bn: _BatchNorm) -> GroupSyncBatchNorm:
-        kwargs = dict(eps=bn.eps, momentum=bn.momentum, affine=bn.affine,
-                      track_running_stats=bn.track_running_stats, reducer=reducer, device="meta")
         cls = GroupSyncBatchNormAct if _is_norm_act(bn) else GroupSyncBatchNorm
-        return _copy_state(bn, cls(bn.num_features, **kwargs))
+        return _copy_state(bn, cls(bn.num_features, eps=bn.eps, momentum=bn.momentum, affine=bn.affine,
+                                   track_running_stats=bn.track_running_stats, reducer=reducer, device=torch.device("meta")))
 
     return _replace_batchnorms(module, make)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,9 +32,10 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_synthetic_imagenet(tmp_path_factory.mktemp("nvjpeg_gpu") / "ds", **SMALL)
 
 
-def _loaders(root: Path, device: str, prefetch_batches: int = 2, **spec: object):  # type: ignore[no-untyped-def]
-    spec = LoaderSpec(image_size=64, batch_size=8, workers=2, device=device, **spec)  # type: ignore[arg-type]
-    return build_nvjpeg_loaders(root, spec, prefetch_batches=prefetch_batches)
+def _loaders(root: Path, device: str, prefetch_batches: int = 2,
+             **spec: Any) -> tuple[nv.NvjpegLoader, nv.NvjpegLoader, int]:
+    loader_spec = LoaderSpec(image_size=64, batch_size=8, workers=2, device=torch.device(device), **spec)
+    return build_nvjpeg_loaders(root, loader_spec, prefetch_batches=prefetch_batches)
 
 
 def _raw_decode_bound(root: Path, std: tuple[float, ...]) -> float:
@@ -191,8 +193,9 @@ def test_batched_augmentation_on_the_gpu_matches_the_per_image_path(tf32: bool) 
     torch.backends.cuda.matmul.allow_tf32 = tf32
     try:
         for train in (True, False):
-            kw = dict(recipe=CropRecipe(224), train=train, epoch=0, seed=0)
-            diff = (augment_batch(images, list(range(64)), **kw) - augment_each(images, list(range(64)), **kw)).abs()
+            recipe = CropRecipe(224)
+            diff = (augment_batch(images, list(range(64)), recipe, train=train, epoch=0, seed=0)
+                    - augment_each(images, list(range(64)), recipe, train=train, epoch=0, seed=0)).abs()
             assert diff.max() < (1.0 if tf32 else 0.001)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
@@ -209,7 +212,9 @@ def test_a_cuda_loader_pins_each_batch_buffer(data_root: Path) -> None:
     assert isinstance(batch, nv.EncodedBatch)
     assert batch.data.is_pinned() and batch.labels.is_pinned()
     assert all(t.is_pinned() for t in batch.encoded())
-    images, labels = train.assemble(batch, 0)
+    assembled = train.assemble(batch, 0)
+    assert assembled is not None
+    images, labels = assembled
     assert images.is_cuda and labels.is_cuda and len(labels) == len(batch)
 
 
@@ -223,9 +228,10 @@ def test_throughput_benchmark_fills_the_gpu_columns(tmp_path: Path, capsys: pyte
 
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "throughput.py"
     spec = importlib.util.spec_from_file_location("throughput", script)
+    assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "throughput", bench)
-    spec.loader.exec_module(bench)  # type: ignore[union-attr]
+    spec.loader.exec_module(bench)
     assert bench.main(["--make-data", str(tmp_path / "jpegs"), "--files", "64", "--classes", "4", "--model",
                        "resnet10t", "--image-size", "64", "--batch", "16", "--steps", "3", "--warmup", "2",
                        "--precisions", "bf16", "--compile", "none", "--workers", "2", "--data", "nvjpeg"]) == 0

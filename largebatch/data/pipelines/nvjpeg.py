@@ -39,7 +39,7 @@ import os
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, Generator, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, Generator, Iterator, NamedTuple, Optional, Sequence, cast
 
 import torch
 from PIL import Image
@@ -272,13 +272,14 @@ class EncodedBatch:
 
 def collate_encoded(samples: list[EncodedSample]) -> EncodedBatch:
     """Join a batch's encoded files into one :class:`EncodedBatch` (in the worker)."""
-    on_device = [k for k, s in enumerate(samples) if s.payload is not None and s.cpu_reason is None]
+    encoded = [(k, s.payload) for k, s in enumerate(samples) if s.payload is not None and s.cpu_reason is None]
+    on_device = [k for k, _ in encoded]
     offsets = [0]
-    for k in on_device:
-        offsets.append(offsets[-1] + samples[k].payload.numel())
+    for _, payload in encoded:
+        offsets.append(offsets[-1] + payload.numel())
     data = torch.empty(offsets[-1], dtype=torch.uint8)
-    for k, a, b in zip(on_device, offsets, offsets[1:]):
-        data[a:b] = samples[k].payload
+    for (_, payload), a, b in zip(encoded, offsets, offsets[1:]):
+        data[a:b] = payload
     kept = set(on_device)
     return EncodedBatch(data, offsets, on_device, torch.tensor([s.label for s in samples], dtype=torch.int64),
                         [s._replace(payload=None) if k in kept else s for k, s in enumerate(samples)])
@@ -345,7 +346,7 @@ class NvjpegLoader(LoaderView):
         self.dtype = spec.dtype
         self.channels_last = spec.channels_last
         self.epoch = 0
-        dataset = loader.dataset
+        dataset = cast(EncodedImageFolder, loader.dataset)  # what build_nvjpeg_loaders gives it
         # unreadable files skipped by this process since the loader was built, each once
         self._unreadable = UnreadableTally(dataset.classes, dataset.targets, dataset.root,
                                            require_every_class=train)
@@ -398,7 +399,7 @@ class NvjpegLoader(LoaderView):
             logger.warning(message, path, *args)
 
     def _decode(self, batch: EncodedBatch) -> list[tuple[int, int, torch.Tensor]]:
-        """``(position in the batch, label, image on the device)`` of each readable sample."""
+        """``(position in the batch, sample index, image on the device)`` of each readable sample."""
         encoded = batch.encoded()
         decoded = dict(zip(batch.on_device, decode_images(encoded, self.device)))
         payloads = dict(zip(batch.on_device, encoded))
@@ -416,6 +417,7 @@ class NvjpegLoader(LoaderView):
                 self._report(s.path, "skipping unreadable image %s: %s", error)
                 self._unreadable.add(s.index, s.label)  # raises for a class left without images
                 continue
+            assert image is not None  # a sample without an error has a payload or a decoded image
             if reason is not None:
                 self._report(s.path, "decoding %s on the CPU: %s", reason)
                 self._cpu_decoded.add(s.index)
