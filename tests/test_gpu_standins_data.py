@@ -199,3 +199,54 @@ def test_a_misspelled_mixed_decoder_argument_fails_at_definition(tmp_path: Path)
 
     with pytest.raises(KeyError, match="hw_decoder_lod"):
         _define(lambda encoded: fn.decoders.image(encoded, device="mixed", hw_decoder_lod=0.5), tmp_path)
+
+
+# -- in_background on a CUDA device: a stream of its own, events handed over ---------------------
+
+
+def test_the_background_thread_queues_on_its_own_stream_and_the_consumer_waits_for_each_item(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The thread selects the device and queues its work on a side stream; each item's event
+    is recorded there before the consumer's stream waits on it, and every CUDA tensor of the
+    item is then record_stream-ed on the consumer's stream."""
+    import threading
+
+    from largebatch.data.background import in_background
+
+    cuda = CudaStandIn(monkeypatch)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))  # the items are on CUDA
+    selected: list[tuple[torch.device, str]] = []
+    monkeypatch.setattr(torch.cuda, "set_device",
+                        lambda d: selected.append((torch.device(d), threading.current_thread().name)))
+    produced_on: list[str] = []
+    items = [torch.zeros(2), (torch.zeros(3), [torch.zeros(4)], "a name"), {"images": torch.zeros(5)}]
+
+    def produce():  # type: ignore[no-untyped-def]
+        for item in items:
+            produced_on.append(cuda.current_stream().name)
+            yield item
+
+    device = torch.device("cuda", 1)
+    received = list(in_background(produce, 2, device=device, name="standin-decode"))
+    assert len(received) == 3 and all(a is b for a, b in zip(received, items))
+    assert selected == [(device, "standin-decode")]
+    assert produced_on == ["side1"] * 3 and cuda.current_stream().name == "default"
+    handover = [e for e in cuda.log if e[0] in ("record", "wait", "record_stream")]
+    assert _each_event_recorded_before_its_wait(handover)
+
+
+def _each_event_recorded_before_its_wait(log: list) -> bool:  # type: ignore[type-arg]
+    """The producer may run ahead (depth 2): records interleave, but each event is recorded
+    before the consumer waits on it, and an item's record_streams follow its wait."""
+    position = {(e[0], e[1] if e[0] == "record" else e[2]): i for i, e in enumerate(log) if e[0] != "record_stream"}
+    waits = [e[2] for e in log if e[0] == "wait"]
+    assert waits == ["event1", "event2", "event3"]
+    assert all(position[("record", ev)] < position[("wait", ev)] for ev in waits)
+    streams = [(i, e[1]) for i, e in enumerate(log) if e[0] == "record_stream"]
+    assert [shape for _, shape in streams] == [(2,), (3,), (4,), (5,)]
+    assert all(e[2] == "default" for e in log if e[0] == "record_stream")
+    bounds = [position[("wait", ev)] for ev in waits] + [len(log)]
+    per_item = [[s for i, s in streams if bounds[k] < i < bounds[k + 1]] for k in range(3)]
+    assert per_item == [[(2,)], [(3,), (4,)], [(5,)]]
+    return True

@@ -130,3 +130,19 @@ def test_a_model_on_cuda_gets_torch_sync_batchnorm_over_the_reducers_group(
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: False))
     assert isinstance(sync_bn.convert_group_sync_batchnorm(model(), 2, world_of_two, use_torch_sync_bn_on_cuda=True)[1],
                       sync_bn.GroupSyncBatchNorm)
+
+
+def test_the_cuda_backend_uses_its_local_rank_gpu_for_sync_and_asks_cuda_about_bf16(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    backend = _cuda_backend(monkeypatch, local_rank=3)
+    synced: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", synced.append)
+    for answer in (True, False):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda answer=answer: answer)
+        assert backend.supports_bf16() is answer
+    backend.synchronize()
+    assert backend.device == torch.device("cuda", 3) and synced == [torch.device("cuda", 3)]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="no CUDA GPU is visible"):
+        TorchDistributedBackend("cuda")
