@@ -18,17 +18,18 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
 
 
 class StandInStream:
-    def __init__(self, cuda: "CudaStandIn", name: str, device: Any = None) -> None:
+    def __init__(self, cuda: CudaStandIn, name: str, device: Any = None) -> None:
         self.cuda, self.name, self.device = cuda, name, device
 
-    def wait_event(self, event: "StandInEvent") -> None:
+    def wait_event(self, event: StandInEvent) -> None:
         self.cuda.log.append(("wait", self.name, event.name))
 
     def __repr__(self) -> str:
@@ -36,14 +37,14 @@ class StandInStream:
 
 
 class StandInEvent:
-    def __init__(self, cuda: "CudaStandIn") -> None:
+    def __init__(self, cuda: CudaStandIn) -> None:
         self.cuda = cuda
         with cuda.lock:
             cuda.events += 1
             self.name = f"event{cuda.events}"
-        self.recorded_on: Optional[str] = None
+        self.recorded_on: str | None = None
 
-    def record(self, stream: Optional[StandInStream] = None) -> None:
+    def record(self, stream: StandInStream | None = None) -> None:
         stream = stream or self.cuda.current_stream()
         self.recorded_on = stream.name
         self.cuda.log.append(("record", self.name, stream.name))
@@ -73,7 +74,7 @@ class CudaStandIn:
                 return StandInStream(cuda, f"side{cuda.streams}", device)
 
         @contextlib.contextmanager
-        def stream_context(stream: Optional[StandInStream]) -> Iterator[None]:
+        def stream_context(stream: StandInStream | None) -> Iterator[None]:
             before = cuda.current_stream()
             cuda._current.stream = stream or before
             try:

@@ -57,7 +57,7 @@ def test_every_gpu_only_line_runs_in_a_cpu_test(tmp_path: Path) -> None:
     run = subprocess.run(
         [sys.executable, "-m", "coverage", "run", f"--data-file={data}", f"--source={PACKAGE}",
          "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning", *standins],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     assert run.returncode == 0, f"the stand-in tests failed:\n{run.stdout[-4000:]}\n{run.stderr[-2000:]}"
     executed = coverage.CoverageData(basename=str(data))

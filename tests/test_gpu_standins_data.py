@@ -195,7 +195,7 @@ def test_the_mixed_decode_graphs_are_valid_dali_graphs_on_the_gpu(tmp_path: Path
 def test_a_misspelled_mixed_decoder_argument_fails_at_definition(tmp_path: Path) -> None:
     """What makes the test above worth having: DALI rejects a wrong argument name on a CPU."""
     pytest.importorskip("nvidia.dali")
-    import nvidia.dali.fn as fn
+    from nvidia.dali import fn
 
     with pytest.raises(KeyError, match="hw_decoder_lod"):
         _define(lambda encoded: fn.decoders.image(encoded, device="mixed", hw_decoder_lod=0.5), tmp_path)

@@ -62,7 +62,7 @@ def test_the_loaders_of_a_cuda_device_without_an_index_get_the_local_rank(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
     """DALI's mixed decode needs the GPU's index: a bare ``cuda`` device becomes ``cuda:<local rank>``."""
-    import largebatch.data.build as build
+    from largebatch.data import build
 
     backend = _cuda_backend(monkeypatch, local_rank=2)
     backend.device = torch.device("cuda")  # as a backend that names no index gives it
@@ -83,7 +83,7 @@ def test_the_loaders_of_a_cuda_device_without_an_index_get_the_local_rank(
 def test_a_cuda_run_sets_cudnn_benchmark_from_the_config_before_the_job(
     monkeypatch: pytest.MonkeyPatch, benchmark: bool
 ) -> None:
-    import largebatch.backends as backends
+    from largebatch import backends
 
     backend = _cuda_backend(monkeypatch, local_rank=0)
     chosen: list[torch.device] = []
