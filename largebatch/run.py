@@ -188,7 +188,7 @@ def _data(cfg: Any, backend: Any, plan: BatchPlan, dtype: Optional[torch.dtype],
     )
     device = backend.device
     if device.type == "cuda" and device.index is None:  # DALI's mixed decode needs the GPU's index
-        device = torch.device("cuda", backend.local_rank)
+        device = torch.device("cuda", backend.local_rank)  # gpu-only
     elif device.type != "cuda":  # pipelines decode on a GPU or on the host (an XLA device: the host)
         device = torch.device("cpu")
     spec = LoaderSpec(
@@ -401,7 +401,7 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
     backend = build_backend(cfg.backend.name, timeout_s=cfg.backend.timeout_s)
     backend.start()
     if backend.device.type == "cuda":
-        torch.backends.cudnn.benchmark = bool(cfg.backend.cudnn_benchmark)
+        torch.backends.cudnn.benchmark = bool(cfg.backend.cudnn_benchmark)  # gpu-only
     try:
         return _run_job(cfg, raw_cfg, backend)
     except BaseException as err:

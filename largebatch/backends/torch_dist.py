@@ -61,7 +61,7 @@ class TorchDistributedBackend(Backend):
         if kind == "cuda":
             if not torch.cuda.is_available():
                 raise RuntimeError("backend=cuda was asked for but no CUDA GPU is visible")
-            self.device = torch.device("cuda", self.local_rank)
+            self.device = torch.device("cuda", self.local_rank)  # gpu-only
         else:
             self.device = torch.device("cpu")
         self._reducers: dict[int, Any] = {}
@@ -73,7 +73,7 @@ class TorchDistributedBackend(Backend):
 
     def start(self) -> None:
         if self.kind == "cuda":
-            torch.cuda.set_device(self.device)
+            torch.cuda.set_device(self.device)  # gpu-only
         if self.distributed and not dist.is_initialized():
             # torch.distributed.nn.functional binds ``group.WORLD`` as a default argument of
             # its functions when first imported (DDP imports it); imported while a group
@@ -174,10 +174,10 @@ class TorchDistributedBackend(Backend):
 
     def synchronize(self) -> None:
         if self.kind == "cuda":
-            torch.cuda.synchronize(self.device)
+            torch.cuda.synchronize(self.device)  # gpu-only
 
     def supports_bf16(self) -> bool:
         if self.kind == "cuda":
-            return torch.cuda.is_bf16_supported()
+            return torch.cuda.is_bf16_supported()  # gpu-only
         # On CPUs with AVX512-BF16/AMX oneDNN runs bf16 convolutions natively.
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())

@@ -18,7 +18,7 @@ def _record_stream(item: Any, stream: "torch.cuda.Stream") -> None:
     """Tell the caching allocator that ``stream`` uses each CUDA tensor of ``item``."""
     if isinstance(item, torch.Tensor):
         if item.is_cuda:
-            item.record_stream(stream)
+            item.record_stream(stream)  # gpu-only
     elif isinstance(item, (tuple, list)):
         for part in item:
             _record_stream(part, stream)
@@ -65,14 +65,14 @@ def in_background(produce: Callable[[], Iterator[T]], depth: int, *, device: Opt
         source = None
         try:
             if cuda:
-                torch.cuda.set_device(device)  # a new thread starts on device 0
+                torch.cuda.set_device(device)  # a new thread starts on device 0  # gpu-only
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 source = produce()
                 for item in source:
                     ready = None
                     if stream is not None:
-                        ready = torch.cuda.Event()
-                        ready.record(stream)
+                        ready = torch.cuda.Event()  # gpu-only
+                        ready.record(stream)  # gpu-only
                     if not put((item, ready, None)):
                         return
             put((done, None, None))
@@ -91,9 +91,9 @@ def in_background(produce: Callable[[], Iterator[T]], depth: int, *, device: Opt
             if item is done:
                 return
             if ready is not None:
-                consumer = torch.cuda.current_stream(device)
-                consumer.wait_event(ready)
-                _record_stream(item, consumer)
+                consumer = torch.cuda.current_stream(device)  # gpu-only
+                consumer.wait_event(ready)  # gpu-only
+                _record_stream(item, consumer)  # gpu-only
             yield item
     finally:
         stop.set()

@@ -90,7 +90,7 @@ def resize_group(spans: Sequence[torch.Tensor], rows: Sequence[AxisPlan], cols: 
     table = torch.tensor([[r.length, r.virtual, r.offset, r.flip, c.length, c.virtual, c.offset, c.flip]
                           for r, c in zip(rows, cols)], dtype=torch.int64)
     if device.type != "cpu":
-        table = table.pin_memory()
+        table = table.pin_memory()  # gpu-only
     table = table.to(device, non_blocking=True)
     wy = resize_weights(table[:, :4], out, ph)  # (G, out, ph)
     wx = resize_weights(table[:, 4:], out, pw)  # (G, out, pw)

@@ -138,7 +138,7 @@ class LoaderSpec:
         """DALI's GPU (mixed decode), None: decode on the CPU."""
         if not self.on_gpu:
             return None
-        return self.device.index if self.device.index is not None else torch.cuda.current_device()
+        return self.device.index if self.device.index is not None else torch.cuda.current_device()  # gpu-only
 
     @property
     def val_batch(self) -> int:

@@ -246,7 +246,7 @@ class Trainer:
             sync = contextlib.nullcontext() if i == n - 1 else self.backend.no_sync(self.model)
             with sync:
                 if s.cuda_graph_steps:
-                    torch.compiler.cudagraph_mark_step_begin()
+                    torch.compiler.cudagraph_mark_step_begin()  # gpu-only
                 with self.backend.autocast(s.autocast_dtype):
                     logits = self.model(images)
                 loss = F.cross_entropy(logits.float(), labels, label_smoothing=s.label_smoothing) / n

@@ -337,7 +337,7 @@ def convert_group_sync_batchnorm(
     if reducer.size == 1:
         return module
     if use_torch_sync_bn_on_cuda and isinstance(reducer, ProcessGroupReducer) and _on_cuda(module):
-        return convert_torch_sync_batchnorm(module, process_group=reducer.process_group)
+        return convert_torch_sync_batchnorm(module, process_group=reducer.process_group)  # gpu-only
 
     def make(bn: _BatchNorm) -> GroupSyncBatchNorm:
         cls = GroupSyncBatchNormAct if _is_norm_act(bn) else GroupSyncBatchNorm

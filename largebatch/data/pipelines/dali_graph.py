@@ -121,7 +121,7 @@ def decode_random_crop(
         num_attempts=10,
     )
     if gpu:
-        kwargs.update(device="mixed", hw_decoder_load=hw_decoder_load,
+        kwargs.update(device="mixed", hw_decoder_load=hw_decoder_load,  # gpu-only
                       device_memory_padding=_DEVICE_MEMORY_PADDING,
                       host_memory_padding=_HOST_MEMORY_PADDING)
     else:
@@ -161,7 +161,7 @@ def _val_images(encoded: Any, *, gpu: bool, image_size: int, val_crop_ratio: flo
     fn, types = _dali().fn, _dali().types
     kwargs: dict[str, Any] = dict(device="cpu", output_type=types.RGB)
     if gpu:
-        kwargs.update(device="mixed", hw_decoder_load=hw_decoder_load)
+        kwargs.update(device="mixed", hw_decoder_load=hw_decoder_load)  # gpu-only
     images = fn.decoders.image(encoded, **kwargs)
     images = fn.resize(images, resize_shorter=round(image_size / val_crop_ratio),
                        interp_type=types.INTERP_LINEAR, antialias=True)

@@ -299,9 +299,9 @@ def _finish_stream(device: torch.device) -> None:
     decode thread's; the training thread keeps queueing its step meanwhile.
     """
     if device.type == "cuda":
-        finished = torch.cuda.Event()
-        finished.record(torch.cuda.current_stream(device))
-        finished.synchronize()
+        finished = torch.cuda.Event()  # gpu-only
+        finished.record(torch.cuda.current_stream(device))  # gpu-only
+        finished.synchronize()  # gpu-only
 
 
 def decode_images(data: Sequence[torch.Tensor], device: torch.device) -> list[Optional[torch.Tensor]]:
@@ -422,7 +422,7 @@ class NvjpegLoader(LoaderView):
                 self._report(s.path, "decoding %s on the CPU: %s", reason)
                 self._cpu_decoded.add(s.index)
                 if self.device.type == "cuda" and not image.is_pinned():
-                    image = image.pin_memory()  # else the copy below waits for the device
+                    image = image.pin_memory()  # else the copy below waits for the device  # gpu-only
                 image = image.to(self.device, non_blocking=True)
             out.append((k, s.index, image))
         return out
@@ -449,7 +449,7 @@ class NvjpegLoader(LoaderView):
         if positions != list(range(len(batch))):  # a file skipped or a slot refilled
             labels = torch.tensor([batch.samples[k].label for k in positions], dtype=torch.int64)
         if self.device.type != "cpu" and not labels.is_pinned():
-            labels = labels.pin_memory()  # so that the copy below is asynchronous
+            labels = labels.pin_memory()  # so that the copy below is asynchronous  # gpu-only
         labels = labels.to(self.device, non_blocking=True)
         return images, labels
 
