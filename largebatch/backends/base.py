@@ -55,6 +55,22 @@ class Backend(ABC):
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Return rank ``src``'s ``obj`` on every rank (small picklable objects only)."""
 
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order, on every rank (small picklable objects only)."""
+        if self.world_size == 1:
+            return [obj]
+        raise NotImplementedError(f"the {self.name} backend gathers no objects")
+
+    # -- device generator ----------------------------------------------------------------
+    def device_rng_state(self) -> Optional[torch.Tensor]:
+        """This rank's device generator state (dropout, drop-path on the device), or None
+        where the device draws from the CPU generator (CPU, and XLA here)."""
+        return None
+
+    def set_device_rng_state(self, state: torch.Tensor) -> None:
+        """Restore what :meth:`device_rng_state` returned, on this rank's device."""
+        raise NotImplementedError(f"the {self.name} backend has no device generator")
+
     @abstractmethod
     def bn_reducer(self, group_size: int) -> Any:
         """The ``GroupReducer`` of this rank's BN group of ``group_size`` ranks."""

@@ -123,6 +123,23 @@ class TorchDistributedBackend(Backend):
         dist.broadcast_object_list(box, src=src)
         return box[0]
 
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
+    def device_rng_state(self) -> Optional[torch.Tensor]:
+        if self.kind != "cuda":
+            return None
+        return torch.cuda.get_rng_state(self.device)  # gpu-only
+
+    def set_device_rng_state(self, state: torch.Tensor) -> None:
+        if self.kind != "cuda":
+            raise NotImplementedError("backend=cpu has no device generator: the CPU one is restored with the run")
+        torch.cuda.set_rng_state(state, self.device)  # gpu-only
+
     def bn_reducer(self, group_size: int) -> Any:
         if group_size not in self._reducers:
             self._reducers[group_size] = process_group_reducer(group_size)

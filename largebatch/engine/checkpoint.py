@@ -421,29 +421,52 @@ def load_latest(directory: str | os.PathLike) -> Optional[tuple[Path, dict[str, 
     return None
 
 
-def capture_rng_state() -> dict[str, Any]:
-    """Python, NumPy, torch CPU and (where present) CUDA generator states, as plain data.
+def capture_rng_state(backend: Any = None) -> dict[str, Any]:
+    """Python, NumPy and torch CPU generator states, and every rank's device generator, as plain data.
 
-    NumPy's key array is stored as a tensor, Python's state as a tuple of ints: what
+    A collective where the backend has a device generator (CUDA): every rank must call it.
+    The host generators are rank 0's, which are every rank's (every rank seeds the same and
+    draws from them in step); a device generator is each rank's own (``device``: one state per
+    rank, in rank order), since rank k's dropout draws from its own GPU's generator. NumPy's
+    key array is stored as a tensor, Python's state as a tuple of ints: what
     ``torch.load(weights_only=True)`` reads back.
     """
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {
+    state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
                   "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    device = backend.device_rng_state() if backend is not None else None
+    if device is not None:
+        state["device"] = backend.all_gather_object(device.cpu())
     return state
 
 
-def restore_rng_state(state: dict[str, Any]) -> None:
+def restore_rng_state(state: dict[str, Any], backend: Any = None) -> None:
+    """Restore what :func:`capture_rng_state` captured; each rank takes its own device state.
+
+    At another world size than the writer's, rank k takes state ``k % writers`` (the run is
+    not the same run then; a warning says so). Checkpoints written before device states were
+    kept per rank hold rank 0's list of all its devices (``cuda``): rank 0 takes its device's
+    entry, the others keep their seeded generators (the list never held their states).
+    """
     random.setstate(state["python"])
     npst = state["numpy"]
     np.random.set_state((npst["kind"], npst["keys"].numpy().astype(np.uint32), npst["pos"],
                          npst["has_gauss"], npst["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if backend is None or backend.device_rng_state() is None:
+        return
+    if "device" in state:
+        states = state["device"]
+        if len(states) != backend.world_size and backend.is_main:
+            log.warning("the checkpoint holds the device generators of %d ranks, this run has %d: "
+                        "rank k takes rank k %% %d's; dropout draws differ from the writer's run",
+                        len(states), backend.world_size, len(states))
+        backend.set_device_rng_state(states[backend.rank % len(states)])
+    elif "cuda" in state and backend.rank == 0 and backend.device.index is not None:
+        legacy = state["cuda"]
+        if backend.device.index < len(legacy):
+            backend.set_device_rng_state(legacy[backend.device.index])

@@ -377,7 +377,9 @@ class CheckpointHook(Hook):
         self.ema = ema
         self.last_saved_step: Optional[int] = None
 
-    def state(self) -> dict[str, Any]:
+    def state(self, rng: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        """The checkpoint's contents; ``rng`` from :func:`capture_rng_state` (a collective,
+        which :meth:`save` makes on every rank), or this rank's own when None."""
         t = self.trainer
         return RunCheckpoint(
             model=unwrap_model(t.model).state_dict(),  # DDP / torch.compile wrappers add key prefixes
@@ -385,7 +387,7 @@ class CheckpointHook(Hook):
             scheduler=t.scheduler.state_dict(),
             scaler=t.scaler.state_dict() if t.scaler is not None else None,
             train_state=t.state.state_dict() | {"elapsed_s": t.elapsed()},
-            rng=capture_rng_state(),
+            rng=rng if rng is not None else capture_rng_state(t.backend),
             ema=self.ema.state_dict() if self.ema is not None else None,
             world_size=t.backend.world_size,
             global_batch_size=t.settings.global_batch_size,
@@ -401,11 +403,12 @@ class CheckpointHook(Hook):
         t.check_non_finite()
         t.guard.check_state(t.state.step)
         self.last_saved_step = t.state.step
+        rng = capture_rng_state(t.backend)  # every rank: each rank's device generator goes in
         failure: Optional[tuple[str, str, Optional[int]]] = None
         if t.backend.is_main:
             try:
                 path = save_checkpoint(
-                    self.state(), self.directory, checkpoint_name(t.state.epoch, t.state.step), keep=self.keep
+                    self.state(rng), self.directory, checkpoint_name(t.state.epoch, t.state.step), keep=self.keep
                 )
                 log.debug("saved %s", path)
             except CheckpointSaveError as e:

@@ -252,7 +252,7 @@ def check_fits(ckpt: RunCheckpoint, path: Path, check: ResumeCheck, world_size: 
         )
 
 
-def _load_parts(ckpt: RunCheckpoint, path: Path, parts: RunParts) -> None:
+def _load_parts(ckpt: RunCheckpoint, path: Path, parts: RunParts, backend: Any) -> None:
     """Optimizer, schedule, scaler, loop state, RNG and EMA from the checkpoint (the model is loaded)."""
     try:
         parts.optimizer.load_state_dict(ckpt.optimizer)
@@ -260,7 +260,7 @@ def _load_parts(ckpt: RunCheckpoint, path: Path, parts: RunParts) -> None:
         if parts.scaler is not None and ckpt.scaler:
             parts.scaler.load_state_dict(ckpt.scaler)
         parts.state.load_state_dict(ckpt.train_state)
-        restore_rng_state(ckpt.rng)
+        restore_rng_state(ckpt.rng, backend)
         if parts.ema is not None and not load_ema_state(parts.ema, ckpt.ema, parts.model):
             log.warning("checkpoint %s holds no EMA weights (written with ema.enabled=false or "
                         "before the EMA existed): the EMA starts from its weights at step %d",
@@ -309,7 +309,7 @@ def resume_run(resume: str, ckpt_dir: Path, *, backend: Any, check: ResumeCheck,
             f"run cannot continue from it; resume from a checkpoint largebatch-train wrote, or "
             f"start a new run without resume="
         )
-    _load_parts(ckpt, path, parts)
+    _load_parts(ckpt, path, parts, backend)
     # after the loads: an optimizer's own refusal (LARS's momentum form) names its option better
     check_same_run(ckpt.identity.config, check.config, path)
     changes = schedule_changes(ckpt.identity.config, check.config)
