@@ -26,10 +26,17 @@ the summary says so.
 ``run`` goes through its phases in order, each under a time budget (a phase that ends early
 passes its spare seconds on); a phase cut at its budget is killed with its processes and the
 campaign goes on. After every phase it rewrites ``campaign.md`` in ``--out`` (phase table, the
-throughput table, the test counts, the training results), so a lease that ends mid-way still
+throughput table, the test results, the training results), so a lease that ends mid-way still
 returns what was measured. The files written (at most 8, as the device tool returns):
-``campaign.md``, ``campaign.log`` (every command's output), ``gpu-tests.xml`` and
-``cuda-cases.xml`` (JUnit), ``throughput.md`` (the table as printed).
+``campaign.md``, ``campaign.log`` (every command's output), ``tests.jsonl`` (each test's result
+as it ends), ``throughput.md`` (the table as printed).
+
+The ``tests`` phase runs cheapest first, one pytest call per group (the optimizer suite's CUDA
+cases, the GPU unit tests, the eager CLI trainings, the compiled ones last), each group under
+its own budget and each test under a per-test limit. This file is also the pytest plugin those
+calls load (``-p gpu_campaign``): it appends each test's start and result to ``tests.jsonl``
+as they happen, so a group killed at its budget still reports what passed or failed, the test
+it was cut in, and the tests that never started.
 """
 
 from __future__ import annotations
@@ -72,6 +79,9 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
              "manylinux1_x86_64")
 CARRY_MIB = 64  # what one device call carries, the working tree included
 PART_MIB = 56   # one DALI part: leaves room for the working tree (~3 MiB) and the manifest
+# the tests phase: each test's start and result, one JSON line each, in --out; the plugin's settings
+TEST_RESULTS = "tests.jsonl"
+RESULTS_ENV, GROUP_ENV, LIMIT_ENV = "GPU_CAMPAIGN_RESULTS", "GPU_CAMPAIGN_GROUP", "GPU_CAMPAIGN_TEST_LIMIT_S"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,6 +206,7 @@ class Step:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     optional: bool = False  # its failure is recorded but does not fail the phase (e.g. a flaky probe)
+    budget_s: Optional[float] = None  # its own cap inside the phase's budget (None: what the phase has left)
 
 
 @dataclass
@@ -267,16 +278,52 @@ def phase_install(c: Campaign) -> list[Step]:
     return steps
 
 
+# The gpu-marked tests that train through the CLI (a minute or more each on the card), by node id:
+# the other gpu-marked tests run before them, the compiled ones last.
+EAGER_TRAININGS = ("tests/gpu/test_cuda_training.py",
+                   "tests/gpu/test_nvjpeg_gpu.py::test_cli_nvjpeg_run_defaults_to_channels_last",
+                   "tests/gpu/test_nvjpeg_gpu.py::test_auto_picks_dali_or_nvjpeg_on_cuda")
+COMPILED_TRAININGS = ("tests/gpu/test_nvjpeg_gpu.py::test_compiled_training_saves_plain_checkpoints",)
+
+
+@dataclass(frozen=True)
+class SuiteGroup:
+    label: str
+    args: tuple[str, ...]  # pytest arguments: paths / node ids, selections
+    budget_s: float        # the group's cap on the GPU (its spare passes on to the next group)
+    test_limit_s: float    # per test, set-up and tear-down included
+
+
+def suite_groups() -> list[SuiteGroup]:
+    """The tests phase, cheapest first: a cut then costs the slowest tests, not the quick ones."""
+    not_trainings = [a for t in (*EAGER_TRAININGS, *COMPILED_TRAININGS)
+                     for a in (("--ignore", t) if "::" not in t else ("--deselect", t))]
+    return [
+        SuiteGroup("optimizer suite (CUDA cases)", ("tests/test_optim_timm_suite.py",), 90, 45),
+        SuiteGroup("gpu unit tests", ("-m", "gpu", "tests", *not_trainings), 90, 60),
+        SuiteGroup("eager CLI trainings", ("-m", "gpu", *EAGER_TRAININGS), 100, 60),
+        SuiteGroup("compiled CLI trainings", ("-m", "gpu", *COMPILED_TRAININGS), 330, 150),
+    ]
+
+
+def group_step(c: Campaign, group: SuiteGroup, results: Path, *, collect_only: bool = False) -> Step:
+    """One pytest call for ``group`` with this file as its plugin: results appended to ``results``."""
+    argv = [c.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=-ra", "-p", "gpu_campaign",
+            *(["--collect-only"] if collect_only else []), *group.args]
+    path = os.pathsep.join(p for p in (str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")) if p)
+    env = {"PYTHONPATH": path, RESULTS_ENV: str(results), GROUP_ENV: group.label,
+           LIMIT_ENV: f"{group.test_limit_s:g}"}
+    return Step(group.label, argv, env, budget_s=None if c.rehearse else group.budget_s)
+
+
 def phase_tests(c: Campaign) -> list[Step]:
     """The ``gpu``-marked tests and the CUDA cases of the others (the timm optimizer suite runs on
-    CUDA where there is one), JUnit XML to --out. In the rehearsal they collect and skip."""
-    common = [c.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=-ra"]
-    suite = ["--collect-only"] if c.rehearse else []  # on the CPU these cases run in the suite already
-    return [
-        Step("gpu-marked tests", [*common, "-m", "gpu", f"--junitxml={c.out / 'gpu-tests.xml'}", str(REPO / "tests")]),
-        Step("CUDA cases of the optimizer suite", [*common, *suite, f"--junitxml={c.out / 'cuda-cases.xml'}",
-                                                   str(REPO / "tests" / "test_optim_timm_suite.py")]),
-    ]
+    CUDA where there is one), each result to ``tests.jsonl`` in --out as it ends. In the
+    rehearsal the gpu tests collect and skip, and the suite only collects (on the CPU its cases
+    run in the test suite already)."""
+    results = c.out / TEST_RESULTS
+    results.unlink(missing_ok=True)  # this phase's results only (a rerun of part 1 starts it again)
+    return [group_step(c, g, results, collect_only=c.rehearse and i == 0) for i, g in enumerate(suite_groups())]
 
 
 def jpeg_root(c: Campaign) -> Path:
@@ -419,7 +466,7 @@ def run(c: Campaign, phases: Sequence[str]) -> int:
                     cut = True
                     result.notes.append(f"not started: {step.label}")
                     continue
-                rc, _ = run_step(step, left, log, env)
+                rc, _ = run_step(step, left if step.budget_s is None else min(left, step.budget_s), log, env)
                 if rc is None:
                     cut = True
                     result.notes.append(f"cut: {step.label}")
@@ -448,12 +495,102 @@ def write_summary(c: Campaign, results: list[PhaseResult]) -> None:
         lines.append(f"nvidia-smi: {smi.group(1)}")
     lines += ["", "| phase | status | seconds | notes |", "|---|---|---:|---|"]
     lines += [f"| {r.name} | {r.status} | {r.seconds:.0f} | {'; '.join(r.notes)} |" for r in results]
-    lines += ["", "## Tests"] + [f"- {m}" for m in re.findall(r"^=*\s*(\d+ (?:passed|failed|skipped|error).*?)\s*=*$",
-                                                              text, re.MULTILINE)]
+    lines += ["", "## Tests"] + tests_report(c.out / TEST_RESULTS)
     lines += ["", "## Throughput"] + [line for line in text.splitlines()
                                       if line.startswith(("MFU peaks", "budget of", "DALI is not"))] + table
     lines += ["", "## Training runs"] + [f"- {m}" for m in re.findall(r"^(largebatch: .*)$", text, re.MULTILINE)]
     (c.out / "campaign.md").write_text("\n".join(lines) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# the tests phase's record: this module is also a pytest plugin (pytest -p gpu_campaign)
+
+_outcomes: dict[str, tuple[str, str]] = {}  # node id -> (outcome, first failure line), in this pytest process
+
+
+def _record(**fields: object) -> None:
+    """One JSON line, written and flushed at once: a SIGKILL a moment later loses nothing before it."""
+    path = os.environ.get(RESULTS_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"group": os.environ.get(GROUP_ENV, ""), **fields}) + "\n")
+
+
+def _over_limit(signum: int, frame: object) -> None:
+    import pytest
+
+    raise pytest.fail.Exception(f"over the campaign's per-test limit of {os.environ[LIMIT_ENV]} s", pytrace=False)
+
+
+def pytest_collection_finish(session) -> None:  # type: ignore[no-untyped-def]
+    _record(event="collected", tests=[item.nodeid for item in session.items],
+            collect_only=bool(session.config.option.collectonly))
+
+
+def pytest_runtest_logstart(nodeid: str, location: object) -> None:
+    _record(event="start", test=nodeid)
+    limit = float(os.environ.get(LIMIT_ENV) or 0)
+    if limit > 0:  # SIGALRM fails a test stuck in Python; one stuck in C waits for the group's budget
+        signal.signal(signal.SIGALRM, _over_limit)
+        signal.setitimer(signal.ITIMER_REAL, limit)
+
+
+def pytest_runtest_logreport(report) -> None:  # type: ignore[no-untyped-def]
+    """The test's outcome: the first of set-up, call, tear-down that did not pass."""
+    if report.nodeid in _outcomes and _outcomes[report.nodeid][0] != "passed":
+        return
+    outcome = {"failed": "failed" if report.when == "call" else "error"}.get(report.outcome, report.outcome)
+    message = ""
+    if report.outcome != "passed" and report.longrepr is not None:
+        # the error line ("E   AssertionError: ..."), else the last line (a skip's reason, a fail(pytrace=False))
+        text = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longreprtext
+        lines = [line.strip() for line in str(text).splitlines() if line.strip()] or [""]
+        message = next((line[1:].strip() for line in lines if line.startswith("E ")), lines[-1])[:300]
+    _outcomes[report.nodeid] = (outcome, message)
+
+
+def pytest_runtest_logfinish(nodeid: str, location: object) -> None:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    outcome, message = _outcomes.get(nodeid, ("error", "no report"))
+    _record(event="result", test=nodeid, outcome=outcome, message=message)
+
+
+def tests_report(path: Path) -> list[str]:
+    """campaign.md's test lines from ``tests.jsonl``: per group the counts, each failure with its
+    line, the test a cut group was in and the tests it never started."""
+    if not path.exists():
+        return []
+    groups: dict[str, dict] = {}
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut mid-write
+        g = groups.setdefault(rec["group"], {"collected": [], "collect_only": False, "started": [], "results": {}})
+        if rec["event"] == "collected":
+            g["collected"] += rec["tests"]
+            g["collect_only"] = rec["collect_only"]
+        elif rec["event"] == "start":
+            g["started"].append(rec["test"])
+        elif rec["event"] == "result":
+            g["results"][rec["test"]] = (rec["outcome"], rec["message"])
+    lines = []
+    for name, g in groups.items():
+        if g["collect_only"]:
+            lines.append(f"- {name}: {len(g['collected'])} collected (--collect-only)")
+            continue
+        counts: dict[str, int] = {}
+        for outcome, _ in g["results"].values():
+            counts[outcome] = counts.get(outcome, 0) + 1
+        cut = [t for t in g["started"] if t not in g["results"]]
+        never = [t for t in g["collected"] if t not in g["results"] and t not in cut]
+        summary = ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "no test finished"
+        lines.append(f"- {name}: {summary}" + (f"; cut during {', '.join(cut)}" if cut else "")
+                     + (f"; {len(never)} never started" if never else ""))
+        lines += [f"  - {outcome}: {test}" + (f": {message}" if message else "")
+                  for test, (outcome, message) in g["results"].items() if outcome != "skipped"]
+        lines += [f"  - never started: {test}" for test in never]
+    return lines
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -13,7 +13,6 @@ import re
 import subprocess
 import sys
 import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import ModuleType
 
@@ -110,6 +109,61 @@ def test_a_phase_cut_at_its_budget_is_killed_and_the_campaign_goes_on(
             time.sleep(0.1)
 
 
+DEMO_TESTS = """
+import time
+
+def test_quick():
+    pass
+
+def test_broken():
+    assert 1 == 2, "one is not two"
+
+def test_slow():
+    time.sleep(60)
+
+def test_after():
+    pass
+"""
+
+
+def _tests_phase(campaign: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, budget_s: float,
+                 test_limit_s: float) -> tuple[int, str]:
+    """The campaign's tests phase (real pytest calls with the campaign's plugin) over a file of four tests."""
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "test_demo.py").write_text(DEMO_TESTS)
+    group = campaign.SuiteGroup("demo group", (str(tmp_path / "demo" / "test_demo.py"),), budget_s, test_limit_s)
+    phases = {"tests": campaign.Phase("tests", budget_s, budget_s,
+                                      lambda c, _: [campaign.group_step(c, group, c.out / campaign.TEST_RESULTS)])}
+    monkeypatch.setattr(campaign, "PHASES", phases)
+    rc = campaign.run(campaign.Campaign(out=tmp_path / "out", rehearse=True, work=tmp_path / "work"), ["tests"])
+    return rc, (tmp_path / "out" / "campaign.md").read_text()
+
+
+def test_a_tests_phase_cut_mid_way_still_reports_what_ran(
+    campaign: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pytest is SIGKILLed in test_slow (no JUnit XML, no summary line): campaign.md still lists
+    the tests that ended before the cut, names the test the cut came in and those never started."""
+    t0 = time.monotonic()
+    rc, summary = _tests_phase(campaign, tmp_path, monkeypatch, budget_s=8, test_limit_s=0)
+    assert rc == 1 and time.monotonic() - t0 < 30
+    assert "| tests | cut at budget |" in summary and "cut: demo group" in summary
+    assert "- demo group: 1 failed, 1 passed; cut during test_demo.py::test_slow; 1 never started" in summary
+    assert "  - passed: test_demo.py::test_quick" in summary
+    assert "  - failed: test_demo.py::test_broken: AssertionError: one is not two" in summary
+    assert "  - never started: test_demo.py::test_after" in summary
+
+
+def test_a_test_over_the_per_test_limit_fails_and_the_group_goes_on(
+    campaign: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rc, summary = _tests_phase(campaign, tmp_path, monkeypatch, budget_s=60, test_limit_s=2)
+    assert rc == 1 and "| tests | failed: demo group (exit 1) |" in summary
+    assert "- demo group: 2 failed, 2 passed\n" in summary
+    assert "  - failed: test_demo.py::test_slow: over the campaign's per-test limit of 2 s" in summary
+    assert "  - passed: test_demo.py::test_after" in summary
+
+
 @pytest.mark.slow
 def test_the_rehearsal_runs_every_phase_on_the_cpu(campaign: ModuleType, tmp_path: Path) -> None:
     """What a GPU session runs, at toy size: the wheels download, build and install offline; the
@@ -132,10 +186,20 @@ def test_the_rehearsal_runs_every_phase_on_the_cpu(campaign: ModuleType, tmp_pat
     resolved = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in report["install"]}
     assert resolved == {_pin(s)[0].lower(): _pin(s)[1] for s in campaign.DALI_WHEELS}
     assert (work / "prefix" / "bin" / "largebatch-train").exists()
-    # the tests: a non-empty gpu selection, JUnit XML for both selections
-    gpu = ET.parse(out / "gpu-tests.xml").getroot().find("testsuite")
-    assert int(gpu.get("tests")) >= 20 and int(gpu.get("skipped")) == int(gpu.get("tests"))
-    assert (out / "cuda-cases.xml").exists()
+    # the tests: the suite collects; the gpu tests, cheapest first and the compiled trainings
+    # last, each in one group, all skipped here, every result recorded
+    records = [json.loads(line) for line in (out / "tests.jsonl").read_text().splitlines()]
+    collected = {r["group"]: r["tests"] for r in records if r["event"] == "collected"}
+    labels = [g.label for g in campaign.suite_groups()]
+    assert list(collected) == labels and labels[0].startswith("optimizer suite") and labels[-1].startswith("compiled")
+    assert len(collected[labels[0]]) >= 12 and f"- {labels[0]}: {len(collected[labels[0]])} collected" in summary
+    gpu = [t for label in labels[1:] for t in collected[label]]
+    assert len(gpu) >= 20 and len(set(gpu)) == len(gpu)  # each in one group
+    assert all(len(collected[label]) >= 2 for label in labels[1:])
+    assert all("test_compiled_training" in t for t in collected[labels[-1]])
+    assert not any("test_compiled_training" in t or "test_cuda_training.py" in t for t in collected[labels[1]])
+    results = {r["test"]: r["outcome"] for r in records if r["event"] == "result"}
+    assert sorted(results) == sorted(gpu) and set(results.values()) == {"skipped"}
     # the table: every data kind's train row, the SGD peer
     table = (out / "throughput.md").read_text()
     for row in ("resnet10t synthetic fp32 NHWC eager lars", "resnet10t torchvision fp32 NHWC eager lars",
