@@ -42,6 +42,7 @@ import torch.distributed as dist
 from torch import nn
 
 from largebatch.engine.compile import unwrap_model
+from largebatch.engine.evaluate import copy_from_rank0
 from largebatch.engine.loop import Hook
 
 __all__ = ["EmaHook", "EmaSettings", "build_model_ema", "load_ema_state", "sync_from_rank0"]
@@ -138,24 +139,9 @@ def _has_generator(device: torch.device) -> bool:
     return True
 
 
-@torch.no_grad()
 def sync_from_rank0(ema: Any, backend: Any) -> None:
-    """Overwrite every rank's EMA state with rank 0's (an all-reduce of rank 0's values and zeros)."""
-    if backend.world_size == 1:
-        return
-    tensors = [t for t in ema.module.state_dict().values() if t.is_floating_point()]
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for t in tensors:
-        by_dtype.setdefault(t.dtype, []).append(t)
-    for group in by_dtype.values():
-        flat = torch.cat([t.reshape(-1) for t in group])
-        if not backend.is_main:
-            flat.zero_()
-        flat = backend.all_reduce_sum(flat)  # x + 0 + ... + 0 == x exactly
-        offset = 0
-        for t in group:
-            t.copy_(flat[offset: offset + t.numel()].view_as(t))
-            offset += t.numel()
+    """Overwrite every rank's EMA state with rank 0's (its floating-point tensors)."""
+    copy_from_rank0((t for t in ema.module.state_dict().values() if t.is_floating_point()), backend)
 
 
 class EmaHook(Hook):

@@ -8,10 +8,11 @@ level (it is pickled by name for the spawned interpreter).
 
 from __future__ import annotations
 
+import datetime
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -22,11 +23,13 @@ from largebatch.comm.reducers import destroy_process_groups
 __all__ = ["run_ranks"]
 
 
-def _entry(rank: int, fn: Callable[..., Any], world_size: int, workdir: str, args: tuple) -> None:
+def _entry(rank: int, fn: Callable[..., Any], world_size: int, workdir: str, args: tuple,
+           timeout_s: Optional[float] = None) -> None:
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     dist.init_process_group(
-        "gloo", init_method=f"file://{workdir}/rendezvous", rank=rank, world_size=world_size
+        "gloo", init_method=f"file://{workdir}/rendezvous", rank=rank, world_size=world_size,
+        **({"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s is not None else {}),
     )
     try:
         result = fn(rank, world_size, *args)
@@ -36,12 +39,16 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, workdir: str, arg
         destroy_process_groups()  # not dist.destroy_process_group(): see its docstring
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return the results."""
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: Optional[float] = None) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return the results.
+
+    ``timeout_s``: the process group's collective timeout (torch's default is 30 minutes), for
+    tests of code that could leave ranks waiting on each other.
+    """
     with tempfile.TemporaryDirectory(prefix="lb_dist_") as workdir:
         mp.start_processes(
             _entry,
-            args=(fn, world_size, workdir, args),
+            args=(fn, world_size, workdir, args, timeout_s),
             nprocs=world_size,
             join=True,
             start_method="spawn",
