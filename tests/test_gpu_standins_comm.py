@@ -1,4 +1,4 @@
-"""The DDP hooks' NCCL collectives, run on a CPU.
+"""The DDP hooks' NCCL collectives and the CUDA backend's NCCL calls, run on a CPU.
 
 On CUDA tensors the hierarchical / torus schedule hands NCCL a reduce-scatter into a new shard
 and an all-gather from it; CPU tensors go to gloo as all_to_all + broadcasts instead
@@ -13,6 +13,7 @@ tests/distributed/test_comm_hooks.py.
 
 from __future__ import annotations
 
+import datetime
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from largebatch.backends.torch_dist import TorchDistributedBackend
 from largebatch.comm import ddp_hooks
 
 CUDA = torch.device("cuda", 0)
@@ -162,3 +164,39 @@ def test_a_cuda_bucket_is_reduce_scattered_and_all_gathered_by_nccl_and_averaged
     # the blocking column all-reduce (of a group of one at 2 ranks) gives a completed future naming the GPU
     assert futures == [[CUDA]] * world_size
 
+
+# -- the CUDA backend's NCCL calls ----------------------------------------------------------------
+
+
+def _cuda_world(monkeypatch: pytest.MonkeyPatch, *, rank: int, local_rank: int) -> TorchDistributedBackend:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name, value in (("RANK", rank), ("WORLD_SIZE", 4), ("LOCAL_RANK", local_rank), ("LOCAL_WORLD_SIZE", 2)):
+        monkeypatch.setenv(name, str(value))
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    return TorchDistributedBackend("cuda", timeout_s=90)
+
+
+def test_a_cuda_rank_joins_an_nccl_group_bound_to_its_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = _cuda_world(monkeypatch, rank=3, local_rank=1)
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    selected: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "set_device", selected.append)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: calls.append((a, k)))
+    backend.start()
+    TorchDistributedBackend("cpu", timeout_s=90).start()  # the gloo group names no device
+    assert selected == [torch.device("cuda", 1)]
+    timeout = datetime.timedelta(seconds=90)
+    assert calls == [(("nccl",), {"timeout": timeout, "device_id": torch.device("cuda", 1)}),
+                     (("gloo",), {"timeout": timeout})]
+    assert backend._owns_group
+
+
+def test_a_cuda_barrier_names_the_ranks_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NCCL's barrier runs on a GPU; without ``device_ids`` it guesses one from the rank."""
+    backend = _cuda_world(monkeypatch, rank=3, local_rank=1)
+    barriers: list[dict[str, Any]] = []
+    monkeypatch.setattr(dist, "barrier", lambda **k: barriers.append(k))
+    backend.barrier()
+    TorchDistributedBackend("cpu").barrier()
+    assert barriers == [{"device_ids": [1]}, {}]
