@@ -1,7 +1,7 @@
 """The input pipelines' GPU-only lines, run on a CPU with CUDA's device calls stood in for
 (tests/cuda_standin.py): nvJPEG's stream handling and pinned copies, the batched resize's
-pinned plan table, LoaderSpec's GPU index and DALI's mixed-decode graphs (defined for
-device 0, which DALI checks on a CPU; building them needs a GPU)."""
+pinned plan table, LoaderSpec's GPU index, DALI's mixed-decode graphs and the DALI loaders'
+pipelines (defined for device 0, which DALI checks on a CPU; building them needs a GPU)."""
 
 from __future__ import annotations
 
@@ -250,3 +250,58 @@ def _each_event_recorded_before_its_wait(log: list) -> bool:  # type: ignore[typ
     per_item = [[s for i, s in streams if bounds[k] < i < bounds[k + 1]] for k in range(3)]
     assert per_item == [[(2,)], [(3,), (4,)], [(5,)]]
     return True
+
+
+# -- the DALI loaders' pipelines: the labels follow the images to the GPU ------------------------
+
+
+def _devices_of_the_outputs(monkeypatch: pytest.MonkeyPatch, loader) -> tuple[list[bool], list[str]]:  # type: ignore[no-untyped-def]
+    """``loader._build()``'s pipeline, defined (for GPU 0 where the loader has one) and handed
+    to a stand-in for DALI's iterator, which would build it: the ``gpu`` flags its graph got
+    and the device of each output (images, labels)."""
+    plugin = pytest.importorskip("nvidia.dali.plugin.pytorch")
+    from largebatch.data.pipelines import dali_graph as dg
+
+    handed: list = []
+    monkeypatch.setattr(plugin, "DALIGenericIterator", lambda pipe, names, **kw: handed.append((pipe, names)))
+    asked: list[bool] = []
+
+    def graph(encoded, gpu):  # type: ignore[no-untyped-def]
+        asked.append(gpu)
+        return dg._train_images(encoded, gpu=gpu, image_size=24, crop_scale=(0.25, 1.0), layout="NCHW",
+                                dtype=torch.float32, hw_decoder_load=0.5)
+
+    loader._graph = graph
+    loader._build()
+    ((pipe, names),) = handed
+    assert names == ["images", "labels"]
+    return asked, [node.device for node in pipe._graph_out]  # the outputs as defined (no public getter)
+
+
+@pytest.mark.parametrize("device_id", [0, None])
+def test_the_file_loaders_labels_follow_its_images_to_the_gpu(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, device_id: int | None
+) -> None:
+    from largebatch.data.pipelines.dali_files import DaliLoader
+    from largebatch.data.pipelines.dali_graph import DaliPipeline
+    from largebatch.data.samplers import ExactShardSampler
+
+    loader = DaliLoader([str(tmp_path / "a.jpg")], [0], sampler=ExactShardSampler(1, rank=0, world_size=1),
+                        batch_size=1, drop_last=False, seed=0,
+                        pipeline=DaliPipeline(lambda e, g: e, 1, device_id, "NCHW"))
+    on = "gpu" if device_id is not None else "cpu"
+    assert _devices_of_the_outputs(monkeypatch, loader) == ([device_id is not None], [on, on])
+
+
+@pytest.mark.parametrize("device_id", [0, None])
+def test_the_shard_loaders_labels_follow_its_images_to_the_gpu(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, device_id: int | None
+) -> None:
+    from largebatch.data.pipelines.dali_graph import DaliPipeline
+    from largebatch.data.pipelines.dali_shards import DaliShardLoader
+
+    spec = LoaderSpec(image_size=24, batch_size=2, workers=0, device="cpu", seed=5)
+    loader = DaliShardLoader([str(tmp_path / "0.tar")], [str(tmp_path / "0.idx")], 4, spec, train=True,
+                             pipeline=DaliPipeline(lambda e, g: e, 1, device_id, "NCHW"))
+    on = "gpu" if device_id is not None else "cpu"
+    assert _devices_of_the_outputs(monkeypatch, loader) == ([device_id is not None], [on, on])

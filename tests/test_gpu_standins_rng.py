@@ -45,3 +45,16 @@ def test_a_checkpoint_of_the_old_form_restores_rank_0s_gpu_only(monkeypatch: pyt
     old = [torch.Generator().manual_seed(s).get_state() for s in (5, 6)]  # rank 0's get_rng_state_all()
     restore_rng_state(capture_rng_state() | {"cuda": old}, backend)
     assert torch.equal(cuda.get_rng_state(0), old[0]) and not torch.equal(cuda.get_rng_state(1), old[1])
+
+
+def test_a_cuda_rank_captures_its_own_gpus_generator_and_resumes_from_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from largebatch.engine.checkpoint import capture_rng_state, restore_rng_state
+
+    cuda, backend = _one_rank_on_gpu_0(monkeypatch)
+    cuda.draw(0, 3)  # GPU 0's generator has moved on from the seed
+    state = capture_rng_state(backend)
+    assert len(state["device"]) == 1 and torch.equal(state["device"][0], cuda.get_rng_state(0))
+    expected = cuda.draw(0, 4)
+    cuda.draw(0, 5)
+    restore_rng_state(state, backend)
+    assert cuda.draw(0, 4) == expected

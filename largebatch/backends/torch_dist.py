@@ -112,7 +112,7 @@ class TorchDistributedBackend(Backend):
     def barrier(self) -> None:
         if self.distributed:
             if self.kind == "cuda":
-                dist.barrier(device_ids=[self.local_rank])
+                dist.barrier(device_ids=[self.local_rank])  # gpu-only
             else:
                 dist.barrier()
 

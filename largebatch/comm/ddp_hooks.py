@@ -71,9 +71,11 @@ class _Ring:
 
 
 def _done(value: torch.Tensor) -> Future:
-    """A completed future holding ``value`` (a future holding CUDA tensors must name the
-    device, so that waiting on it orders the streams)."""
-    fut: Future = Future(devices=None if value.device.type == "cpu" else [value.device])
+    """A completed future holding ``value``."""
+    if value.device.type == "cpu":
+        fut: Future = Future()
+    else:  # a future holding CUDA tensors names the device, so that waiting on it orders the streams
+        fut = Future(devices=[value.device])  # gpu-only
     fut.set_result(value)
     return fut
 
@@ -190,9 +192,9 @@ class CommState:
             return tensor
         self._count(ring, (p - 1) * _nbytes(tensor) // p)
         if tensor.device.type != "cpu":
-            shard = tensor.new_empty(tensor.numel() // p)
-            _reduce_scatter_single(shard, tensor, group=ring.handle)
-            return shard
+            shard = tensor.new_empty(tensor.numel() // p)  # gpu-only
+            _reduce_scatter_single(shard, tensor, group=ring.handle)  # gpu-only
+            return shard  # gpu-only
         # CPU tensors go to gloo. torch 2.14's gloo accepts reduce_scatter_single, but libtorch
         # links no gloo reduce-scatter algorithm (only allreduce, allgather, alltoall, reduce,
         # broadcast, ...): it is emulated, and measured 2-5x slower than an all_reduce of the
@@ -212,7 +214,7 @@ class CommState:
             return _done(out)
         self._count(ring, (p - 1) * _nbytes(shard))
         if out.device.type != "cpu":
-            return _all_gather_single(out, shard, group=ring.handle, async_op=True).get_future()
+            return _all_gather_single(out, shard, group=ring.handle, async_op=True).get_future()  # gpu-only
         # gloo: the shard already sits in its chunk of ``out`` (see _reduce_scatter). Each
         # rank broadcasts its chunk in place, which measured 4x faster than gloo's allgather
         # (39 vs 161 ms for 102 MB over 2 ranks) and needs no staging copy.

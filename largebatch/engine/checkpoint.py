@@ -440,7 +440,7 @@ def capture_rng_state(backend: Any = None) -> dict[str, Any]:
     }
     device = backend.device_rng_state() if backend is not None else None
     if device is not None:
-        state["device"] = backend.all_gather_object(device.cpu())
+        state["device"] = backend.all_gather_object(device.cpu())  # gpu-only
     return state
 
 
@@ -459,14 +459,14 @@ def restore_rng_state(state: dict[str, Any], backend: Any = None) -> None:
     torch.set_rng_state(state["torch"])
     if backend is None or backend.device_rng_state() is None:
         return
-    if "device" in state:
-        states = state["device"]
-        if len(states) != backend.world_size and backend.is_main:
-            log.warning("the checkpoint holds the device generators of %d ranks, this run has %d: "
+    if "device" in state:  # gpu-only
+        states = state["device"]  # gpu-only
+        if len(states) != backend.world_size and backend.is_main:  # gpu-only
+            log.warning("the checkpoint holds the device generators of %d ranks, this run has %d: "  # gpu-only
                         "rank k takes rank k %% %d's; dropout draws differ from the writer's run",
                         len(states), backend.world_size, len(states))
-        backend.set_device_rng_state(states[backend.rank % len(states)])
-    elif "cuda" in state and backend.rank == 0 and backend.device.index is not None:
-        legacy = state["cuda"]
-        if backend.device.index < len(legacy):
-            backend.set_device_rng_state(legacy[backend.device.index])
+        backend.set_device_rng_state(states[backend.rank % len(states)])  # gpu-only
+    elif "cuda" in state and backend.rank == 0 and backend.device.index is not None:  # gpu-only
+        legacy = state["cuda"]  # gpu-only
+        if backend.device.index < len(legacy):  # gpu-only
+            backend.set_device_rng_state(legacy[backend.device.index])  # gpu-only

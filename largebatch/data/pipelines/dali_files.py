@@ -152,7 +152,9 @@ class DaliLoader:
             names, labels = dali.fn.external_source(source=source, num_outputs=2, batch=True,
                                                     batch_info=True)
             images = self._graph(dali.fn.io.file.read(names), gpu)
-            return images, labels.gpu() if gpu else labels
+            if gpu:  # the labels follow the images to the GPU
+                labels = labels.gpu()  # gpu-only
+            return images, labels
 
         # The epoch ends when the source raises StopIteration; nothing is scheduled before
         # the first next(), so the first epoch's order is the one set_epoch chose.

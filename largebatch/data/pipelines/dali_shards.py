@@ -143,7 +143,9 @@ class DaliShardLoader:
         def pipeline() -> tuple[Any, Any]:
             encoded, labels = dali.fn.readers.webdataset(**reader_args)
             images = self._graph(encoded, gpu)
-            return images, labels.gpu() if gpu else labels
+            if gpu:  # the labels follow the images to the GPU
+                labels = labels.gpu()  # gpu-only
+            return images, labels
 
         policy = LastBatchPolicy.DROP if self.train else LastBatchPolicy.PARTIAL
         return DALIGenericIterator(pipeline(), ["images", "labels"], reader_name="reader",
