@@ -184,11 +184,11 @@ def test_a_cuda_rank_joins_an_nccl_group_bound_to_its_gpu(monkeypatch: pytest.Mo
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: calls.append((a, k)))
     backend.start()
-    TorchDistributedBackend("cpu", timeout_s=90).start()  # the gloo group names no device
+    TorchDistributedBackend("cpu", timeout_s=90).start()  # the gloo group names no device (None: torch's default)
     assert selected == [torch.device("cuda", 1)]
     timeout = datetime.timedelta(seconds=90)
     assert calls == [(("nccl",), {"timeout": timeout, "device_id": torch.device("cuda", 1)}),
-                     (("gloo",), {"timeout": timeout})]
+                     (("gloo",), {"timeout": timeout, "device_id": None})]
     assert backend._owns_group
 
 

@@ -84,8 +84,21 @@ class Backend(ABC):
         return model
 
     @abstractmethod
-    def wrap_model(self, model: nn.Module, **comm: Any) -> nn.Module:
-        """Wrap for data parallelism (DDP where the stack uses it)."""
+    def wrap_model(
+        self,
+        model: nn.Module,
+        *,
+        bucket_mb: float = 25.0,
+        algorithm: str = "flat",
+        compress: str = "none",
+        ranks_per_node: Optional[int] = None,
+    ) -> nn.Module:
+        """Wrap for data parallelism (DDP where the stack uses it).
+
+        The keywords are the ``comm`` config (``largebatch.config.schema``): gradient bucket
+        size in MiB, all-reduce algorithm, wire compression and ranks per node (None: the
+        launcher's ``LOCAL_WORLD_SIZE``). A backend ignores those its stack has no use for.
+        """
 
     def no_sync(self, model: nn.Module) -> ContextManager:
         """Context in which backward does not communicate (inner accumulation micro-steps)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -17,6 +17,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from largebatch.backends.base import Backend
 from largebatch.comm.reducers import destroy_process_groups, process_group_reducer
+
+if TYPE_CHECKING:
+    from largebatch.comm.ddp_hooks import CommState
 
 __all__ = ["TorchDistributedBackend"]
 
@@ -66,6 +69,8 @@ class TorchDistributedBackend(Backend):
             self.device = torch.device("cpu")
         self._reducers: dict[int, Any] = {}
         self._owns_group = False
+        # the comm hook's state (its byte and collective counters) once wrap_model registered one
+        self.comm_state: Optional[CommState] = None
 
     @property
     def distributed(self) -> bool:
@@ -87,7 +92,7 @@ class TorchDistributedBackend(Backend):
                 "nccl" if self.kind == "cuda" else "gloo",
                 timeout=self.timeout,
                 **_attempt_store(self.timeout),
-                **({"device_id": self.device} if self.kind == "cuda" else {}),
+                device_id=self.device if self.kind == "cuda" else None,
             )
             self._owns_group = True
 
@@ -181,7 +186,7 @@ class TorchDistributedBackend(Backend):
         if algorithm != "flat" or compress != "none":
             from largebatch.comm import register_comm_hook
 
-            ddp.comm_state = register_comm_hook(
+            self.comm_state = register_comm_hook(
                 ddp,
                 algorithm=algorithm,
                 compress=compress,

@@ -146,11 +146,20 @@ class XlaBackend(Backend):
         self.broadcast_tensors([*model.parameters(), *model.buffers()])
         return model
 
-    def wrap_model(self, model: nn.Module, **comm: Any) -> nn.Module:
-        """The model itself: gradients are all-reduced in :meth:`optimizer_step`, not by DDP."""
-        algorithm = comm.get("algorithm")
-        compress = comm.get("compress")
-        if algorithm not in (None, "flat") or compress not in (None, "none"):
+    def wrap_model(
+        self,
+        model: nn.Module,
+        *,
+        bucket_mb: float = 25.0,
+        algorithm: str = "flat",
+        compress: str = "none",
+        ranks_per_node: Optional[int] = None,
+    ) -> nn.Module:
+        """The model itself: gradients are all-reduced in :meth:`optimizer_step`, not by DDP.
+
+        ``bucket_mb`` and ``ranks_per_node`` do not apply (no DDP buckets; XLA's all-reduce).
+        """
+        if algorithm != "flat" or compress != "none":
             log.warning(
                 "comm.algorithm=%s comm.compress=%s do not apply on XLA (the compiler's all-reduce "
                 "runs over the TPU torus); using the plain gradient all-reduce", algorithm, compress

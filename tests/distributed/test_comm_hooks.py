@@ -221,3 +221,23 @@ def test_grid_groups() -> None:
     assert grid_shape(topo, (2, 4)) == (2, 4)
     with pytest.raises(ValueError, match="not divisible"):
         Topology(world_size=6, ranks_per_node=4)
+
+
+def _backend_wrap_run(rank: int, world_size: int) -> dict:
+    """The backend's wrap_model with the comm config keywords, as largebatch.run calls it."""
+    from largebatch.backends.torch_dist import TorchDistributedBackend
+
+    backend = TorchDistributedBackend("cpu")
+    model = backend.wrap_model(_model(), bucket_mb=1.0, algorithm="hierarchical", compress="fp16",
+                               ranks_per_node=1)
+    x, y = _batch(rank, 0)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    assert backend.comm_state is not None
+    return {"ddp": isinstance(model, DDP), "counters": backend.comm_state.counters(),
+            "algorithm": backend.comm_state.algorithm, "compress": backend.comm_state.compress}
+
+
+def test_backend_wrap_model_registers_the_hook_and_keeps_its_state() -> None:
+    for out in run_ranks(_backend_wrap_run, 2):
+        assert out["ddp"] and (out["algorithm"], out["compress"]) == ("hierarchical", "fp16")
+        assert out["counters"]["buckets"] >= 1 and out["counters"]["inter_node_bytes"] > 0
