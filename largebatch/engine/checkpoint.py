@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import IO, Any, Iterator, Optional, cast
 
 import numpy as np
 import torch
@@ -152,9 +152,13 @@ def _os_error(e: BaseException) -> Optional[OSError]:
 
 
 class _HashingWriter:
-    """A write-only file that hashes what passes through it and keeps the last record."""
+    """A write-only file that hashes what passes through it and keeps the last record.
 
-    def __init__(self, file: Any) -> None:
+    Only what ``torch.save`` calls on a file object: ``write`` and ``flush``
+    (``torch.serialization._open_zipfile_writer_buffer``).
+    """
+
+    def __init__(self, file: IO[bytes]) -> None:
         self.file = file
         self.sha256 = hashlib.sha256()
         self.tail = b""
@@ -169,10 +173,11 @@ class _HashingWriter:
         self.file.flush()
 
 
-def _write_with_checksum(state: dict[str, Any], f: Any) -> None:
+def _write_with_checksum(state: dict[str, Any], f: IO[bytes]) -> None:
     """``torch.save`` into ``f``, then append the SHA-256 of those bytes as the zip comment."""
     writer = _HashingWriter(f)
-    torch.save(state, writer)
+    # cast: torch.save's stub asks for a whole IO[bytes]; it calls write and flush only
+    torch.save(state, cast(IO[bytes], writer))
     if not (writer.tail.startswith(_EOCD_SIGNATURE) and writer.tail[-2:] == b"\0\0"):
         raise RuntimeError("torch.save did not end its file with an end-of-central-directory record")
     comment = _CHECKSUM_MARKER + writer.sha256.hexdigest().encode()
@@ -431,11 +436,15 @@ def capture_rng_state(backend: Any = None) -> dict[str, Any]:
     key array is stored as a tensor, Python's state as a tuple of ints: what
     ``torch.load(weights_only=True)`` reads back.
     """
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    # the dict form holds what the legacy tuple (kind, keys, pos, has_gauss, cached) holds;
+    # numpy's stubs type the tuple form as a dict-or-tuple union
+    np_state = np.random.get_state(legacy=False)
+    mt19937 = np_state["state"]
     state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "numpy": {"kind": np_state["bit_generator"], "keys": torch.from_numpy(mt19937["key"].astype(np.int64)),
+                  "pos": int(mt19937["pos"]), "has_gauss": int(np_state["has_gauss"]),
+                  "cached_gaussian": float(np_state["gauss"])},
         "torch": torch.get_rng_state(),
     }
     device = backend.device_rng_state() if backend is not None else None
