@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from typing import Any, Callable, Iterator, Optional, TypeVar
+from typing import Any, Callable, Generator, Iterator, Optional, TypeVar
 
 import torch
 
@@ -28,7 +28,7 @@ def _record_stream(item: Any, stream: "torch.cuda.Stream") -> None:
 
 
 def in_background(produce: Callable[[], Iterator[T]], depth: int, *, device: Optional[torch.device] = None,
-                  name: str = "background-iterator") -> Iterator[T]:
+                  name: str = "background-iterator") -> Generator[T, None, None]:
     """Iterate ``produce()`` in a thread that runs up to ``depth`` items ahead of the consumer.
 
     Why: torchvision's GPU decode blocks the calling thread until nvJPEG has finished (it

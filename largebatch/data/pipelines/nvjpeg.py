@@ -378,7 +378,7 @@ class NvjpegLoader(LoaderView):
             previous.close()
         epoch = self.epoch
 
-        def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        def batches() -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
             for samples in self._loader_pass():
                 batch = self.assemble(samples, epoch)
                 if batch is not None:
