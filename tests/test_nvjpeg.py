@@ -352,7 +352,7 @@ def test_collate_joins_the_bytes_into_one_buffer_and_keeps_the_rest() -> None:
     assert [bytes(t.numpy()) for t in batch.encoded()] == jpegs
     assert all(t.untyped_storage().data_ptr() == batch.data.untyped_storage().data_ptr() for t in batch.encoded())
     assert batch.labels.tolist() == [0, 1, 2, 1, 0] and batch.labels.dtype == torch.int64
-    assert [s.index for s in batch.samples] == [10, 11, 12, 13, 14]
+    assert [s.dataset_index for s in batch.samples] == [10, 11, 12, 13, 14]
     assert batch.samples[1].payload is png and batch.samples[1].cpu_reason == "PNG data, not a JPEG"
     assert batch.samples[2].error == "empty file" and batch.samples[0].payload is None
 
@@ -363,7 +363,7 @@ def test_workers_hand_over_one_buffer_per_batch(data_root: Path) -> None:
     train.set_epoch(0)
     for batch in train.loader:
         assert isinstance(batch, nv.EncodedBatch) and len(batch) == 4
-        files = [Path(train.dataset.samples[batch.samples[k].index][0]).read_bytes() for k in batch.on_device]
+        files = [Path(train.dataset.samples[batch.samples[k].dataset_index][0]).read_bytes() for k in batch.on_device]
         assert batch.data.numel() == sum(map(len, files)) and batch.data.is_shared()  # one shared tensor
         assert [bytes(t.numpy()) for t in batch.encoded()] == files
         assert all(batch.samples[k].payload is None for k in batch.on_device)

@@ -187,10 +187,11 @@ class EncodedSample(NamedTuple):
 
     ``payload`` is the file's bytes (uint8, 1-D) for nvJPEG, or the decoded RGB image
     (uint8, ``(3, H, W)``) when ``cpu_reason`` says why the CPU decoded it; ``error`` names
-    why the file is unreadable (then ``payload`` is None).
+    why the file is unreadable (then ``payload`` is None). ``dataset_index`` is the sample's
+    index in the dataset (not ``index``: a NamedTuple field of that name hides ``tuple.index``).
     """
 
-    index: int
+    dataset_index: int
     label: int
     path: str
     payload: Optional[torch.Tensor]
@@ -399,7 +400,7 @@ class NvjpegLoader(LoaderView):
             logger.warning(message, path, *args)
 
     def _decode(self, batch: EncodedBatch) -> list[tuple[int, int, torch.Tensor]]:
-        """``(position in the batch, sample index, image on the device)`` of each readable sample."""
+        """``(position in the batch, dataset index, image on the device)`` of each readable sample."""
         encoded = batch.encoded()
         decoded = dict(zip(batch.on_device, decode_images(encoded, self.device)))
         payloads = dict(zip(batch.on_device, encoded))
@@ -415,16 +416,16 @@ class NvjpegLoader(LoaderView):
                     error = f"{reason}; Pillow: {err}"
             if error is not None:
                 self._report(s.path, "skipping unreadable image %s: %s", error)
-                self._unreadable.add(s.index, s.label)  # raises for a class left without images
+                self._unreadable.add(s.dataset_index, s.label)  # raises for a class left without images
                 continue
             assert image is not None  # a sample without an error has a payload or a decoded image
             if reason is not None:
                 self._report(s.path, "decoding %s on the CPU: %s", reason)
-                self._cpu_decoded.add(s.index)
+                self._cpu_decoded.add(s.dataset_index)
                 if self.device.type == "cuda" and not image.is_pinned():
                     image = image.pin_memory()  # else the copy below waits for the device  # gpu-only
                 image = image.to(self.device, non_blocking=True)
-            out.append((k, s.index, image))
+            out.append((k, s.dataset_index, image))
         return out
 
     def assemble(self, batch: EncodedBatch, epoch: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
