@@ -118,7 +118,8 @@ class Trainer:
 
     ``train_loader``: this rank's training batches on the device (a loader of the contract,
     :class:`~largebatch.data.contract.Loader`, as ``backend.wrap_loader`` passes it on; a plain
-    list of batches also serves where nothing sets the epoch). ``settings`` says how a step runs
+    list of batches also serves where nothing sets the epoch: the loop itself only iterates it and
+    takes its ``len``, ``EpochHook`` calls ``set_epoch``). ``settings`` says how a step runs
     (:class:`StepSettings`); ``scaler`` is the fp16 loss
     scaler (None: none); ``state`` the loop state to continue (a resumed run's).
     """
@@ -129,7 +130,7 @@ class Trainer:
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         scheduler: Any,
-        train_loader: Loader,
+        train_loader: Loader | Sequence[tuple[torch.Tensor, torch.Tensor]],
         backend: Any,
         settings: StepSettings,
         scaler: Any = None,
