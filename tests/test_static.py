@@ -140,8 +140,12 @@ if __name__ == "__main__":
     proc = run_mypy()
     if proc.returncode not in (0, 1):
         sys.exit(f"mypy exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
-    header = ("# mypy findings not fixed yet (tests/test_static.py); one per line, `path: code: message`.\n"
-              "# Delete a line when its finding is fixed; regenerate: python tests/test_static.py --write-baseline\n")
-    MYPY_BASELINE.write_text(header + "".join(f"{f}\n" for f in sorted(parse_mypy(proc.stdout).elements())),
+    header = ["# mypy findings not fixed yet (tests/test_static.py); one per line, `path: code: message`.",
+              "# Delete a line when its finding is fixed; regenerate: python tests/test_static.py --write-baseline"]
+    # the notes under the header (why a finding stays, e.g. torch's own typing) are kept
+    old = MYPY_BASELINE.read_text(encoding="utf-8").splitlines() if MYPY_BASELINE.exists() else []
+    notes = [line for line in old if line.startswith("#") and line not in header]
+    MYPY_BASELINE.write_text("".join(f"{line}\n" for line in header + notes)
+                             + "".join(f"{f}\n" for f in sorted(parse_mypy(proc.stdout).elements())),
                              encoding="utf-8")
     print(f"wrote {MYPY_BASELINE}")

@@ -179,8 +179,10 @@ class CommState:
         if ring.handle is None:
             return _done(tensor)
         self._count(ring, 2 * (ring.size - 1) * _nbytes(tensor) // ring.size)
-        work = dist.all_reduce(tensor, group=ring.handle, async_op=async_op)
-        return work.get_future() if async_op else _done(tensor)
+        if not async_op:
+            dist.all_reduce(tensor, group=ring.handle, async_op=False)
+            return _done(tensor)
+        return dist.all_reduce(tensor, group=ring.handle, async_op=True).get_future()
 
     def _reduce_scatter(self, tensor: torch.Tensor, ring: _Ring) -> torch.Tensor:
         """This rank's ``1/p`` chunk of the sum of ``tensor`` over ``ring`` (blocking).
@@ -246,6 +248,8 @@ def _member_ring(groups: list[list[int]], rank: int) -> _Ring:
     for ranks in groups:
         handle = dist.new_group(ranks) if len(ranks) > 1 else None
         if rank in ranks:
+            # new_group hands non-members the int NON_GROUP_MEMBER; a member gets its group
+            assert not isinstance(handle, int), f"rank {rank} got no group of its own for {ranks}"
             mine = _ring(ranks, handle, rank)
     assert mine is not None, f"rank {rank} is in no group of {groups}"
     return mine

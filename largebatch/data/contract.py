@@ -67,6 +67,14 @@ class Loader(Protocol):
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None: ...
 
 
+@runtime_checkable
+class _EpochSampler(Protocol):
+    """A sampler whose order depends on the epoch (``ShardedSampler``, ``ExactShardSampler``,
+    torch's ``DistributedSampler``): what :meth:`LoaderView.set_epoch` forwards to."""
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+
 @dataclass(frozen=True)
 class LoaderSpec:
     """What every loader builder is told: one value per option, built once (``run._data``).
@@ -180,6 +188,8 @@ class LoaderView:
         :class:`ShardedSampler` (it becomes ``set_start(skip_batches x batch_size)``).
         """
         sampler = self.loader.sampler
+        if not isinstance(sampler, _EpochSampler):
+            raise TypeError(f"set_epoch needs a sampler with set_epoch, not {type(sampler).__name__}")
         sampler.set_epoch(epoch)
         if isinstance(sampler, ShardedSampler):
             sampler.set_start(skip_batches * (self.batch_size or 1))
