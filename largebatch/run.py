@@ -423,6 +423,7 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
     from largebatch.lr import scale_lr
 
     run_dir_state = None
+    loaders: tuple[Any, ...] = ()
     try:
         plan = plan_batches(cfg.global_batch_size, backend.world_size, cfg.accumulation_steps)
         _setup_logging(backend.is_main)
@@ -433,6 +434,7 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
         # data folder) is one line before anything is written.
         data_root, train_loader, val_loader, num_classes = _data(cfg, backend, plan, precision.autocast_dtype,
                                                                  channels_last)
+        loaders = (train_loader, val_loader)
         if len(train_loader) < plan.accumulation_steps:  # whole micro-batches, but no optimizer step
             raise batch_too_large(plan, batches_per_rank=len(train_loader))
         run_dir_state = make_run_dir(run_dir=cfg.run_dir, output_root=cfg.output_root,
@@ -478,5 +480,7 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
         )
         return _train(trainer, hooks, run_dir, (train_loader, val_loader), backend.is_main)
     finally:
+        for loader in loaders:  # now, not in the garbage collection of the process-group shutdown
+            loader.close()
         if run_dir_state is not None:
             run_dir_state.release()

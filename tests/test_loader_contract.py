@@ -98,6 +98,36 @@ def test_every_loader_satisfies_the_contract(root: Path, tmp_path_factory: pytes
     assert _labels(train) == full  # set_epoch without a skip gives the whole epoch again
     val.set_epoch(0)
     assert sum(len(b) for b in _labels(val)) == 3 * 3  # every validation image once
+    train.set_epoch(1)
+    next(iter(train))  # a pass left half read, as a stopped run leaves it
+    train.close()
+    train.set_epoch(1)
+    assert _labels(train) == full  # closed: the next pass starts afresh
+
+
+@pytest.mark.parametrize("pipeline", ["torchvision", "nvjpeg"])
+def test_close_ends_the_loader_workers_at_once(root: Path, pipeline: str) -> None:
+    """Persistent workers ignore SIGTERM while the run goes on and torch ends them only in its
+    iterator's __del__, 10 s a worker where its queue sentinel is lost (issue 60): close() ends
+    them now, with the stop handler they have."""
+    import multiprocessing
+    import time
+    from dataclasses import replace
+
+    from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
+    from largebatch.data.pipelines.torchvision import build_loaders
+
+    spec = LoaderSpec(image_size=SIZE, batch_size=BATCH, workers=2)
+    build = build_loaders if pipeline == "torchvision" else build_nvjpeg_loaders
+    train = build(root, replace(spec, device=torch.device("cpu")))[0]
+    train.set_epoch(0)
+    next(iter(train))
+    workers = [p for p in multiprocessing.active_children() if p.is_alive()]
+    assert len(workers) >= 2
+    started = time.monotonic()
+    train.close()
+    assert time.monotonic() - started < 2.0
+    assert not any(p.is_alive() for p in workers), "a worker outlived close()"
 
 
 def test_the_spec_refuses_a_bad_crop_ratio_for_every_pipeline_in_one_line() -> None:

@@ -21,7 +21,10 @@ all four. The contract, written once:
 * ``evaluation`` is True for an evaluation loader (every sample of the split once over all
   ranks, the last batches short or none), False for a training loader (whole batches, the
   same count on every rank); a backend that needs equal batch counts (XLA) pads by it;
-* ``total_samples`` is the number of samples of the split, all ranks together.
+* ``total_samples`` is the number of samples of the split, all ranks together;
+* ``close()`` releases the loader's workers (processes, DALI pipelines) now, when the run is
+  over, so that a stopped run exits within seconds of its checkpoint; a later pass starts
+  them again.
 
 :class:`LoaderSpec` is what every builder is told (sizes, this rank's place, the device);
 :class:`LoaderView` is the base of the loaders that wrap a ``torch.utils.data.DataLoader``
@@ -44,7 +47,7 @@ from torch.utils.data import DataLoader
 
 from largebatch.data.augment import TRAIN_CROP_SCALE, VAL_CROP_RATIO, CropRecipe
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
-from largebatch.data.worker_signals import stop_signals_blocked
+from largebatch.data.worker_signals import shutdown_workers, stop_signals_blocked
 from largebatch.defaults import SHUFFLE_BUFFER
 from largebatch.errors import DataError
 
@@ -65,6 +68,8 @@ class Loader(Protocol):
     def __len__(self) -> int: ...
 
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None: ...
+
+    def close(self) -> None: ...
 
 
 @runtime_checkable
@@ -198,6 +203,10 @@ class LoaderView:
 
     def __len__(self) -> int:
         return len(self.loader)
+
+    def close(self) -> None:
+        """End the worker processes now (the run is over); a later pass starts new ones."""
+        shutdown_workers(self.loader)
 
     def _loader_pass(self) -> Iterator[Any]:
         """``iter(self.loader)``, which starts its worker processes (the first pass only, when

@@ -18,6 +18,8 @@ How:
   loaders sit in reference cycles, or in a crash's traceback), and a worker that ignored
   that would keep the exit waiting on it forever. A main process killed outright leaves no waiter: torch's workers notice their
   parent is gone within seconds and exit.
+* :func:`shutdown_workers` ends a DataLoader's workers at once, when the run is over: the
+  workers' stop handler is switched to "exit" for it, and each worker is sent SIGTERM.
 * :func:`stop_signals_blocked`: workers are forked with SIGTERM/SIGINT blocked, so a signal
   arriving between the fork and the ``worker_init_fn`` waits for the handler instead of
   killing the new worker (the main process gets it when the block ends).
@@ -39,7 +41,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from largebatch.errors import STOP_SIGNALS  # SIGTERM, SIGINT, SIGHUP
 
-__all__ = ["STOP_SIGNALS", "ignoring_stop_signals", "stop_signals_blocked"]
+__all__ = ["STOP_SIGNALS", "ignoring_stop_signals", "shutdown_workers", "stop_signals_blocked"]
 
 
 _main_exiting: Any = None  # a shared byte: 1 once the main process runs its atexit hooks
@@ -95,3 +97,33 @@ def stop_signals_blocked() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def shutdown_workers(loader: Any) -> None:
+    """End the worker processes of ``loader`` (a ``DataLoader``) now, in well under a second.
+
+    Why not leave it to torch: a DataLoader with persistent workers keeps their iterator and
+    ends them only in its ``__del__`` (there is no public call), by a ``None`` on each index
+    queue and a 5 s join, then SIGTERM and another 5 s join. Seen under torchrun at the end of
+    a preempted run: the sentinel never reached the workers (the queue's feeder thread was
+    gone), the workers ignore SIGTERM while the main process runs (this module), and each
+    worker took the full 10 s, during garbage collection inside the process-group shutdown:
+    20 s after the checkpoint, past docker's 10 s stop grace (exit 137 instead of 75). Here
+    the stop handler of this process's workers exits for the duration, each worker gets
+    SIGTERM and exits at once, and torch's own shutdown then finds them gone.
+    """
+    iterator = getattr(loader, "_iterator", None)  # torch's persistent-workers iterator
+    workers = getattr(iterator, "_workers", None)
+    if iterator is None or workers is None:
+        return
+    flag = _exiting_flag()
+    previous = flag.value
+    flag.value = 1
+    try:
+        for worker in workers:
+            if worker.is_alive():
+                worker.terminate()
+        iterator._shutdown_workers()
+    finally:
+        flag.value = previous
+    loader._iterator = None

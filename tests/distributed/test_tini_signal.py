@@ -117,3 +117,25 @@ def test_torchrun_script_as_pid1_restarts_under_tini_and_exits_75(tmp_path: Path
     wait_for_checkpoint(run / "checkpoints", proc)
     assert Path(f"/proc/{pid1}/comm").read_text().strip() == "tini", "PID 1 is not tini"
     _stop_and_check(proc, run, pid1, ranks=2)
+
+
+def test_docker_stop_of_two_ranks_with_loader_workers_exits_75_within_the_grace(tmp_path: Path) -> None:
+    """``docker stop``'s default grace is 10 s. Rank 1 once spent ~20 s after the checkpoint
+    joining its loader workers (torch's 5 s join timeouts, in the garbage collection of the
+    process-group shutdown): the runtime SIGKILLed the job, exit 137 (issue 60). The issue's
+    command, as a cloud job runs it."""
+    run = tmp_path / "run"
+    args = ["backend=cpu", "debug=smoke", "progress=false", "epochs=400", "data.workers=1", f"run_dir={run}"]
+    proc = _start([TINI, "--", str(LAUNCH / "torchrun.sh"), *args], _env(2))
+    try:
+        wait_for_checkpoint(run / "checkpoints", proc)
+        sent = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 75, (out[-3000:], err[-3000:])
+    assert took < 10, f"exit 75 came {took:.1f} s after SIGTERM: docker stop would have SIGKILLed it (137)"

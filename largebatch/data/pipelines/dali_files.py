@@ -178,6 +178,10 @@ class DaliLoader:
         self._pending = len(batches)
         return self._iterator
 
+    def close(self) -> None:
+        """Release the pipeline (its threads and buffers); the next pass builds a new one."""
+        self._iterator = None
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         batches = self.epoch_batches()
         self.skip_batches = 0  # a resume skip applies once

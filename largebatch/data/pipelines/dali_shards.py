@@ -151,6 +151,10 @@ class DaliShardLoader:
         return DALIGenericIterator(pipeline(), ["images", "labels"], reader_name="reader",
                                    last_batch_policy=policy, prepare_first_batch=False)
 
+    def close(self) -> None:
+        """Release the pipeline (its threads and buffers); the next pass builds a new one."""
+        self._iterator = None
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         total, skip = len(self), self.skip_batches
         self.skip_batches = 0
