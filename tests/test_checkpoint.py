@@ -205,5 +205,17 @@ def test_a_failed_write_names_path_and_errno_and_keeps_earlier_checkpoints(tmp_p
     code, name, message = proc.stdout.strip().split("|", 2)
     assert int(code) == errno.EFBIG and name == checkpoint_name(2, 20), proc.stderr
     assert f"[Errno {errno.EFBIG} EFBIG]" in message and str(tmp_path) in message
+    assert f"the 1 earlier checkpoint(s) are intact (newest: {checkpoint_name(1, 10)})" in message, message
     assert not list(tmp_path.glob(".*.tmp"))
     assert [p.name for p in list_checkpoints(tmp_path)] == [checkpoint_name(1, 10)]
+
+
+def test_a_failed_first_write_says_there_is_nothing_to_resume_from(tmp_path: Path) -> None:
+    """Issue 54 item 5c: the first save of a run failing (a 3 MiB disk) said "the earlier
+    checkpoints are intact" and "resume=auto" when there were none."""
+    proc = subprocess.run([sys.executable, "-c", _FULL_DISK_WRITER, str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    message = proc.stdout.strip().split("|", 2)[-1]
+    assert "no earlier checkpoint: this run has none to resume from" in message, (message, proc.stderr)
+    assert "intact" not in message and "resume=auto" not in message, message
+    assert not list(tmp_path.glob(".*.tmp")) and list_checkpoints(tmp_path) == []
