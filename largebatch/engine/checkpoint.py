@@ -22,7 +22,8 @@ one log line.
 
 ``load_latest`` walks the checkpoints newest first and skips (and reports) one that cannot be
 read or fails its checksum. Pruning (``keep``) counts readable checkpoints only, so damaged files never push a good
-one out, and the only good one is never deleted.
+one out, and the only good one is never deleted. A file pruning cannot delete is a warning
+naming it (the new checkpoint is already written, and the run goes on).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 
-from largebatch.errors import STOP_SIGNALS, CheckpointError, CheckpointSaveError
+from largebatch.errors import STOP_SIGNALS, CheckpointError, CheckpointSaveError, os_error_text
 
 __all__ = [
     "CheckpointError",
@@ -299,7 +300,13 @@ def _prune(directory: Path, keep: int, *, written: Path) -> None:
             kept += 1
             continue
         if readable or kept >= keep:  # older than every kept one (or beyond keep)
-            path.unlink(missing_ok=True)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as e:
+                # The new checkpoint is written: a file left behind costs disk space, not the run.
+                log.warning("cannot delete old checkpoint %s (checkpoint.keep=%d): %s; it stays: "
+                            "delete it yourself, the run goes on", path, keep, os_error_text(e, path))
+                continue
             if not readable:
                 log.warning("removed damaged checkpoint %s (older than the %d kept)", path, keep)
 
