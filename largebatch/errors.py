@@ -19,7 +19,8 @@ Exit codes:
 * 74 (``EXIT_IO_ERROR``, sysexits' EX_IOERR): a file of the run could not be written (disk
   full, quota, read-only file system, I/O error): a checkpoint, ``config.yaml``,
   ``metrics.jsonl``, ``mlperf_log.jsonl``, the TensorBoard events or ``summary.json``
-  (:class:`WriteError`); the line names the file and the errno. A partial checkpoint is
+  (:class:`WriteError`), or the embedded data set into its cache (``LARGEBATCH_CACHE``) on the
+  first run; the line names the file (or folder) and the errno. A partial checkpoint is
   removed and the earlier checkpoints are intact (the line says how many, or that the run has
   none to resume from); a failed run file stops the run after a
   checkpoint of its last step: free space, then ``resume=auto``.
