@@ -19,8 +19,10 @@ Exit codes:
 * 74 (``EXIT_IO_ERROR``, sysexits' EX_IOERR): a file of the run could not be written (disk
   full, quota, read-only file system, I/O error): a checkpoint, ``config.yaml``,
   ``metrics.jsonl``, ``mlperf_log.jsonl``, the TensorBoard events or ``summary.json``
-  (:class:`WriteError`); the line names the file and the errno. A partial checkpoint is
-  removed and the earlier checkpoints are intact; a failed run file stops the run after a
+  (:class:`WriteError`), or the embedded data set into its cache (``LARGEBATCH_CACHE``) on the
+  first run; the line names the file (or folder) and the errno. A partial checkpoint is
+  removed and the earlier checkpoints are intact (the line says how many, or that the run has
+  none to resume from); a failed run file stops the run after a
   checkpoint of its last step: free space, then ``resume=auto``.
 * 75 (``EXIT_PREEMPTED``, sysexits' EX_TEMPFAIL: "try again later"): SIGTERM, SIGINT or
   SIGHUP (a closed terminal, a dropped ssh session: :data:`STOP_SIGNALS`) arrived; every

@@ -12,12 +12,15 @@ No weights are downloaded: models are built from scratch (``pretrained=False``).
 
 from __future__ import annotations
 
+import difflib
+import re
+
 import timm
 from torch import nn
 
 from largebatch.errors import ModelError
 
-__all__ = ["build_model", "zero_init_last_bn", "ModelError"]
+__all__ = ["build_model", "check_model_name", "zero_init_last_bn", "ModelError"]
 
 
 def zero_init_last_bn(model: nn.Module) -> int:
@@ -42,6 +45,22 @@ def zero_init_last_bn(model: nn.Module) -> int:
     return count
 
 
+def check_model_name(name: str) -> None:
+    """Raise :class:`ModelError` when timm has no model ``name``: the closest names timm has and
+    how to list them (``timm.list_models`` with a pattern)."""
+    if timm.is_model(name):
+        return
+    names = timm.list_models()
+    close = difflib.get_close_matches(name, names, n=6, cutoff=0.6) or timm.list_models(f"*{name.split('_')[0]}*")[:6]
+    similar = f"; similar names: {', '.join(close)}" if close else ""
+    stem = re.match(r"[A-Za-z]+", name)
+    pattern = f"{stem.group(0)}*" if stem and close else "*"
+    raise ModelError(
+        f"unknown model {name!r}: timm has no such model{similar}; list timm's {len(names)} models with "
+        f"python -c \"import timm; print(timm.list_models('{pattern}'))\""
+    )
+
+
 def build_model(
     name: str,
     num_classes: int,
@@ -51,10 +70,7 @@ def build_model(
     drop_path_rate: float = 0.0,
 ) -> nn.Module:
     """Build the timm model ``name`` for ``num_classes`` classes, from scratch."""
-    if not timm.is_model(name):
-        close = timm.list_models(f"*{name.split('_')[0]}*")[:8]
-        hint = f" Similar names: {', '.join(close)}." if close else ""
-        raise ModelError(f"unknown model {name!r} (timm has no such model).{hint}")
+    check_model_name(name)
     kwargs: dict = {"num_classes": num_classes, "drop_rate": drop_rate}
     if drop_path_rate:
         kwargs["drop_path_rate"] = drop_path_rate

@@ -13,8 +13,10 @@ and writes three PNG plots to ``--out`` (default ``./report``): ``top1_vs_wall.p
 The status column says how a run ended (:func:`run_status`): ``success`` (reached its
 target), ``finished`` (ran its planned epochs or ``max_steps``; no target, or the target not
 reached), ``preempted``, ``failed`` (an error ended it), ``stopped`` (another stop reason),
-``unfinished`` (no end was logged and its metrics stop short of the plan in ``config.yaml``:
-killed, or still running) or ``unknown`` (no end logged and no plan to compare with). A run
+``running`` (a live run holds the run directory's lock: the numbers are its metrics so far,
+not an earlier attempt's ``summary.json``), ``unfinished`` (no end was logged and its metrics
+stop short of the plan in ``config.yaml``: killed) or ``unknown`` (no end logged and no plan
+to compare with). A run
 whose ``summary.json`` is missing is judged from ``mlperf_log.jsonl``'s ``run_stop`` and from
 its metrics against ``config.yaml``.
 
@@ -37,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from largebatch.engine.run_dir import live_owner
 from largebatch.errors import EXIT_OK, EXIT_USAGE, ReportError
 
 __all__ = ["ReportError", "Run", "format_table", "load_run", "main", "run_status", "write_plots"]
@@ -60,6 +63,7 @@ class Run:
     logged_target: Optional[float] = None  # mlperf target_accuracy, in percent
     planned: tuple[Optional[int], Optional[int]] = (None, None)  # config.yaml's (epochs, max_steps)
     damaged: bool = False  # a file of the run could not be read (the error line names it): nothing is shown
+    running: bool = False  # a live run holds the run directory's lock: its files are still growing
 
     @property
     def best_top1(self) -> Optional[float]:
@@ -248,8 +252,10 @@ def load_run(path: str | Path) -> Run:
         raise ReportError(f"{p} is not a directory; pass run directories (made by largebatch-train)")
     if not _is_run_dir(p):
         raise ReportError(f"{p} is not a run directory: it has none of {', '.join(RUN_FILES)}")
-    run = Run(name=p.resolve().name, path=p)
-    if (p / "summary.json").is_file():
+    run = Run(name=p.resolve().name, path=p, running=live_owner(p) is not None)
+    # A live run's summary.json, if any, is an earlier attempt's (it is written at the end):
+    # its numbers and its end are stale; metrics.jsonl is what the live run appends to.
+    if (p / "summary.json").is_file() and not run.running:
         run.summary = _read_summary(p / "summary.json")
     if (p / "metrics.jsonl").is_file():
         _read_metrics(run, p / "metrics.jsonl")
@@ -287,7 +293,7 @@ def _planned_end(path: Path) -> tuple[Optional[int], Optional[int]]:
 
 def run_status(run: Run) -> str:
     """How the run ended: success, finished, preempted, failed, stopped, unfinished or unknown
-    (or ``damaged``: a file of it could not be read).
+    (or ``damaged``: a file of it could not be read; ``running``: a live run holds its lock).
 
     The end is what ``summary.json`` or ``run_stop`` (in ``mlperf_log.jsonl``) says; a run
     with neither is ``finished`` when its metrics reached the ``epochs`` or ``max_steps`` of
@@ -296,6 +302,8 @@ def run_status(run: Run) -> str:
     """
     if run.damaged:
         return "damaged"
+    if run.running:
+        return "running"
     stop = run.run_stop or {}
     if stop.get("error"):
         return "failed"

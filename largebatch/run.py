@@ -205,6 +205,24 @@ def _data(cfg: Any, backend: Any, plan: BatchPlan, dtype: Optional[torch.dtype],
     return root, train, val, num_classes
 
 
+def _check_model_name(name: str) -> None:
+    """``model.name`` is a timm model, checked before the data and the run directory are made;
+    the error also names the presets of the ``model=`` config group."""
+    from importlib import resources
+
+    from largebatch.errors import ModelError
+    from largebatch.models import check_model_name
+
+    try:
+        check_model_name(name)
+    except ModelError as err:
+        presets = sorted(p.name[:-len(".yaml")] for p in (resources.files("largebatch.conf") / "model").iterdir()
+                         if p.name.endswith(".yaml"))
+        raise ModelError(f"{err}; set model.name= to a timm model, or choose a preset of the model= group: "
+                         f"{', '.join(presets)} "
+                         f"(model={presets[-1]})") from None
+
+
 def _model(cfg: Any, backend: Any, num_classes: int, channels_last: bool) -> Any:
     """The timm model on the device, with grouped BN (``bn.group_size``) across ranks."""
     from largebatch.models import build_model
@@ -430,6 +448,7 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
         torch.manual_seed(cfg.seed)
         precision = resolve_precision(cfg.precision.name, backend)
         channels_last = _channels_last(cfg, backend)
+        _check_model_name(cfg.model.name)  # a typo is one line before the data set is made
         # The data before the run directory: a data set the batch cannot fill (or a missing
         # data folder) is one line before anything is written.
         data_root, train_loader, val_loader, num_classes = _data(cfg, backend, plan, precision.autocast_dtype,

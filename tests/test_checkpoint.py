@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import signal
 import subprocess
@@ -9,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from largebatch.engine.checkpoint import (
@@ -197,13 +200,48 @@ except CheckpointSaveError as e:
 
 
 def test_a_failed_write_names_path_and_errno_and_keeps_earlier_checkpoints(tmp_path: Path) -> None:
-    import errno
-
     save_checkpoint({"model": {"w": torch.ones(3)}}, tmp_path, checkpoint_name(1, 10))
     proc = subprocess.run([sys.executable, "-c", _FULL_DISK_WRITER, str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     code, name, message = proc.stdout.strip().split("|", 2)
     assert int(code) == errno.EFBIG and name == checkpoint_name(2, 20), proc.stderr
     assert f"[Errno {errno.EFBIG} EFBIG]" in message and str(tmp_path) in message
+    assert f"the 1 earlier checkpoint(s) are intact (newest: {checkpoint_name(1, 10)})" in message, message
     assert not list(tmp_path.glob(".*.tmp"))
     assert [p.name for p in list_checkpoints(tmp_path)] == [checkpoint_name(1, 10)]
+
+
+def test_a_failed_first_write_says_there_is_nothing_to_resume_from(tmp_path: Path) -> None:
+    """Issue 54 item 5c: the first save of a run failing (a 3 MiB disk) said "the earlier
+    checkpoints are intact" and "resume=auto" when there were none."""
+    proc = subprocess.run([sys.executable, "-c", _FULL_DISK_WRITER, str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    message = proc.stdout.strip().split("|", 2)[-1]
+    assert "no earlier checkpoint: this run has none to resume from" in message, (message, proc.stderr)
+    assert "intact" not in message and "resume=auto" not in message, message
+    assert not list(tmp_path.glob(".*.tmp")) and list_checkpoints(tmp_path) == []
+
+
+def test_a_checkpoint_pruning_cannot_delete_is_a_warning_and_the_save_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 54 item 5b: a PermissionError deleting an old checkpoint (after the new one was
+    written) escaped save_checkpoint and killed a healthy run. Root deletes anything, so the
+    refusal is stood in for that one file."""
+    first = save_checkpoint({"model": {"step": 1}}, tmp_path, checkpoint_name(0, 1))
+    second = save_checkpoint({"model": {"step": 2}}, tmp_path, checkpoint_name(0, 2))
+    unlink = Path.unlink
+
+    def refuse(self: Path, missing_ok: bool = False) -> None:
+        if self == first:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    with caplog.at_level(logging.WARNING, logger="largebatch.engine.checkpoint"):
+        written = save_checkpoint({"model": {"step": 3}}, tmp_path, checkpoint_name(0, 3), keep=1)
+    assert [p.name for p in list_checkpoints(tmp_path)] == [first.name, written.name]  # the second went
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and f"cannot delete old checkpoint {first}" in warnings[0], warnings
+    assert f"[Errno {errno.EACCES} EACCES]" in warnings[0] and "the run goes on" in warnings[0], warnings
+    assert not second.exists() and load_latest(tmp_path)[0] == written

@@ -84,6 +84,22 @@ def test_bad_input_is_one_line_and_exit_2(cache: Path, capsys: pytest.CaptureFix
     assert pattern in err
 
 
+def test_an_unknown_model_name_says_how_to_list_the_choices_before_anything_is_written(
+    cache: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Issue 54 item 6b: `model.name=resnet5000` named no choice (timm had no name containing it)
+    and left a run directory holding a `.lock`."""
+    run = cache / "run"
+    code = main([*TINY, f"run_dir={run}", "model.name=resnet5000"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.startswith("largebatch: error: unknown model 'resnet5000'") and "\n" not in err, err
+    assert "similar names: resnet50," in err and "timm.list_models('resnet*')" in err, err
+    assert "set model.name= to a timm model, or choose a preset of the model= group: efficientnet_b0," in err, err
+    assert "resnet10t" in err and "(model=resnet50)" in err, err
+    assert not run.exists()
+
+
 @pytest.mark.parametrize("args,fits", [
     (["global_batch_size=4096"], "the training data has 128 samples; the largest global batch that fits is 128"),
     (["global_batch_size=256", "accumulation_steps=4"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -163,6 +164,28 @@ def test_one_damaged_run_among_several_is_named_and_the_others_reported(two_runs
     assert str(damaged / "summary.json") in errors[0] and str(tmp_path / "missing") in errors[1]
     rows = [ln.split()[:2] for ln in proc.stdout.splitlines()[2:]]
     assert rows == [["small_batch", "success"], ["damaged", "damaged"], ["large_batch", "finished"]]
+
+
+def test_a_live_run_is_running_not_its_earlier_attempts_end(two_runs: list[Path], tmp_path: Path) -> None:
+    """Issue 54 item 6c: a resumed run, live, showed as `preempted` with the numbers of its
+    earlier attempt's summary.json. The lock a live run holds says "running"; once it is
+    gone the run is judged from its files again."""
+    from tests.test_run_dir import _hold_lock
+
+    run = copy_run(two_runs[0], tmp_path / "run")  # reached its target: success, best top-1 from summary
+    summary = json.loads((run / "summary.json").read_text())
+    summary.update(stop_reason="preempted (SIGTERM)", best_top1=12.5)  # the earlier attempt's end
+    (run / "summary.json").write_text(json.dumps(summary))
+    holder = _hold_lock(run)  # another process, as a live run: POSIX locks are per process
+    try:
+        loaded = load_run(run)
+        assert loaded.status == "running" and loaded.best_top1 != 12.5, loaded
+        row = report(run).stdout.splitlines()[2].split()
+        assert row[:2] == ["run", "running"] and "12.50" not in row, row
+    finally:
+        holder.kill()
+        holder.wait()
+    assert load_run(run).status == "preempted" and load_run(run).best_top1 == 12.5
 
 
 @pytest.mark.parametrize("case,status", [

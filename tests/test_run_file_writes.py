@@ -151,3 +151,31 @@ def test_a_full_disk_under_train_log_turns_it_off_with_one_line(tmp_path: Path, 
     assert proc.returncode == 0 and "Logging error" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stdout.count(f"cannot write the run log {path}: [Errno {errno.ENOSPC} ENOSPC]") == 1, proc.stdout[-3000:]
     assert [checkpoint_step(p) for p in list_checkpoints(run / "checkpoints")] == [4, 8]
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "read_only"])
+def test_an_unwritable_cache_on_the_first_run_exits_74_naming_it(tmp_path: Path, mounts: list[Path], where: str) -> None:
+    """Issue 54 item 5a: the embedded data set is written into ``LARGEBATCH_CACHE`` on the first
+    run; a cache there is no writing into was an OSError traceback and exit 1. Root writes
+    through permissions, so the cache is under a file (ENOTDIR) or on a read-only bind mount
+    (EROFS: what the issue's user met)."""
+    if where == "under_a_file":
+        (tmp_path / "a-file").write_text("")
+        cache, code, detail = tmp_path / "a-file" / "cache", errno.ENOTDIR, f" ({tmp_path / 'a-file'} is a file)"
+    else:
+        cache, code, detail = tmp_path / "ro-cache", errno.EROFS, ""
+        cache.mkdir()
+        if not _can_mount(tmp_path):
+            pytest.skip("cannot bind-mount here (needs CAP_SYS_ADMIN)")
+        _bind(cache, cache, mounts, read_only=True)
+        if _sh("mkdir", str(cache / "probe")).returncode == 0:
+            pytest.skip("a read-only bind mount does not stop writes here")
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "largebatch.train", *smoke(f"run_dir={run}", base=RUN)],
+                          capture_output=True, text=True, timeout=600, env=dict(os.environ, LARGEBATCH_CACHE=str(cache)))
+    err = _one_line(proc, 74)
+    name = errno.errorcode[code]
+    assert f"cannot write the embedded data set to {cache}/synthetic-" in err, err
+    assert f"(LARGEBATCH_CACHE={cache}): [Errno {code} {name}] " in err and detail in err, err
+    assert "set LARGEBATCH_CACHE to a writable folder, or data.root=" in err, err
+    assert not run.exists()  # the data comes before the run directory

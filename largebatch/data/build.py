@@ -1,7 +1,7 @@
 """The input pipeline of a run: where the data is, and which loader reads it.
 
 ``resolve_data_root`` finds the image folder (``root``, or the embedded synthetic set, made by
-rank 0 on first use). ``build_run_loaders`` picks the pipeline and builds this rank's train and
+rank 0 on first use; a cache it cannot write there is one line, exit 74). ``build_run_loaders`` picks the pipeline and builds this rank's train and
 val loaders:
 
 * ``loader="torchvision"``: the torchvision ``DataLoader`` (:mod:`largebatch.data.pipelines.torchvision`);
@@ -20,16 +20,19 @@ same pipeline. What every pipeline is told comes as one :class:`LoaderSpec` (bui
 
 from __future__ import annotations
 
+import errno as errno_codes
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Optional
 
-from largebatch.errors import DataError
+from largebatch.errors import DataError, WriteError
 
 if TYPE_CHECKING:
     from largebatch.data.contract import Loader, LoaderSpec
 
-__all__ = ["DaliDecision", "build_run_loaders", "dali_decision", "ensure_checked", "resolve_data_root"]
+__all__ = ["DaliDecision", "build_run_loaders", "cache_write_error", "dali_decision", "ensure_checked",
+           "resolve_data_root"]
 
 log = logging.getLogger(__name__)
 
@@ -56,18 +59,44 @@ def resolve_data_root(
             rank 0 also runs the data check on the embedded set, so DALI reads it out of the box.
         workers: processes that generate (and check) the images.
         backend: the run's backend (``is_main``, ``barrier``).
+
+    Raises :class:`WriteError` (exit 74) when rank 0 cannot write the embedded set into its
+    cache folder (:func:`cache_write_error`).
     """
     if root:
         return Path(root).expanduser()
-    from largebatch.data.synthetic import ensure_synthetic
+    from largebatch.data.synthetic import default_dataset_root, ensure_synthetic
 
     made: Optional[Path] = None
     if backend.is_main:
-        made = ensure_synthetic(workers=max(1, workers), **synthetic)
+        try:
+            made = ensure_synthetic(workers=max(1, workers), **synthetic)
+        except OSError as err:  # the cache is read-only, under a file, full, not ours: one line, exit 74
+            raise cache_write_error(err, default_dataset_root(**synthetic)) from None
         if loader in ("dali", "auto"):
             ensure_checked(made, workers=max(1, workers))
     backend.barrier()
     return ensure_synthetic(**synthetic) if made is None else made
+
+
+def cache_write_error(err: OSError, root: Path) -> WriteError:
+    """The one line for an embedded data set that cannot be written to ``root`` (its cache folder):
+    the folder, where it comes from (``LARGEBATCH_CACHE`` or the default), the errno and the fix."""
+    code = err.errno
+    name = errno_codes.errorcode.get(code, "?") if code is not None else "?"
+    cache = os.environ.get("LARGEBATCH_CACHE")
+    where = f"LARGEBATCH_CACHE={cache}" if cache else "the default cache ~/.cache/largebatch"
+    detail = ""
+    if code == errno_codes.ENOTDIR:  # name the file that stands where a folder must be
+        blocker = next((p for p in root.parents if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            detail = f" ({blocker} is a file)"
+    return WriteError(
+        f"cannot write the embedded data set to {root} ({where}): [Errno {code} {name}] "
+        f"{err.strerror or err}{detail}; set LARGEBATCH_CACHE to a writable folder, or data.root= to "
+        f"an image folder with train/ and val/",
+        path=root, errno=code,
+    )
 
 
 def ensure_checked(root: Path, *, workers: int) -> None:

@@ -5,7 +5,8 @@ renamed over its final name (an atomic rename on POSIX) and the directory fsynce
 killed at any moment leaves either the new checkpoint or none. SIGINT/SIGTERM arriving during
 the write wait until it is done. A write that fails (disk full, quota, I/O error) removes its
 temporary file, leaves the earlier checkpoints as they were and raises
-:class:`CheckpointSaveError` naming the path and the errno.
+:class:`CheckpointSaveError` naming the path, the errno and what is left to resume from (how
+many earlier checkpoints and the newest's name, or that there is none).
 
 A checkpoint holds tensors and plain Python values only (dicts, lists, tuples, numbers,
 strings, None; the RNG states are stored as tensors and int tuples), so it is read with
@@ -21,7 +22,8 @@ one log line.
 
 ``load_latest`` walks the checkpoints newest first and skips (and reports) one that cannot be
 read or fails its checksum. Pruning (``keep``) counts readable checkpoints only, so damaged files never push a good
-one out, and the only good one is never deleted.
+one out, and the only good one is never deleted. A file pruning cannot delete is a warning
+naming it (the new checkpoint is already written, and the run goes on).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from typing import IO, Any, Iterator, Optional, cast
 import numpy as np
 import torch
 
-from largebatch.errors import STOP_SIGNALS, CheckpointError, CheckpointSaveError
+from largebatch.errors import STOP_SIGNALS, CheckpointError, CheckpointSaveError, os_error_text
 
 __all__ = [
     "CheckpointError",
@@ -248,8 +250,8 @@ def save_checkpoint(state: dict[str, Any], directory: str | os.PathLike, name: s
             name_of = errno_codes.errorcode.get(code, "?") if code is not None else "?"
             raise CheckpointSaveError(
                 f"cannot write checkpoint {final}: [Errno {code} {name_of}] "
-                f"{os_error.strerror or os_error}; free space (or raise the quota) on that disk "
-                f"and resume with resume=auto: the earlier checkpoints are intact",
+                f"{os_error.strerror or os_error}; free space (or raise the quota) on that disk, "
+                f"then {_what_is_left(directory)}",
                 path=final, errno=code,
             ) from None
         finally:
@@ -258,6 +260,19 @@ def save_checkpoint(state: dict[str, Any], directory: str | os.PathLike, name: s
         if keep > 0:
             _prune(directory, keep, written=final)
     return final
+
+
+def _what_is_left(directory: Path) -> str:
+    """What a failed write leaves to resume from, for its message: the earlier checkpoints (how
+    many, the newest's name) or none (a first save: nothing to resume from)."""
+    try:
+        earlier = list_checkpoints(directory)
+    except OSError:
+        earlier = []
+    if not earlier:
+        return "start the run again: no earlier checkpoint: this run has none to resume from"
+    return (f"resume with resume=auto: the {len(earlier)} earlier checkpoint(s) are intact "
+            f"(newest: {earlier[-1].name})")
 
 
 def _usable(path: Path, *, written: bool = False) -> bool:
@@ -290,7 +305,13 @@ def _prune(directory: Path, keep: int, *, written: Path) -> None:
             kept += 1
             continue
         if readable or kept >= keep:  # older than every kept one (or beyond keep)
-            path.unlink(missing_ok=True)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as e:
+                # The new checkpoint is written: a file left behind costs disk space, not the run.
+                log.warning("cannot delete old checkpoint %s (checkpoint.keep=%d): %s; it stays: "
+                            "delete it yourself, the run goes on", path, keep, os_error_text(e, path))
+                continue
             if not readable:
                 log.warning("removed damaged checkpoint %s (older than the %d kept)", path, keep)
 

@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from largebatch.engine.checkpoint import remove_orphaned_temp_files
 from largebatch.errors import RunDirError, os_error_text
 
-__all__ = ["RunDir", "RunDirError", "RunDirLock", "elastic_run_id", "make_run_dir", "newest_run_dir"]
+__all__ = ["RunDir", "RunDirError", "RunDirLock", "elastic_run_id", "live_owner", "make_run_dir", "newest_run_dir"]
 
 LOCK_NAME = ".lock"
 
@@ -76,6 +75,31 @@ class RunDirLock:
             fcntl.lockf(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+def live_owner(run_dir: str | os.PathLike) -> Optional[dict[str, Any]]:
+    """The owner (``{"host", "pid", "since"}``, or ``{}`` when unreadable) of the lock a live run
+    holds on ``run_dir``, or None when no process holds it (the run ended, or was killed).
+
+    Asks with a shared lock of its own, taken and dropped at once (a read-only run directory
+    does), so it needs no write access. Call it from a process that does not hold the lock:
+    closing any file of a POSIX lock drops that process's locks on it.
+    """
+    try:
+        fd = os.open(Path(run_dir) / LOCK_NAME, os.O_RDONLY)
+    except OSError:
+        return None  # no lock file: never run, or not a run directory of this version
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EACCES, errno.EAGAIN):
+                return _read_owner(fd)
+            return None
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def _read_owner(fd: int) -> dict[str, Any]:
@@ -146,6 +170,9 @@ def make_run_dir(
 ) -> RunDir:
     """Rank 0 creates and locks the run directory and removes orphaned checkpoint temp files;
     every rank gets the same path. Raises :class:`RunDirError` (unwritable, or locked)."""
+    # imported here: largebatch-report reads the lock (live_owner) without loading torch
+    from largebatch.engine.checkpoint import remove_orphaned_temp_files
+
     path: Optional[str] = None
     error: Optional[str] = None
     lock: Optional[RunDirLock] = None
