@@ -195,7 +195,7 @@ def _data(cfg: Any, backend: Any, plan: BatchPlan, dtype: Optional[torch.dtype],
         image_size=data.image_size, batch_size=plan.per_device, workers=data.workers, seed=cfg.seed,
         crop_scale=tuple(data.crop_scale), val_crop_ratio=data.val_crop_ratio, rank=backend.rank,
         world_size=backend.world_size, device=device, dtype=dtype or torch.float32, channels_last=channels_last,
-        shuffle_buffer=data.shuffle_buffer,
+        shuffle_buffer=data.shuffle_buffer, accumulation_steps=plan.accumulation_steps,
     )
     try:
         train, val, num_classes = build_run_loaders(root, spec, loader=data.loader, shards=data.shards,

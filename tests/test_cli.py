@@ -103,7 +103,7 @@ def test_an_unknown_model_name_says_how_to_list_the_choices_before_anything_is_w
 @pytest.mark.parametrize("args,fits", [
     (["global_batch_size=4096"], "the training data has 128 samples; the largest global batch that fits is 128"),
     (["global_batch_size=256", "accumulation_steps=4"],
-     "gives each rank 2 batch(es) of 64 per epoch; the largest global batch that fits is 128"),
+     "the training data has 128 samples; the largest global batch that fits is 128"),  # whole steps only
 ], ids=["batch", "accumulation"])
 def test_a_global_batch_larger_than_the_data_is_one_line_before_anything_is_written(
     cache: Path, capsys: pytest.CaptureFixture, args: list[str], fits: str

@@ -29,30 +29,29 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                    train_per_class=8, val_per_class=3, image_size=32)
 
 
-def _torchvision(root: Path, tmp: Path) -> tuple[Any, Any]:
+def _torchvision(root: Path, tmp: Path, **spec: Any) -> tuple[Any, Any]:
     from largebatch.data.pipelines.torchvision import build_loaders
 
-    train, val, _ = build_loaders(root, LoaderSpec(image_size=SIZE, batch_size=BATCH, workers=0))
+    train, val, _ = build_loaders(root, LoaderSpec(image_size=SIZE, batch_size=BATCH, workers=0, **spec))
     return train, val
 
 
-def _nvjpeg(root: Path, tmp: Path) -> tuple[Any, Any]:
+def _nvjpeg(root: Path, tmp: Path, **spec: Any) -> tuple[Any, Any]:
     from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 
-    spec = LoaderSpec(image_size=SIZE, batch_size=BATCH, workers=0, device="cpu")
-    train, val, _ = build_nvjpeg_loaders(root, spec)
+    train, val, _ = build_nvjpeg_loaders(root, LoaderSpec(image_size=SIZE, batch_size=BATCH, workers=0, device="cpu", **spec))
     return train, val
 
 
-def _dali_files(root: Path, tmp: Path) -> tuple[Any, Any]:
+def _dali_files(root: Path, tmp: Path, **spec: Any) -> tuple[Any, Any]:
     pytest.importorskip("nvidia.dali")
     from largebatch.data.pipelines.dali_files import build_dali_loaders
 
-    train, val, _ = build_dali_loaders(root, LoaderSpec(image_size=SIZE, batch_size=BATCH, workers=1))
+    train, val, _ = build_dali_loaders(root, LoaderSpec(image_size=SIZE, batch_size=BATCH, workers=1, **spec))
     return train, val
 
 
-def _dali_shards(root: Path, tmp: Path) -> tuple[Any, Any]:
+def _dali_shards(root: Path, tmp: Path, **spec: Any) -> tuple[Any, Any]:
     pytest.importorskip("nvidia.dali")
     from largebatch.data.check import check_dataset
     from largebatch.data.pipelines.dali_shards import build_dali_shard_loaders
@@ -62,11 +61,11 @@ def _dali_shards(root: Path, tmp: Path) -> tuple[Any, Any]:
     if not shards.exists():
         check_dataset(root, workers=1)
         make_shards(root, shards, shard_size=7)
-    train, val, _ = build_dali_shard_loaders(shards, LoaderSpec(image_size=SIZE, batch_size=BATCH, workers=1))
+    train, val, _ = build_dali_shard_loaders(shards, LoaderSpec(image_size=SIZE, batch_size=BATCH, workers=1, **spec))
     return train, val
 
 
-PIPELINES: dict[str, Callable[[Path, Path], tuple[Any, Any]]] = {
+PIPELINES: dict[str, Callable[..., tuple[Any, Any]]] = {
     "torchvision": _torchvision, "nvjpeg": _nvjpeg, "dali-files": _dali_files, "dali-shards": _dali_shards,
 }
 
@@ -135,3 +134,21 @@ def test_the_spec_refuses_a_bad_crop_ratio_for_every_pipeline_in_one_line() -> N
 
     with pytest.raises(UsageError, match=r"data.val_crop_ratio\) must be in \(0, 1\], got 1.5$"):
         LoaderSpec(image_size=SIZE, batch_size=BATCH, workers=0, val_crop_ratio=1.5)
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_a_training_pass_is_whole_optimizer_steps(root: Path, tmp_path_factory: pytest.TempPathFactory,
+                                                  pipeline: str) -> None:
+    """24 images in batches of 4 are 6 batches; with 4 micro-batches a step, the loop trains on
+    4 of them. A training pass now yields those 4 only: DALI's file pipeline, left with 2 unread
+    batches every epoch, was rebuilt every epoch (issue 53)."""
+    train, _ = PIPELINES[pipeline](root, tmp_path_factory.mktemp(pipeline), accumulation_steps=4)
+    builds = []
+    if pipeline == "dali-files":
+        build = train._build
+        train._build = lambda: builds.append(1) or build()
+    for epoch in range(3):
+        train.set_epoch(epoch)
+        assert len(_labels(train)) == len(train) == 4
+    if pipeline == "dali-files":
+        assert len(builds) == 1, f"the pipeline was built {len(builds)} times in 3 epochs"

@@ -105,6 +105,10 @@ class LoaderSpec:
         channels_last: yield NCHW-shaped images in ``torch.channels_last`` memory (the model's).
         shuffle_buffer: samples DALI's webdataset reader mixes inside a rank's part (packed
             shards only, ``data.shuffle_buffer``).
+        accumulation_steps: micro-batches per optimizer step. A training part is trimmed to
+            whole steps (``batch_size x accumulation_steps`` samples), so a training pass
+            yields only batches that are trained on: DALI's file pipeline, which cannot leave
+            an epoch half read, is then never rebuilt between epochs.
     """
 
     image_size: int
@@ -120,10 +124,13 @@ class LoaderSpec:
     dtype: torch.dtype = torch.float32
     channels_last: bool = False
     shuffle_buffer: int = SHUFFLE_BUFFER
+    accumulation_steps: int = 1
 
     def __post_init__(self) -> None:  # accept "cpu"/"cuda:0" and a list crop_scale (the config's)
         object.__setattr__(self, "device", torch.device(self.device))
         object.__setattr__(self, "crop_scale", tuple(self.crop_scale))
+        if self.accumulation_steps < 1:
+            raise ValueError(f"accumulation_steps must be >= 1, got {self.accumulation_steps}")
         self.crop_recipe  # noqa: B018 - checks the crop values here, once for every pipeline
 
     @property
@@ -156,6 +163,11 @@ class LoaderSpec:
     @property
     def val_batch(self) -> int:
         return self.val_batch_size or self.batch_size
+
+    @property
+    def step_samples(self) -> int:
+        """Samples of one optimizer step on this rank: training parts are whole steps."""
+        return self.batch_size * self.accumulation_steps
 
 
 class LoaderView:

@@ -288,7 +288,7 @@ def build_dali_loaders(
     train = DaliLoader(
         train_paths, train_labels, batch_size=spec.batch_size, drop_last=True, pipeline=pipeline(train_graph),
         sampler=ShardedSampler(len(train_paths), rank=spec.rank, world_size=spec.world_size,
-                               batch_size=spec.batch_size, seed=spec.seed),
+                               batch_size=spec.step_samples, seed=spec.seed),
         seed=seed, data_root=root,
     )
     val = DaliLoader(

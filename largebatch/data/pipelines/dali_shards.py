@@ -71,6 +71,7 @@ class DaliShardLoader:
         self.total = num_samples
         self.train = train
         self.batch_size = spec.batch_size if train else spec.val_batch
+        self.step_samples = spec.step_samples  # a training part is whole optimizer steps
         self.rank, self.world_size, self.seed = spec.rank, spec.world_size, spec.seed
         self.layout = pipeline.layout
         self.device_id = pipeline.device_id
@@ -97,7 +98,7 @@ class DaliShardLoader:
     def num_samples(self) -> int:
         if self.train:
             per_rank = self.total // self.world_size
-            return per_rank - per_rank % self.batch_size
+            return per_rank - per_rank % self.step_samples
         begin, end = _rank_part_bounds(self.total, self.rank, self.world_size)
         return end - begin
 

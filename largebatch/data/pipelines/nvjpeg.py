@@ -489,7 +489,7 @@ def build_nvjpeg_loaders(
     train = DataLoader(
         EncodedImageFolder(train_set.samples, train_set.classes, train_set.root), batch_size=batch_size,
         drop_last=True,
-        sampler=ShardedSampler(len(train_set), rank=rank, world_size=world_size, batch_size=batch_size,
+        sampler=ShardedSampler(len(train_set), rank=rank, world_size=world_size, batch_size=spec.step_samples,
                                seed=spec.seed),
         **common,
     )

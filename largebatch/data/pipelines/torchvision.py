@@ -206,7 +206,7 @@ def build_loaders(root: str | os.PathLike, spec: LoaderSpec) -> tuple[SkipCounti
     )
     check_same_classes(train_set.root, train_set.classes, val_set.root, val_set.classes)
     train_sampler = ShardedSampler(len(train_set), rank=spec.rank, world_size=spec.world_size,
-                                   batch_size=spec.batch_size, seed=spec.seed, with_epoch=True)
+                                   batch_size=spec.step_samples, seed=spec.seed, with_epoch=True)
     val_sampler = ExactShardSampler(len(val_set), rank=spec.rank, world_size=spec.world_size)
     workers = spec.workers
     common: dict[str, Any] = dict(num_workers=workers, pin_memory=spec.pin_memory,
