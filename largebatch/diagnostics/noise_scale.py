@@ -2,7 +2,7 @@
 
 Based on McCandlish, Kaplan, Amodei et al. 2018, "An Empirical Model of Large-Batch Training"
 (arXiv 1812.06162). With ``G`` the true (full-data) gradient and ``Σ`` the covariance of the
-per-example gradients, section 2 (eq. 2.7, Figure 1) defines the simple noise scale::
+per-example gradients, section 2 (Figure 1) defines the simple noise scale::
 
     B_simple = tr(Σ) / |G|²
 
@@ -22,7 +22,7 @@ negatively correlated with the tr(Σ) one), so the appendix averages each term o
 takes the ratio of the averages: :class:`GradientNoiseScale` does that with an exponential moving
 average. In data-parallel training both norms come free: a rank's local gradient, before the
 all-reduce, is the ``B_small`` one (``B_small`` = the per-rank batch) and the all-reduced gradient the
-``B_big`` one (``B_big`` = the global batch), as the paper's appendix A.1 notes.
+``B_big`` one (``B_big`` = the global batch), the pair appendix A.1 suggests.
 
 The gradients must be means over their batch (a loss with ``reduction="mean"``): with a summed
 loss the squared norms grow with ``B²`` and the formulas do not hold.
@@ -58,9 +58,9 @@ def _check_batches(batch_small: Any, batch_big: Any, where: str) -> None:
         # a tensor batch size would need a host read to check: the sizes are the caller's plain numbers
         if isinstance(value, Tensor) or isinstance(value, bool) or not isinstance(value, Real):
             raise UsageError(f"{where}: {name} must be a number of examples (int), got {type(value).__name__}")
-        if not (math.isfinite(value) and value > 0):
+        if not (math.isfinite(float(value)) and float(value) > 0):
             raise UsageError(f"{where}: {name}={value!r} must be a positive number of examples")
-    if not batch_small < batch_big:
+    if not float(batch_small) < float(batch_big):
         raise UsageError(
             f"{where}: batch_small={batch_small!r} must be smaller than batch_big={batch_big!r}: the two "
             f"squared norms must come from batches of different sizes (in data-parallel training the "
@@ -182,11 +182,11 @@ class GradientNoiseScale:
             raise UsageError(f"GradientNoiseScale: beta={beta!r} must be in [0, 1) (e.g. 0.99)")
         if not dtype.is_floating_point:
             raise UsageError(f"GradientNoiseScale: dtype={dtype} must be a floating dtype (e.g. torch.float32)")
-        self.beta = float(beta)
-        self.dtype = dtype
-        self.updates = 0  # calls to update(), a host count (never read from a tensor)
+        self.beta: float = float(beta)
+        self.dtype: torch.dtype = dtype
+        self.updates: int = 0  # calls to update(), a host count (never read from a tensor)
         # [EMA of |G|² estimates, EMA of tr(Σ) estimates, EMA of ones = 1 − β^t]; moves to the inputs' device
-        self._ema = torch.zeros(3, dtype=dtype)
+        self._ema: Tensor = torch.zeros(3, dtype=dtype)
 
     def update(self, sq_norm_small: Tensor, batch_small: float, sq_norm_big: Tensor, batch_big: float) -> None:
         """Fold one step's two squared gradient norms into the averages (no host read).
