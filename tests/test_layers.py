@@ -9,7 +9,7 @@ bottom:
 | edge | ``cli``, ``multirun``, ``launch/``, ``tools/``, ``train``, ``report`` | anything below |
 | orchestration | ``run``; ``config/`` (read only by the edge) | engine/backends, building blocks, ground |
 | engine / backends | ``engine/``, ``backends/`` (neither imports the other) | building blocks, ground |
-| building blocks | ``nn/``, ``optim/``, ``lr/``, ``comm/``, ``data/``, ``models`` | ground; across packages only ``nn`` -> ``comm.reducers`` |
+| building blocks | ``nn/``, ``optim/``, ``lr/``, ``comm/``, ``data/``, ``diagnostics/``, ``models`` | ground; across packages only ``nn`` -> ``comm.reducers`` |
 | ground | ``errors``, ``defaults``, ``largebatch`` (the version) | only ``errors`` (``errors``: nothing) |
 
 ``config/`` is light: it imports only ``config/`` and the ground, which loads no torch
@@ -36,7 +36,8 @@ LAYER_OF_UNIT = {
     "cli": EDGE, "multirun": EDGE, "launch": EDGE, "tools": EDGE, "train": EDGE, "report": EDGE,
     "run": ORCHESTRATION, "config": ORCHESTRATION,
     "engine": ENGINE, "backends": ENGINE,
-    "nn": BLOCKS, "optim": BLOCKS, "lr": BLOCKS, "comm": BLOCKS, "data": BLOCKS, "models": BLOCKS,
+    "nn": BLOCKS, "optim": BLOCKS, "lr": BLOCKS, "comm": BLOCKS, "data": BLOCKS,
+    "diagnostics": BLOCKS, "models": BLOCKS,
     "errors": GROUND, "defaults": GROUND, "": GROUND,
 }
 
@@ -192,6 +193,8 @@ def test_no_import_circle() -> None:
         ("largebatch.errors", "largebatch.defaults"),
         ("largebatch.engine.hooks", "largebatch.run"),
         ("largebatch.data.pipelines.torchvision", "largebatch.engine.checkpoint"),
+        ("largebatch.diagnostics.noise_scale", "largebatch.optim.lars"),  # a block: torch and the ground only
+        ("largebatch.diagnostics.noise_scale", "largebatch.engine.loop"),
     ],
 )
 def test_the_rules_catch_what_they_name(importer: str, imported: str) -> None:
