@@ -158,5 +158,5 @@ def test_data_shuffle_buffer_reaches_the_loader_spec(tmp_path: Path, monkeypatch
     for overrides, expected in (([], 4096), (["data.shuffle_buffer=7"], 7)):
         seen.clear()
         cfg = to_train_config(compose_config([f"data.root={tmp_path}", *overrides]))
-        run._data(cfg, backend, SimpleNamespace(per_device=4), None, False)
+        run._data(cfg, backend, SimpleNamespace(per_device=4, accumulation_steps=1), None, False)
         assert seen["spec"].shuffle_buffer == expected
