@@ -4,13 +4,15 @@ once over all epochs and workers), decoded, or refused with one line.
 Loaders: ``data.loader=torchvision`` (Pillow in workers), ``nvjpeg`` (bytes in workers,
 decode in the main process; here on the CPU) and ``dali`` (which reads the file lists the
 data check writes: a file the check leaves out is DALI's "skip"). Links that loop are in
-tests/test_data_links.py; they are refused by the same listing for all three.
+tests/test_data_links.py; they are refused by the same listing for all three. The tree-level
+cases (hidden folders, ...) also run against DALI without file lists and packed shards.
 """
 
 from __future__ import annotations
 
 import io
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -128,3 +130,43 @@ def test_every_loader_refuses_a_class_without_one_readable_image(data: Path, loa
         path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(DataError, match=f"^class '{victim.name}' has no readable training image: "):
         LOADERS[loader](data)
+
+
+def _build(loader: str, root: Path, tmp: Path) -> tuple:  # type: ignore[type-arg]
+    """``(train, val, num_classes)`` of ``root`` from ``loader``; DALI and shards from a fresh check."""
+    spec = LoaderSpec(image_size=16, batch_size=3, workers=1)
+    if loader == "torchvision":
+        return build_loaders(root, spec)
+    if loader == "nvjpeg":
+        return build_nvjpeg_loaders(root, replace(spec, device="cpu"))
+    pytest.importorskip("nvidia.dali")
+    from largebatch.data.check import check_dataset, require_checked
+    from largebatch.data.pipelines.dali_files import build_dali_loaders
+    from largebatch.data.pipelines.dali_shards import build_dali_shard_loaders
+    from largebatch.data.shards import make_shards
+
+    if loader == "dali-tree":
+        return build_dali_loaders(root, spec)
+    check_dataset(root, workers=WORKERS)
+    if loader == "dali":
+        return build_dali_loaders(root, spec, file_list={s: require_checked(root, s) for s in ("train", "val")})
+    make_shards(root, tmp / "shards", shard_size=5)
+    return build_dali_shard_loaders(tmp / "shards", spec)
+
+
+TREE_LOADERS = ["torchvision", "nvjpeg", "dali", "dali-tree", "shards"]
+
+
+@pytest.mark.parametrize("loader", TREE_LOADERS)
+def test_every_loader_skips_hidden_folders_as_classes(data: Path, tmp_path: Path, loader: str) -> None:
+    """Issue 54 item 6a: ``train/.ipynb_checkpoints/`` was a class: class 0, every label shifted
+    by one (with an image in it) or the run stopped on an empty class (without)."""
+    image = _train_files(data)[0].read_bytes()
+    for split in ("train", "val"):
+        (data / split / ".ipynb_checkpoints").mkdir()
+        (data / split / ".ipynb_checkpoints" / "n0000-checkpoint.JPEG").write_bytes(image)
+    (data / "train" / ".Trash-1000").mkdir()  # an empty one, too
+    train, val, num_classes = _build(loader, data, tmp_path)
+    assert num_classes == 3
+    labels = sorted({int(t) for _, batch, *_ in val for t in batch})
+    assert labels == [0, 1, 2], f"{loader}: val labels {labels}"

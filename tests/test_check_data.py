@@ -97,6 +97,20 @@ def test_exit_code_0_when_every_file_decodes(clean: Path, capsys) -> None:
     assert "every image can be decoded by DALI" in capsys.readouterr().out
 
 
+def test_hidden_folders_are_skipped_and_named_not_counted_as_classes(clean: Path, capsys) -> None:
+    """Issue 54 item 6a: ``train/.ipynb_checkpoints/`` was a class (exit 2, "holds no image")."""
+    for split in ("train", "val"):
+        (clean / split / ".ipynb_checkpoints").mkdir()
+    (clean / "train" / ".ipynb_checkpoints" / "x-checkpoint.JPEG").write_bytes(_good_jpeg(clean))
+    assert main([str(clean), "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "train: 18 image files in 3 classes" in out, out
+    for split in ("train", "val"):
+        assert f"{split}: skipped 1 hidden folder(s), not classes: .ipynb_checkpoints" in out, out
+    labels = _listed(clean / ".largebatch-filelist-train.txt")
+    assert len(labels) == 18 and all(labels[rel] == int(rel.split("/")[1][1:]) for rel in labels)
+
+
 @pytest.mark.parametrize("argv", [[], ["/no/such/folder"], ["ROOT", "--workers", "-1"],
                                   ["ROOT", "--splits", "test"]])
 def test_bad_arguments_exit_2_with_one_line(argv: list[str], clean: Path, capsys) -> None:

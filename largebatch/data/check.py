@@ -36,7 +36,7 @@ from typing import NamedTuple, Sequence
 
 from PIL import Image
 
-from largebatch.data.images import EXIF_ORIENTATION, list_split, not_a_folder
+from largebatch.data.images import EXIF_ORIENTATION, list_classes, list_split, not_a_folder
 from largebatch.errors import DataError
 
 __all__ = [
@@ -206,6 +206,7 @@ class SplitSummary:
     classes: int
     fingerprint: str
     file_list: str
+    hidden: list[str] = field(default_factory=list)  # hidden folders skipped, not classes
 
 
 @dataclass
@@ -351,7 +352,8 @@ def check_dataset(
             _write_atomic(list_path, "".join(lines))
             report.splits[split] = SplitSummary(
                 files=len(paths), listed=len(lines), classes=len(classes),
-                fingerprint=_fingerprint(entries), file_list=str(list_path))
+                fingerprint=_fingerprint(entries), file_list=str(list_path),
+                hidden=list_classes(root / split)[1])
     report.seconds = time.perf_counter() - start
     report.report_path = str(out_dir / REPORT_NAME)
     _write_atomic(Path(report.report_path), json.dumps(report.to_json(), indent=1) + "\n")

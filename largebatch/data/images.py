@@ -4,7 +4,8 @@ One listing for all (:func:`list_split`, :func:`list_folder`): the torchvision a
 loaders, the DALI file reader and ``largebatch-check-data`` see the same files with the same
 labels, in torchvision's ``ImageFolder`` order, and refuse the same bad trees with the same
 one-line ``DataError`` (a missing root or split, no class folder, an empty class, a link that
-loops or leaves its class folder, a folder that cannot be read). Also what decoding one file
+loops or leaves its class folder, a folder that cannot be read). Hidden folders are not classes
+(:func:`list_classes`). Also what decoding one file
 means (:func:`load_rgb`, Pillow, any format, to RGB), the decompression-bomb limit every loader
 applies, and the DALI file-list format the data check writes.
 """
@@ -15,7 +16,7 @@ import os
 from typing import NamedTuple, Sequence
 
 from PIL import Image, ImageOps
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
+from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from largebatch.errors import DataError
 
@@ -26,6 +27,7 @@ __all__ = [
     "check_same_classes",
     "decompression_bomb_limit",
     "list_class_images",
+    "list_classes",
     "list_folder",
     "list_split",
     "load_rgb",
@@ -47,6 +49,23 @@ def check_same_classes(train_root: str, train_classes: Sequence[str], val_root: 
             f"{len(only_train)} only in train {only_train[:3]}, {len(only_val)} only in val "
             f"{only_val[:3]}; both splits need the same class folders"
         )
+
+
+def list_classes(split_dir: str | os.PathLike) -> tuple[list[str], list[str]]:
+    """``(classes, hidden)``: the class folders of ``split_dir``, sorted (torchvision's order and
+    labels), and the hidden folders (names starting with ``.``) left out of them.
+
+    torchvision's ``find_classes`` (0.29) takes every folder, hidden ones too: Jupyter's
+    ``.ipynb_checkpoints/``, a file server's ``.snapshot/`` or a desktop's ``.Trash-1000/``
+    became class 0 and shifted every label by one, or stopped the run as an empty class.
+    Every listing here (the loaders, the data check, the shard maker) reads classes through
+    this function, so they agree; the data check names the folders it skipped.
+    """
+    classes, hidden = [], []
+    for entry in os.scandir(split_dir):
+        if entry.is_dir():
+            (hidden if entry.name.startswith(".") else classes).append(entry.name)
+    return sorted(classes), sorted(hidden)
 
 
 class Unreadable(NamedTuple):
@@ -165,10 +184,14 @@ def list_folder(split_dir: str | os.PathLike) -> tuple[list[str], list[tuple[str
         raise DataError(f"data folder {root} {not_a_folder(root)}: point data.root at an "
                         f"ImageFolder tree (<root>/<class>/*.JPEG)")
     try:
-        classes, class_to_idx = find_classes(root)
-    except FileNotFoundError as err:  # no class folder at all
-        raise DataError(f"data folder {root} has no class sub-folders ({err})") from None
-    samples = list_class_images(root, class_to_idx)
+        classes, hidden = list_classes(root)
+    except OSError as err:
+        raise DataError(f"cannot read folder {root}: {err.strerror}; make it readable") from None
+    if not classes:
+        skipped = f" (hidden folders are not classes: {', '.join(hidden)})" if hidden else ""
+        raise DataError(f"data folder {root} has no class sub-folders{skipped}: expected "
+                        f"{root}/<class>/*.JPEG")
+    samples = list_class_images(root, {c: i for i, c in enumerate(classes)})
     counts = [0] * len(classes)
     for _, target in samples:
         counts[target] += 1

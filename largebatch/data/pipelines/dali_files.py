@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from largebatch.data.contract import LoaderSpec
-from largebatch.data.images import list_split, not_a_folder, read_file_list
+from largebatch.data.images import list_classes, list_split, not_a_folder, read_file_list
 from largebatch.data.pipelines.dali_graph import (
     DEFAULT_HW_DECODER_LOAD,
     DaliPipeline,
@@ -205,7 +205,7 @@ def _file_samples(root: str, split: str, file_list: str | os.PathLike | None
     paths, labels = read_file_list(file_list, root)
     split_dir = os.path.join(root, split)
     if split == "train" and os.path.isdir(split_dir):  # the other loaders' rule, at build time here
-        classes = sorted(e.name for e in os.scandir(split_dir) if e.is_dir())
+        classes, _ = list_classes(split_dir)
         missing = sorted(set(range(len(classes))) - set(labels))
         if missing:
             name = classes[missing[0]]
@@ -221,7 +221,7 @@ def _class_count(root: str) -> int | None:
     train = os.path.join(root, "train")
     if not os.path.isdir(train):
         return None
-    return sum(1 for e in os.scandir(train) if e.is_dir())
+    return len(list_classes(train)[0])
 
 
 def build_dali_loaders(
