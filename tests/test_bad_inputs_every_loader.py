@@ -170,3 +170,40 @@ def test_every_loader_skips_hidden_folders_as_classes(data: Path, tmp_path: Path
     assert num_classes == 3
     labels = sorted({int(t) for _, batch, *_ in val for t in batch})
     assert labels == [0, 1, 2], f"{loader}: val labels {labels}"
+
+
+@pytest.mark.parametrize("loader", [*TREE_LOADERS, "check"])
+def test_every_loader_and_the_check_refuse_a_class_only_in_val(data: Path, tmp_path: Path, loader: str) -> None:
+    """Issue 54 item 3: the check passed such a tree and DALI (from its lists) trained a whole
+    epoch, then stopped at the first evaluation with an IndexError (a val label out of range)."""
+    def add_val_only_class() -> None:
+        shutil.copytree(next((data / "val").iterdir()), data / "val" / "zzz")
+
+    if loader in ("dali", "shards"):  # lists and shards made before the class appeared: the loader must see it
+        pytest.importorskip("nvidia.dali")
+        from largebatch.data.check import check_dataset, require_checked
+        from largebatch.data.shards import make_shards
+
+        check_dataset(data, workers=WORKERS)
+        lists = {s: require_checked(data, s) for s in ("train", "val")}
+        make_shards(data, tmp_path / "shards", shard_size=5)
+        add_val_only_class()
+        meta_path = tmp_path / "shards" / "val" / "meta.json"  # as make_shards wrote it for this tree
+        meta_path.write_text(meta_path.read_text().replace('"n0002"', '"n0002", "zzz"'))
+    else:
+        add_val_only_class()
+    with pytest.raises(DataError, match=r"class folders differ: 0 only in train \[\], 1 only in val \['zzz'\]"):
+        if loader == "check":
+            from largebatch.data.check import check_dataset
+
+            check_dataset(data, workers=WORKERS)
+        elif loader == "dali":
+            from largebatch.data.pipelines.dali_files import build_dali_loaders
+
+            build_dali_loaders(data, LoaderSpec(image_size=16, batch_size=3, workers=1), file_list=lists)
+        elif loader == "shards":
+            from largebatch.data.pipelines.dali_shards import build_dali_shard_loaders
+
+            build_dali_shard_loaders(tmp_path / "shards", LoaderSpec(image_size=16, batch_size=3, workers=1))
+        else:
+            _build(loader, data, tmp_path)

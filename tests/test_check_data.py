@@ -122,6 +122,17 @@ def test_bad_arguments_exit_2_with_one_line(argv: list[str], clean: Path, capsys
     assert err.startswith("largebatch-check-data: error:") and err.count("\n") == 1
 
 
+def test_a_class_only_in_val_exits_2_with_one_line_before_writing_lists(clean: Path, capsys) -> None:
+    """Issue 54 item 3: it passed ("every image can be decoded"), and DALI died an epoch later."""
+    shutil.copytree(clean / "val" / "n0001", clean / "val" / "zzz")
+    with pytest.raises(SystemExit) as exc:
+        main([str(clean), "--workers", "1"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "class folders differ: 0 only in train [], 1 only in val ['zzz']" in err, err
+    assert not (clean / ".largebatch-filelist-train.txt").exists()
+
+
 def test_a_data_root_that_is_a_file_says_so(tmp_path: Path, capsys) -> None:
     """Issue 43 case 6: a file given as the data root was said not to exist."""
     archive = tmp_path / "imagenet.tar"

@@ -36,7 +36,7 @@ from typing import NamedTuple, Sequence
 
 from PIL import Image
 
-from largebatch.data.images import EXIF_ORIENTATION, list_classes, list_split, not_a_folder
+from largebatch.data.images import EXIF_ORIENTATION, check_split_classes, list_classes, list_split, not_a_folder
 from largebatch.errors import DataError
 
 __all__ = [
@@ -319,12 +319,15 @@ def check_dataset(
         workers: threads that decode (Pillow decodes without the GIL); 0: one per CPU.
         splits: the splits to check (each must exist).
 
-    Returns the :class:`CheckReport`; raises :class:`DataError` for a missing folder.
+    Returns the :class:`CheckReport`; raises :class:`DataError` for a missing folder, or for
+    train and val class folders that differ (when both are checked), before writing anything.
     """
     start = time.perf_counter()
     root = Path(root).expanduser().absolute()
     if not root.is_dir():
         raise DataError(f"data root {root} {not_a_folder(root)}: give the folder holding train/ and val/")
+    if set(SPLITS) <= set(splits):
+        check_split_classes(root)
     workers = workers or os.cpu_count() or 1
     out_dir = _writable_state_dir(root)
     report = CheckReport(root=str(root), splits={})

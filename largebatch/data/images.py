@@ -25,6 +25,7 @@ __all__ = [
     "Unreadable",
     "EXIF_ORIENTATION",
     "check_same_classes",
+    "check_split_classes",
     "decompression_bomb_limit",
     "list_class_images",
     "list_classes",
@@ -66,6 +67,17 @@ def list_classes(split_dir: str | os.PathLike) -> tuple[list[str], list[str]]:
         if entry.is_dir():
             (hidden if entry.name.startswith(".") else classes).append(entry.name)
     return sorted(classes), sorted(hidden)
+
+
+def check_split_classes(root: str | os.PathLike) -> None:
+    """:func:`check_same_classes` of the class folders of ``root/train`` and ``root/val``.
+
+    What the loaders that do not list both trees themselves (DALI reading the data check's
+    lists) and the data check call: a class only one split has would otherwise pass the check
+    and stop a DALI run at its first evaluation (a val label out of range), an epoch in.
+    """
+    train, val = split_folder(root, "train"), split_folder(root, "val")
+    check_same_classes(train, list_classes(train)[0], val, list_classes(val)[0])
 
 
 class Unreadable(NamedTuple):

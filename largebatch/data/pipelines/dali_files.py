@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from largebatch.data.contract import LoaderSpec
-from largebatch.data.images import list_classes, list_split, not_a_folder, read_file_list
+from largebatch.data.images import check_split_classes, list_classes, list_split, not_a_folder, read_file_list
 from largebatch.data.pipelines.dali_graph import (
     DEFAULT_HW_DECODER_LOAD,
     DaliPipeline,
@@ -257,13 +257,11 @@ def build_dali_loaders(
     if not os.path.isdir(root):
         raise DataError(f"data root {root} {not_a_folder(root)}: set data.root to a folder holding "
                         f"train/ and val/")
+    check_split_classes(root)  # the lists' labels are only one split's
     lists = dict(file_list) if isinstance(file_list, Mapping) else {"train": file_list}
     train_paths, train_labels, n_train = _file_samples(root, "train", lists.get("train"))
-    val_paths, val_labels, n_val = _file_samples(root, "val", lists.get("val"))
+    val_paths, val_labels, _ = _file_samples(root, "val", lists.get("val"))
     num_classes = n_train or _class_count(root) or (max(train_labels, default=-1) + 1)
-    if n_val is not None and n_val != num_classes:
-        raise DataError(f"train and val of {root} have {num_classes} and {n_val} class folders: "
-                        f"both splits need the same class folders")
     if not train_paths:
         raise DataError(f"{root}/train holds no image")
 
