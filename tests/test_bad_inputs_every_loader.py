@@ -23,6 +23,7 @@ from largebatch.data.contract import LoaderSpec
 from largebatch.data.pipelines.torchvision import DataError, build_loaders
 from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 from largebatch.data.synthetic import make_synthetic_imagenet
+from tests.fifo_guard import watched_fifo
 
 EPOCHS = 3
 WORKERS = 2
@@ -207,3 +208,28 @@ def test_every_loader_and_the_check_refuse_a_class_only_in_val(data: Path, tmp_p
             build_dali_shard_loaders(tmp_path / "shards", LoaderSpec(image_size=16, batch_size=3, workers=1))
         else:
             _build(loader, data, tmp_path)
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+def test_every_loader_skips_a_fifo_without_opening_it(data: Path, loader: str) -> None:
+    """Issue 54 item 4: a FIFO under train/ hung the check and the training forever, silently, in
+    an open() that SIGTERM could not interrupt. Now it is skipped and counted (torchvision,
+    nvjpeg) or left out by the check (DALI), and never opened."""
+    victim = _train_files(data)[0]
+    victim.unlink()
+    with watched_fifo(victim) as opens:
+        skipped = LOADERS[loader](data)
+    assert opens.count == 0, f"{loader} opened the FIFO {opens.count} time(s)"
+    assert skipped == 1
+
+
+def test_dali_over_a_tree_refuses_a_fifo_in_one_line(data: Path) -> None:
+    """DALI without the check's lists cannot skip a file: refused at build, not opened."""
+    pytest.importorskip("nvidia.dali")
+    from largebatch.data.pipelines.dali_files import build_dali_loaders
+
+    victim = _train_files(data)[0]
+    victim.unlink()
+    with watched_fifo(victim) as opens, pytest.raises(DataError, match=f"^{victim} is a FIFO"):
+        build_dali_loaders(data, LoaderSpec(image_size=16, batch_size=3, workers=1))
+    assert opens.count == 0

@@ -18,6 +18,7 @@ from largebatch.data.check import KINDS, check_dataset, inspect_image, require_c
 from largebatch.data.pipelines.torchvision import DataError
 from largebatch.data.synthetic import make_synthetic_imagenet
 from largebatch.tools.check_data import main
+from tests.fifo_guard import watched_fifo
 
 HAS_DALI = importlib.util.find_spec("nvidia.dali") is not None
 
@@ -131,6 +132,17 @@ def test_a_class_only_in_val_exits_2_with_one_line_before_writing_lists(clean: P
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "class folders differ: 0 only in train [], 1 only in val ['zzz']" in err, err
     assert not (clean / ".largebatch-filelist-train.txt").exists()
+
+
+def test_a_fifo_is_reported_and_left_out_never_opened(clean: Path, capsys) -> None:
+    """Issue 54 item 4: a FIFO named .JPEG hung the check forever (it opened it to read its head)."""
+    fifo = clean / "train" / "n0001" / "pipe.JPEG"
+    with watched_fifo(fifo) as opens:
+        code = main([str(clean), "--workers", "1"])
+    assert opens.count == 0 and code == 1
+    out = capsys.readouterr().out
+    assert "not_a_file" in out and "train/n0001/pipe.JPEG  (a FIFO (named pipe))" in out, out
+    assert "train/n0001/pipe.JPEG" not in _listed(clean / ".largebatch-filelist-train.txt")
 
 
 def test_a_data_root_that_is_a_file_says_so(tmp_path: Path, capsys) -> None:

@@ -36,7 +36,14 @@ from typing import NamedTuple, Sequence
 
 from PIL import Image
 
-from largebatch.data.images import EXIF_ORIENTATION, check_split_classes, list_classes, list_split, not_a_folder
+from largebatch.data.images import (
+    EXIF_ORIENTATION,
+    check_split_classes,
+    list_classes,
+    list_split,
+    not_a_folder,
+    special_file,
+)
 from largebatch.errors import DataError
 
 __all__ = [
@@ -81,6 +88,9 @@ KINDS: dict[str, Kind] = {
                                "decoder error, the pipeline stops", _REENCODE),
     "unreadable": Kind(True, "a file that cannot be opened (permissions, broken link)",
                        "read error, the pipeline stops", "fix its permissions or remove it"),
+    "not_a_file": Kind(True, "a FIFO, socket or device under an image name (never opened: reading "
+                       "a FIFO waits forever)", "the reader waits forever (a FIFO) or fails",
+                       "move it out of the data set"),
     "unlistable_name": Kind(True, "a name a DALI file list cannot hold (newline, trailing "
                             "whitespace, or bytes that are not UTF-8: shown escaped, as \\xe9)",
                             "cannot be listed", "rename it"),
@@ -123,6 +133,9 @@ def _sniff(head: bytes) -> str | None:
 def inspect_image(path: str | os.PathLike) -> tuple[str | None, str]:
     """``(kind, detail)`` of one file; kind None for a plain RGB JPEG (or any fine image)."""
     path = os.fspath(path)
+    special = special_file(path)
+    if special is not None:  # before open(): a FIFO would block the check forever
+        return "not_a_file", special
     try:
         with open(path, "rb") as f:
             head = f.read(16)

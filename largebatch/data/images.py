@@ -13,6 +13,7 @@ applies, and the DALI file-list format the data check writes.
 from __future__ import annotations
 
 import os
+import stat
 from typing import NamedTuple, Sequence
 
 from PIL import Image, ImageOps
@@ -33,7 +34,9 @@ __all__ = [
     "list_split",
     "load_rgb",
     "not_a_folder",
+    "not_a_regular_file",
     "read_file_list",
+    "special_file",
     "split_folder",
 ]
 
@@ -87,6 +90,34 @@ class Unreadable(NamedTuple):
     target: int
 
 
+_SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+            (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"))
+
+
+def special_file(path: str | os.PathLike) -> str | None:
+    """What ``path`` is (``"a FIFO (named pipe)"``, ``"a socket"``, a device) when it is not a
+    regular file, found by ``stat`` (links followed) without opening it; None for a regular
+    file or one that cannot be stat'ed (opening it then reports why).
+
+    Opening a FIFO for reading waits for a writer, forever, in a call no signal handler
+    interrupts: a run would hang silently and not even stop on SIGTERM. So every reader (the
+    loaders, the data check) asks this before it opens an image.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return next((what for test, what in _SPECIAL if test(mode)), "not a regular file")
+
+
+def not_a_regular_file(path: str | os.PathLike, what: str) -> OSError:
+    """The ``OSError`` a reader raises (and skips and counts) for a :func:`special_file`."""
+    return OSError(f"{os.fspath(path)} is {what}, not an image file: not opened (reading it could wait "
+                   f"forever); move it out of the data set")
+
+
 def load_rgb(path: str) -> Image.Image:
     """Decode any image Pillow reads (JPEG L/CMYK, PNG, palette, RGBA) into an RGB image.
 
@@ -94,8 +125,11 @@ def load_rgb(path: str) -> Image.Image:
     ``.JPEG``. An EXIF orientation (a camera's "rotate 90 degrees to view") is applied, as
     every loader does (DALI's decoder, nvjpeg's CPU path for such files), so an image reads
     the same whichever loader trained or evaluates. Raises ``OSError``/``ValueError`` for a
-    file that is not a whole image.
+    file that is not a whole image, without opening one that is not a regular file (a FIFO).
     """
+    special = special_file(path) if isinstance(path, (str, os.PathLike)) else None  # not bytes read already
+    if special is not None:
+        raise not_a_regular_file(path, special)
     with Image.open(path) as img:
         img.load()  # decode now, inside the caller's error handling (truncation shows here)
         if img.getexif().get(EXIF_ORIENTATION, 1) in range(2, 9):

@@ -26,7 +26,14 @@ import numpy as np
 import torch
 
 from largebatch.data.contract import LoaderSpec
-from largebatch.data.images import check_split_classes, list_classes, list_split, not_a_folder, read_file_list
+from largebatch.data.images import (
+    check_split_classes,
+    list_classes,
+    list_split,
+    not_a_folder,
+    read_file_list,
+    special_file,
+)
 from largebatch.data.pipelines.dali_graph import (
     DEFAULT_HW_DECODER_LOAD,
     DaliPipeline,
@@ -199,6 +206,11 @@ def _file_samples(root: str, split: str, file_list: str | os.PathLike | None
     """Paths, labels and (for a tree) the class count of one split."""
     if file_list is None:
         classes, paths, labels = list_split(root, split)
+        special = [(p, what) for p in paths if (what := special_file(p)) is not None]
+        if special:  # DALI cannot skip a file, and its reader would wait on a FIFO forever
+            (path, what), n = special[0], len(special)
+            raise DataError(f"{path} is {what}, not an image file ({n} such file(s) in {split}/): move it "
+                            f"out of {root}, or pass the data check's lists (largebatch-check-data {root})")
         return paths, labels, len(classes)
     if not os.path.isfile(file_list):
         raise DataError(f"file list {file_list} does not exist: run largebatch-check-data {root}")
