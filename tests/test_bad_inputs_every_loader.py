@@ -4,13 +4,15 @@ once over all epochs and workers), decoded, or refused with one line.
 Loaders: ``data.loader=torchvision`` (Pillow in workers), ``nvjpeg`` (bytes in workers,
 decode in the main process; here on the CPU) and ``dali`` (which reads the file lists the
 data check writes: a file the check leaves out is DALI's "skip"). Links that loop are in
-tests/test_data_links.py; they are refused by the same listing for all three.
+tests/test_data_links.py; they are refused by the same listing for all three. The tree-level
+cases (hidden folders, ...) also run against DALI without file lists and packed shards.
 """
 
 from __future__ import annotations
 
 import io
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -21,6 +23,7 @@ from largebatch.data.contract import LoaderSpec
 from largebatch.data.pipelines.torchvision import DataError, build_loaders
 from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 from largebatch.data.synthetic import make_synthetic_imagenet
+from tests.fifo_guard import watched_fifo
 
 EPOCHS = 3
 WORKERS = 2
@@ -128,3 +131,105 @@ def test_every_loader_refuses_a_class_without_one_readable_image(data: Path, loa
         path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(DataError, match=f"^class '{victim.name}' has no readable training image: "):
         LOADERS[loader](data)
+
+
+def _build(loader: str, root: Path, tmp: Path) -> tuple:  # type: ignore[type-arg]
+    """``(train, val, num_classes)`` of ``root`` from ``loader``; DALI and shards from a fresh check."""
+    spec = LoaderSpec(image_size=16, batch_size=3, workers=1)
+    if loader == "torchvision":
+        return build_loaders(root, spec)
+    if loader == "nvjpeg":
+        return build_nvjpeg_loaders(root, replace(spec, device="cpu"))
+    pytest.importorskip("nvidia.dali")
+    from largebatch.data.check import check_dataset, require_checked
+    from largebatch.data.pipelines.dali_files import build_dali_loaders
+    from largebatch.data.pipelines.dali_shards import build_dali_shard_loaders
+    from largebatch.data.shards import make_shards
+
+    if loader == "dali-tree":
+        return build_dali_loaders(root, spec)
+    check_dataset(root, workers=WORKERS)
+    if loader == "dali":
+        return build_dali_loaders(root, spec, file_list={s: require_checked(root, s) for s in ("train", "val")})
+    make_shards(root, tmp / "shards", shard_size=5)
+    return build_dali_shard_loaders(tmp / "shards", spec)
+
+
+TREE_LOADERS = ["torchvision", "nvjpeg", "dali", "dali-tree", "shards"]
+
+
+@pytest.mark.parametrize("loader", TREE_LOADERS)
+def test_every_loader_skips_hidden_folders_as_classes(data: Path, tmp_path: Path, loader: str) -> None:
+    """Issue 54 item 6a: ``train/.ipynb_checkpoints/`` was a class: class 0, every label shifted
+    by one (with an image in it) or the run stopped on an empty class (without)."""
+    image = _train_files(data)[0].read_bytes()
+    for split in ("train", "val"):
+        (data / split / ".ipynb_checkpoints").mkdir()
+        (data / split / ".ipynb_checkpoints" / "n0000-checkpoint.JPEG").write_bytes(image)
+    (data / "train" / ".Trash-1000").mkdir()  # an empty one, too
+    train, val, num_classes = _build(loader, data, tmp_path)
+    assert num_classes == 3
+    labels = sorted({int(t) for _, batch, *_ in val for t in batch})
+    assert labels == [0, 1, 2], f"{loader}: val labels {labels}"
+
+
+@pytest.mark.parametrize("loader", [*TREE_LOADERS, "check"])
+def test_every_loader_and_the_check_refuse_a_class_only_in_val(data: Path, tmp_path: Path, loader: str) -> None:
+    """Issue 54 item 3: the check passed such a tree and DALI (from its lists) trained a whole
+    epoch, then stopped at the first evaluation with an IndexError (a val label out of range)."""
+    def add_val_only_class() -> None:
+        shutil.copytree(next((data / "val").iterdir()), data / "val" / "zzz")
+
+    if loader in ("dali", "shards"):  # lists and shards made before the class appeared: the loader must see it
+        pytest.importorskip("nvidia.dali")
+        from largebatch.data.check import check_dataset, require_checked
+        from largebatch.data.shards import make_shards
+
+        check_dataset(data, workers=WORKERS)
+        lists = {s: require_checked(data, s) for s in ("train", "val")}
+        make_shards(data, tmp_path / "shards", shard_size=5)
+        add_val_only_class()
+        meta_path = tmp_path / "shards" / "val" / "meta.json"  # as make_shards wrote it for this tree
+        meta_path.write_text(meta_path.read_text().replace('"n0002"', '"n0002", "zzz"'))
+    else:
+        add_val_only_class()
+    with pytest.raises(DataError, match=r"class folders differ: 0 only in train \[\], 1 only in val \['zzz'\]"):
+        if loader == "check":
+            from largebatch.data.check import check_dataset
+
+            check_dataset(data, workers=WORKERS)
+        elif loader == "dali":
+            from largebatch.data.pipelines.dali_files import build_dali_loaders
+
+            build_dali_loaders(data, LoaderSpec(image_size=16, batch_size=3, workers=1), file_list=lists)
+        elif loader == "shards":
+            from largebatch.data.pipelines.dali_shards import build_dali_shard_loaders
+
+            build_dali_shard_loaders(tmp_path / "shards", LoaderSpec(image_size=16, batch_size=3, workers=1))
+        else:
+            _build(loader, data, tmp_path)
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+def test_every_loader_skips_a_fifo_without_opening_it(data: Path, loader: str) -> None:
+    """Issue 54 item 4: a FIFO under train/ hung the check and the training forever, silently, in
+    an open() that SIGTERM could not interrupt. Now it is skipped and counted (torchvision,
+    nvjpeg) or left out by the check (DALI), and never opened."""
+    victim = _train_files(data)[0]
+    victim.unlink()
+    with watched_fifo(victim) as opens:
+        skipped = LOADERS[loader](data)
+    assert opens.count == 0, f"{loader} opened the FIFO {opens.count} time(s)"
+    assert skipped == 1
+
+
+def test_dali_over_a_tree_refuses_a_fifo_in_one_line(data: Path) -> None:
+    """DALI without the check's lists cannot skip a file: refused at build, not opened."""
+    pytest.importorskip("nvidia.dali")
+    from largebatch.data.pipelines.dali_files import build_dali_loaders
+
+    victim = _train_files(data)[0]
+    victim.unlink()
+    with watched_fifo(victim) as opens, pytest.raises(DataError, match=f"^{victim} is a FIFO"):
+        build_dali_loaders(data, LoaderSpec(image_size=16, batch_size=3, workers=1))
+    assert opens.count == 0

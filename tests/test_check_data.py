@@ -18,6 +18,7 @@ from largebatch.data.check import KINDS, check_dataset, inspect_image, require_c
 from largebatch.data.pipelines.torchvision import DataError
 from largebatch.data.synthetic import make_synthetic_imagenet
 from largebatch.tools.check_data import main
+from tests.fifo_guard import watched_fifo
 
 HAS_DALI = importlib.util.find_spec("nvidia.dali") is not None
 
@@ -97,6 +98,20 @@ def test_exit_code_0_when_every_file_decodes(clean: Path, capsys) -> None:
     assert "every image can be decoded by DALI" in capsys.readouterr().out
 
 
+def test_hidden_folders_are_skipped_and_named_not_counted_as_classes(clean: Path, capsys) -> None:
+    """Issue 54 item 6a: ``train/.ipynb_checkpoints/`` was a class (exit 2, "holds no image")."""
+    for split in ("train", "val"):
+        (clean / split / ".ipynb_checkpoints").mkdir()
+    (clean / "train" / ".ipynb_checkpoints" / "x-checkpoint.JPEG").write_bytes(_good_jpeg(clean))
+    assert main([str(clean), "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "train: 18 image files in 3 classes" in out, out
+    for split in ("train", "val"):
+        assert f"{split}: skipped 1 hidden folder(s), not classes: .ipynb_checkpoints" in out, out
+    labels = _listed(clean / ".largebatch-filelist-train.txt")
+    assert len(labels) == 18 and all(labels[rel] == int(rel.split("/")[1][1:]) for rel in labels)
+
+
 @pytest.mark.parametrize("argv", [[], ["/no/such/folder"], ["ROOT", "--workers", "-1"],
                                   ["ROOT", "--splits", "test"]])
 def test_bad_arguments_exit_2_with_one_line(argv: list[str], clean: Path, capsys) -> None:
@@ -106,6 +121,28 @@ def test_bad_arguments_exit_2_with_one_line(argv: list[str], clean: Path, capsys
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("largebatch-check-data: error:") and err.count("\n") == 1
+
+
+def test_a_class_only_in_val_exits_2_with_one_line_before_writing_lists(clean: Path, capsys) -> None:
+    """Issue 54 item 3: it passed ("every image can be decoded"), and DALI died an epoch later."""
+    shutil.copytree(clean / "val" / "n0001", clean / "val" / "zzz")
+    with pytest.raises(SystemExit) as exc:
+        main([str(clean), "--workers", "1"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "class folders differ: 0 only in train [], 1 only in val ['zzz']" in err, err
+    assert not (clean / ".largebatch-filelist-train.txt").exists()
+
+
+def test_a_fifo_is_reported_and_left_out_never_opened(clean: Path, capsys) -> None:
+    """Issue 54 item 4: a FIFO named .JPEG hung the check forever (it opened it to read its head)."""
+    fifo = clean / "train" / "n0001" / "pipe.JPEG"
+    with watched_fifo(fifo) as opens:
+        code = main([str(clean), "--workers", "1"])
+    assert opens.count == 0 and code == 1
+    out = capsys.readouterr().out
+    assert "not_a_file" in out and "train/n0001/pipe.JPEG  (a FIFO (named pipe))" in out, out
+    assert "train/n0001/pipe.JPEG" not in _listed(clean / ".largebatch-filelist-train.txt")
 
 
 def test_a_data_root_that_is_a_file_says_so(tmp_path: Path, capsys) -> None:

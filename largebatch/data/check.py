@@ -36,7 +36,14 @@ from typing import NamedTuple, Sequence
 
 from PIL import Image
 
-from largebatch.data.images import EXIF_ORIENTATION, list_split, not_a_folder
+from largebatch.data.images import (
+    EXIF_ORIENTATION,
+    check_split_classes,
+    list_classes,
+    list_split,
+    not_a_folder,
+    special_file,
+)
 from largebatch.errors import DataError
 
 __all__ = [
@@ -81,6 +88,9 @@ KINDS: dict[str, Kind] = {
                                "decoder error, the pipeline stops", _REENCODE),
     "unreadable": Kind(True, "a file that cannot be opened (permissions, broken link)",
                        "read error, the pipeline stops", "fix its permissions or remove it"),
+    "not_a_file": Kind(True, "a FIFO, socket or device under an image name (never opened: reading "
+                       "a FIFO waits forever)", "the reader waits forever (a FIFO) or fails",
+                       "move it out of the data set"),
     "unlistable_name": Kind(True, "a name a DALI file list cannot hold (newline, trailing "
                             "whitespace, or bytes that are not UTF-8: shown escaped, as \\xe9)",
                             "cannot be listed", "rename it"),
@@ -123,6 +133,9 @@ def _sniff(head: bytes) -> str | None:
 def inspect_image(path: str | os.PathLike) -> tuple[str | None, str]:
     """``(kind, detail)`` of one file; kind None for a plain RGB JPEG (or any fine image)."""
     path = os.fspath(path)
+    special = special_file(path)
+    if special is not None:  # before open(): a FIFO would block the check forever
+        return "not_a_file", special
     try:
         with open(path, "rb") as f:
             head = f.read(16)
@@ -206,6 +219,7 @@ class SplitSummary:
     classes: int
     fingerprint: str
     file_list: str
+    hidden: list[str] = field(default_factory=list)  # hidden folders skipped, not classes
 
 
 @dataclass
@@ -318,12 +332,15 @@ def check_dataset(
         workers: threads that decode (Pillow decodes without the GIL); 0: one per CPU.
         splits: the splits to check (each must exist).
 
-    Returns the :class:`CheckReport`; raises :class:`DataError` for a missing folder.
+    Returns the :class:`CheckReport`; raises :class:`DataError` for a missing folder, or for
+    train and val class folders that differ (when both are checked), before writing anything.
     """
     start = time.perf_counter()
     root = Path(root).expanduser().absolute()
     if not root.is_dir():
         raise DataError(f"data root {root} {not_a_folder(root)}: give the folder holding train/ and val/")
+    if set(SPLITS) <= set(splits):
+        check_split_classes(root)
     workers = workers or os.cpu_count() or 1
     out_dir = _writable_state_dir(root)
     report = CheckReport(root=str(root), splits={})
@@ -351,7 +368,8 @@ def check_dataset(
             _write_atomic(list_path, "".join(lines))
             report.splits[split] = SplitSummary(
                 files=len(paths), listed=len(lines), classes=len(classes),
-                fingerprint=_fingerprint(entries), file_list=str(list_path))
+                fingerprint=_fingerprint(entries), file_list=str(list_path),
+                hidden=list_classes(root / split)[1])
     report.seconds = time.perf_counter() - start
     report.report_path = str(out_dir / REPORT_NAME)
     _write_atomic(Path(report.report_path), json.dumps(report.to_json(), indent=1) + "\n")

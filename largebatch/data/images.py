@@ -4,7 +4,8 @@ One listing for all (:func:`list_split`, :func:`list_folder`): the torchvision a
 loaders, the DALI file reader and ``largebatch-check-data`` see the same files with the same
 labels, in torchvision's ``ImageFolder`` order, and refuse the same bad trees with the same
 one-line ``DataError`` (a missing root or split, no class folder, an empty class, a link that
-loops or leaves its class folder, a folder that cannot be read). Also what decoding one file
+loops or leaves its class folder, a folder that cannot be read). Hidden folders are not classes
+(:func:`list_classes`). Also what decoding one file
 means (:func:`load_rgb`, Pillow, any format, to RGB), the decompression-bomb limit every loader
 applies, and the DALI file-list format the data check writes.
 """
@@ -12,10 +13,11 @@ applies, and the DALI file-list format the data check writes.
 from __future__ import annotations
 
 import os
+import stat
 from typing import NamedTuple, Sequence
 
 from PIL import Image, ImageOps
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
+from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from largebatch.errors import DataError
 
@@ -24,13 +26,17 @@ __all__ = [
     "Unreadable",
     "EXIF_ORIENTATION",
     "check_same_classes",
+    "check_split_classes",
     "decompression_bomb_limit",
     "list_class_images",
+    "list_classes",
     "list_folder",
     "list_split",
     "load_rgb",
     "not_a_folder",
+    "not_a_regular_file",
     "read_file_list",
+    "special_file",
     "split_folder",
 ]
 
@@ -49,11 +55,67 @@ def check_same_classes(train_root: str, train_classes: Sequence[str], val_root: 
         )
 
 
+def list_classes(split_dir: str | os.PathLike) -> tuple[list[str], list[str]]:
+    """``(classes, hidden)``: the class folders of ``split_dir``, sorted (torchvision's order and
+    labels), and the hidden folders (names starting with ``.``) left out of them.
+
+    torchvision's ``find_classes`` (0.29) takes every folder, hidden ones too: Jupyter's
+    ``.ipynb_checkpoints/``, a file server's ``.snapshot/`` or a desktop's ``.Trash-1000/``
+    became class 0 and shifted every label by one, or stopped the run as an empty class.
+    Every listing here (the loaders, the data check, the shard maker) reads classes through
+    this function, so they agree; the data check names the folders it skipped.
+    """
+    classes, hidden = [], []
+    for entry in os.scandir(split_dir):
+        if entry.is_dir():
+            (hidden if entry.name.startswith(".") else classes).append(entry.name)
+    return sorted(classes), sorted(hidden)
+
+
+def check_split_classes(root: str | os.PathLike) -> None:
+    """:func:`check_same_classes` of the class folders of ``root/train`` and ``root/val``.
+
+    What the loaders that do not list both trees themselves (DALI reading the data check's
+    lists) and the data check call: a class only one split has would otherwise pass the check
+    and stop a DALI run at its first evaluation (a val label out of range), an epoch in.
+    """
+    train, val = split_folder(root, "train"), split_folder(root, "val")
+    check_same_classes(train, list_classes(train)[0], val, list_classes(val)[0])
+
+
 class Unreadable(NamedTuple):
     """What the data set returns for a file it cannot decode (the collate function counts it)."""
 
     index: int
     target: int
+
+
+_SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+            (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"))
+
+
+def special_file(path: str | os.PathLike) -> str | None:
+    """What ``path`` is (``"a FIFO (named pipe)"``, ``"a socket"``, a device) when it is not a
+    regular file, found by ``stat`` (links followed) without opening it; None for a regular
+    file or one that cannot be stat'ed (opening it then reports why).
+
+    Opening a FIFO for reading waits for a writer, forever, in a call no signal handler
+    interrupts: a run would hang silently and not even stop on SIGTERM. So every reader (the
+    loaders, the data check) asks this before it opens an image.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return next((what for test, what in _SPECIAL if test(mode)), "not a regular file")
+
+
+def not_a_regular_file(path: str | os.PathLike, what: str) -> OSError:
+    """The ``OSError`` a reader raises (and skips and counts) for a :func:`special_file`."""
+    return OSError(f"{os.fspath(path)} is {what}, not an image file: not opened (reading it could wait "
+                   f"forever); move it out of the data set")
 
 
 def load_rgb(path: str) -> Image.Image:
@@ -63,8 +125,11 @@ def load_rgb(path: str) -> Image.Image:
     ``.JPEG``. An EXIF orientation (a camera's "rotate 90 degrees to view") is applied, as
     every loader does (DALI's decoder, nvjpeg's CPU path for such files), so an image reads
     the same whichever loader trained or evaluates. Raises ``OSError``/``ValueError`` for a
-    file that is not a whole image.
+    file that is not a whole image, without opening one that is not a regular file (a FIFO).
     """
+    special = special_file(path) if isinstance(path, (str, os.PathLike)) else None  # not bytes read already
+    if special is not None:
+        raise not_a_regular_file(path, special)
     with Image.open(path) as img:
         img.load()  # decode now, inside the caller's error handling (truncation shows here)
         if img.getexif().get(EXIF_ORIENTATION, 1) in range(2, 9):
@@ -165,10 +230,14 @@ def list_folder(split_dir: str | os.PathLike) -> tuple[list[str], list[tuple[str
         raise DataError(f"data folder {root} {not_a_folder(root)}: point data.root at an "
                         f"ImageFolder tree (<root>/<class>/*.JPEG)")
     try:
-        classes, class_to_idx = find_classes(root)
-    except FileNotFoundError as err:  # no class folder at all
-        raise DataError(f"data folder {root} has no class sub-folders ({err})") from None
-    samples = list_class_images(root, class_to_idx)
+        classes, hidden = list_classes(root)
+    except OSError as err:
+        raise DataError(f"cannot read folder {root}: {err.strerror}; make it readable") from None
+    if not classes:
+        skipped = f" (hidden folders are not classes: {', '.join(hidden)})" if hidden else ""
+        raise DataError(f"data folder {root} has no class sub-folders{skipped}: expected "
+                        f"{root}/<class>/*.JPEG")
+    samples = list_class_images(root, {c: i for i, c in enumerate(classes)})
     counts = [0] * len(classes)
     for _, target in samples:
         counts[target] += 1

@@ -37,7 +37,7 @@ import numpy as np
 from PIL import Image
 
 from largebatch.data.check import _read_report, require_checked
-from largebatch.data.images import read_file_list
+from largebatch.data.images import list_classes, read_file_list
 from largebatch.errors import DataError
 
 __all__ = ["INDEX_VERSION", "REENCODE_KINDS", "iter_shard_samples", "make_shards"]
@@ -135,7 +135,7 @@ def make_shards(
         order = list(range(len(paths)))
         if split == "train":  # the reader shuffles inside a buffer only: store mixed
             order = np.random.default_rng(seed).permutation(len(paths)).tolist()
-        classes = sorted(e.name for e in os.scandir(root / split) if e.is_dir())
+        classes, _ = list_classes(root / split)
         odd = _odd_files(root, split) if reencode else set()
         out.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{split}.tmp-", dir=out))

@@ -20,6 +20,8 @@ __all__ = ["main"]
 def _print_report(report: CheckReport, examples: int = 3) -> None:
     for split, s in report.splits.items():
         print(f"{split}: {s.files} image files in {s.classes} classes, {s.listed} listed in {s.file_list}")
+        if s.hidden:
+            print(f"{split}: skipped {len(s.hidden)} hidden folder(s), not classes: {', '.join(s.hidden)}")
     counts = report.counts()
     if counts:
         print(f"{'kind':<20} {'files':>7}  {'in list':<7}  DALI 2.4 does / what to do")

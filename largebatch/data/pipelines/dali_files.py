@@ -26,7 +26,14 @@ import numpy as np
 import torch
 
 from largebatch.data.contract import LoaderSpec
-from largebatch.data.images import list_split, not_a_folder, read_file_list
+from largebatch.data.images import (
+    check_split_classes,
+    list_classes,
+    list_split,
+    not_a_folder,
+    read_file_list,
+    special_file,
+)
 from largebatch.data.pipelines.dali_graph import (
     DEFAULT_HW_DECODER_LOAD,
     DaliPipeline,
@@ -203,13 +210,18 @@ def _file_samples(root: str, split: str, file_list: str | os.PathLike | None
     """Paths, labels and (for a tree) the class count of one split."""
     if file_list is None:
         classes, paths, labels = list_split(root, split)
+        special = [(p, what) for p in paths if (what := special_file(p)) is not None]
+        if special:  # DALI cannot skip a file, and its reader would wait on a FIFO forever
+            (path, what), n = special[0], len(special)
+            raise DataError(f"{path} is {what}, not an image file ({n} such file(s) in {split}/): move it "
+                            f"out of {root}, or pass the data check's lists (largebatch-check-data {root})")
         return paths, labels, len(classes)
     if not os.path.isfile(file_list):
         raise DataError(f"file list {file_list} does not exist: run largebatch-check-data {root}")
     paths, labels = read_file_list(file_list, root)
     split_dir = os.path.join(root, split)
     if split == "train" and os.path.isdir(split_dir):  # the other loaders' rule, at build time here
-        classes = sorted(e.name for e in os.scandir(split_dir) if e.is_dir())
+        classes, _ = list_classes(split_dir)
         missing = sorted(set(range(len(classes))) - set(labels))
         if missing:
             name = classes[missing[0]]
@@ -225,7 +237,7 @@ def _class_count(root: str) -> int | None:
     train = os.path.join(root, "train")
     if not os.path.isdir(train):
         return None
-    return sum(1 for e in os.scandir(train) if e.is_dir())
+    return len(list_classes(train)[0])
 
 
 def build_dali_loaders(
@@ -261,13 +273,11 @@ def build_dali_loaders(
     if not os.path.isdir(root):
         raise DataError(f"data root {root} {not_a_folder(root)}: set data.root to a folder holding "
                         f"train/ and val/")
+    check_split_classes(root)  # the lists' labels are only one split's
     lists = dict(file_list) if isinstance(file_list, Mapping) else {"train": file_list}
     train_paths, train_labels, n_train = _file_samples(root, "train", lists.get("train"))
-    val_paths, val_labels, n_val = _file_samples(root, "val", lists.get("val"))
+    val_paths, val_labels, _ = _file_samples(root, "val", lists.get("val"))
     num_classes = n_train or _class_count(root) or (max(train_labels, default=-1) + 1)
-    if n_val is not None and n_val != num_classes:
-        raise DataError(f"train and val of {root} have {num_classes} and {n_val} class folders: "
-                        f"both splits need the same class folders")
     if not train_paths:
         raise DataError(f"{root}/train holds no image")
 

@@ -18,6 +18,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from largebatch.data.contract import LoaderSpec
+from largebatch.data.images import check_same_classes
 from largebatch.data.pipelines.dali_graph import (
     DEFAULT_HW_DECODER_LOAD,
     DaliPipeline,
@@ -205,10 +206,13 @@ def build_dali_shard_loaders(
     of ``largebatch-make-shards``; ``spec.shuffle_buffer`` samples are mixed inside a rank's part."""
     _check_common(spec, dtype)
     image_size, layout, batch_size, world_size = spec.image_size, spec.layout, spec.batch_size, spec.world_size
+    metas = {split: read_shard_meta(shards, split) for split in ("train", "val")}
+    check_same_classes(os.path.join(shards, "train"), metas["train"]["classes"],
+                       os.path.join(shards, "val"), metas["val"]["classes"])
     loaders = []
     num_classes = 0
     for split in ("train", "val"):
-        meta = read_shard_meta(shards, split)
+        meta = metas[split]
         folder = Path(shards) / split
         tars = [str(folder / s["tar"]) for s in meta["shards"]]
         indexes = [str(folder / s["index"]) for s in meta["shards"]]

@@ -61,6 +61,8 @@ from largebatch.data.images import (
     check_same_classes,
     decompression_bomb_limit,
     load_rgb,
+    not_a_regular_file,
+    special_file,
     split_folder,
 )
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
@@ -217,6 +219,9 @@ class EncodedImageFolder(Dataset):
 
     def __getitem__(self, index: int) -> EncodedSample:
         path, label = self.samples[index]
+        special = special_file(path)
+        if special is not None:  # a FIFO: open() would wait forever
+            return EncodedSample(index, label, path, None, error=str(not_a_regular_file(path, special)))
         try:
             with open(path, "rb") as f:
                 data = f.read()
