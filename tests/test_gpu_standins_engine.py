@@ -73,7 +73,7 @@ def test_the_loaders_of_a_cuda_device_without_an_index_get_the_local_rank(
                            crop_scale=[0.25, 1.0], val_crop_ratio=0.875, shuffle_buffer=16,
                            synthetic=SimpleNamespace(classes=5, train_per_class=1, val_per_class=1,
                                                      image_size=32, seed=0))
-    plan = SimpleNamespace(per_device=4)
+    plan = SimpleNamespace(per_device=4, accumulation_steps=1)
     run_module._data(SimpleNamespace(data=data, seed=3), backend, plan, torch.bfloat16, True)
     (spec,) = specs
     assert spec.device == torch.device("cuda", 2) and spec.device_id == 2 and spec.pin_memory

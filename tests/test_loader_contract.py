@@ -109,7 +109,6 @@ def test_close_ends_the_loader_workers_at_once(root: Path, pipeline: str) -> Non
     """Persistent workers ignore SIGTERM while the run goes on and torch ends them only in its
     iterator's __del__, 10 s a worker where its queue sentinel is lost (issue 60): close() ends
     them now, with the stop handler they have."""
-    import multiprocessing
     import time
     from dataclasses import replace
 
@@ -121,8 +120,8 @@ def test_close_ends_the_loader_workers_at_once(root: Path, pipeline: str) -> Non
     train = build(root, replace(spec, device=torch.device("cpu")))[0]
     train.set_epoch(0)
     next(iter(train))
-    workers = [p for p in multiprocessing.active_children() if p.is_alive()]
-    assert len(workers) >= 2
+    workers = list(train.loader._iterator._workers)  # this loader's (torch keeps them there)
+    assert len(workers) == 2 and all(p.is_alive() for p in workers)
     started = time.monotonic()
     train.close()
     assert time.monotonic() - started < 2.0
