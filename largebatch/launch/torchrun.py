@@ -10,6 +10,11 @@ script prints that line once, last. So, when the script asked for the codes
 (``LARGEBATCH_EXIT_DIR``), the agent's log records are held back and its failure is not re-raised:
 printed only where no rank wrote a code (a crash, a kill: then they are the only explanation).
 Run without that variable, this is torchrun unchanged.
+
+Under the launch scripts the agent also ends with the launch shell (``prctl(PR_SET_PDEATHSIG,
+SIGTERM)``, see :mod:`largebatch.launch.lifetime`): a ``kill -KILL -- -PGID`` of the launch used
+to leave the agent and its ranks training unsupervised, holding the run lock. Its ranks end with
+it alike (issue 54).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from largebatch.launch.exit_code import ENV
+from largebatch.launch.lifetime import AGENT_PID, LAUNCHER_PID, die_with_parent, expected_parent
 
 __all__ = ["main"]
 
@@ -54,6 +60,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not directory:
         torchrun_main(args)
         return 0
+    if LAUNCHER_PID in os.environ:  # under launch/*.sh: end with the launch shell
+        die_with_parent(expected_parent(LAUNCHER_PID))
+    os.environ[AGENT_PID] = str(os.getpid())  # the parent each rank expects (largebatch.launch.lifetime)
     held = _Held()
     # torch's own logging set-up gives "torch.distributed" a stderr handler (and no propagation):
     # the agent's records go to the held ones instead

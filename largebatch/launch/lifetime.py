@@ -1,0 +1,67 @@
+"""A launched process's life: it ends with its parent.
+
+**Parent death.** ``kill -KILL -- -PGID`` of the launch shell (what ``timeout -s KILL``, a CI
+cancel or the OOM killer does), or SIGKILL of torchrun's agent, used to leave the agent and the
+ranks (each in a session of its own, so the group kill missed them) training unsupervised: they
+held the run lock, kept writing checkpoints, and the relaunch was refused as "in use". Linux's
+``prctl(PR_SET_PDEATHSIG, SIGTERM)`` turns the parent's death into the ordinary preemption path
+(the agent passes SIGTERM to its ranks; a rank saves at the next step boundary and exits 75).
+The signal is sent when the *thread* that forked the process ends: torchrun starts its workers
+with ``subprocess.Popen`` from the agent's main thread (``PContext.start``), and the launch shell
+is single-threaded, so the thread's end is the process's end. A parent that died before the
+``prctl`` call gives no signal: :func:`die_with_parent` then compares ``os.getppid()`` with the
+parent expected and signals itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from typing import Optional
+
+__all__ = ["AGENT_PID", "LAUNCHER_PID", "die_with_parent", "expected_parent", "start_rank", "under_torchrun"]
+
+# set by launch/lib.sh (the launch shell's pid) and by largebatch.launch.torchrun (the agent's
+# pid, for its ranks): the parent each expects, to catch one that died before the prctl call
+LAUNCHER_PID = "LARGEBATCH_LAUNCHER_PID"
+AGENT_PID = "LARGEBATCH_AGENT_PID"
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def under_torchrun() -> bool:
+    """Whether this process is a rank torchrun's agent started."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and "LOCAL_RANK" in os.environ
+
+
+def die_with_parent(expected_parent: Optional[int], sig: signal.Signals = signal.SIGTERM) -> bool:
+    """Have the kernel send ``sig`` to this process when its parent ends; ``sig`` at once if the
+    parent (``expected_parent``, or the parent now when None) is gone already. False where the
+    platform has no ``prctl`` (not Linux): nothing is set."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if expected_parent is not None and os.getppid() != expected_parent:
+        os.kill(os.getpid(), sig)  # the parent died before prctl: the signal it would have sent
+    return True
+
+
+def expected_parent(variable: str) -> Optional[int]:
+    """The parent pid a launcher left in ``variable``; None when unset or not a number."""
+    try:
+        return int(os.environ[variable])
+    except (KeyError, ValueError):
+        return None
+
+
+def start_rank() -> None:
+    """A torchrun rank's first act: the agent's death is a stop (SIGTERM)."""
+    if under_torchrun():
+        die_with_parent(expected_parent(AGENT_PID))
