@@ -62,6 +62,9 @@ def run_command(argv: Optional[Sequence[str]] = None) -> tuple[int, Optional[str
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``largebatch-train [--cfg job] [-m] [key=value ...]``: compose the config and run it (or sweep it)."""
+    from largebatch.launch.lifetime import start_rank
+
+    start_rank()  # under torchrun: ends with the agent, a stop before training exits 75
     code, line = run_command(argv)
     if line:
         print(line, file=sys.stderr)

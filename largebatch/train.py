@@ -8,7 +8,12 @@ generic 1 and prints the line once for all ranks, as the last thing the user see
 import os
 import sys
 
-from largebatch.cli import run_command
+from largebatch.launch.lifetime import start_rank
+
+if __name__ == "__main__":
+    start_rank()  # before the imports below (seconds of torch): a stop while they run is a stop too
+
+from largebatch.cli import run_command  # noqa: E402
 from largebatch.launch.exit_code import LINE_BY_LAUNCHER, report_exit_code
 
 if __name__ == "__main__":

@@ -15,7 +15,10 @@ run() {  # run CMD...: run CMD and exit with the workers' code, or print it unde
   LARGEBATCH_EXIT_DIR=${LARGEBATCH_EXIT_DIR:-$(mktemp -d)}
   # the ranks write their code and line there; this script prints the line once (not each rank)
   LARGEBATCH_LINE_BY_LAUNCHER=1
-  export LARGEBATCH_EXIT_DIR LARGEBATCH_LINE_BY_LAUNCHER
+  # the launcher (python3 -m largebatch.launch.torchrun) ends with this shell (PR_SET_PDEATHSIG):
+  # a kill -KILL of the launch's group must not leave it and its ranks training unsupervised
+  LARGEBATCH_LAUNCHER_PID=$$
+  export LARGEBATCH_EXIT_DIR LARGEBATCH_LINE_BY_LAUNCHER LARGEBATCH_LAUNCHER_PID
   # A stop signal reaches this shell alone (docker stop and Kubernetes signal PID 1, tini
   # its child) or its whole group (SLURM, kill -- -PGID, Ctrl-C). Either way the launcher
   # must get it exactly once: torchrun passes the first one on to its workers and gives them

@@ -10,12 +10,15 @@
 #   NPROC_PER_NODE  processes to start (default: the GPUs in CUDA_VISIBLE_DEVICES, else those
 #                   nvidia-smi lists, else 1); torchrun also takes gpu | cpu | auto
 #   MAX_RESTARTS    times torchrun restarts the whole group after a failure (default 0); pass
-#                   run_dir=... resume=auto so a restart continues from the last checkpoint
+#                   run_dir=... resume=auto so a restart continues from the last checkpoint. A
+#                   rank that exits 75 (preempted, saved) is not a failure: the job ends 75
 #   TORCHRUN        the torchrun command (default: python3 -m largebatch.launch.torchrun, torchrun
 #                   minus its traceback after the ranks reported; e.g. ".venv/bin/torchrun")
 #   LB_DRY_RUN=1    print the command instead of running it (same as --dry-run)
 # Exit code: the workers' documented code (75 preempted, 2 bad input, 3 non-finite, 74
 #   checkpoint write failed), not torchrun's generic 1; torchrun's code if no worker wrote one.
+#   A stop before the first step is 75 too; a rank killed by a signal 128 + it (137: SIGKILL).
+#   The agent and the ranks end with this script (kill -KILL of its group leaves nothing running).
 set -euo pipefail
 
 if [[ ${1:-} == --dry-run ]]; then

@@ -18,7 +18,8 @@
 #   NPROC_PER_NODE  processes per node (default: the GPUs in CUDA_VISIBLE_DEVICES, else those
 #                   nvidia-smi lists, else 1)
 #   RDZV_ID         job id shared by the nodes of one job (default: largebatch)
-#   MAX_RESTARTS    group restarts after a failure or a membership change (default 0)
+#   MAX_RESTARTS    group restarts after a failure or a membership change (default 0); a rank
+#                   that exits 75 (preempted, saved) is not a failure: the job ends 75
 #   TORCHRUN        the torchrun command (default: python3 -m largebatch.launch.torchrun, torchrun
 #                   minus its traceback after the ranks reported)
 #   LB_DRY_RUN=1    print the command instead of running it (same as --dry-run)

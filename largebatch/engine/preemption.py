@@ -22,6 +22,7 @@ scheduler's grace period (typically 30 s or more) covers that many steps.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from types import FrameType
 from typing import Any, Optional
@@ -51,13 +52,24 @@ class PreemptionHook(Hook):
         self.preempted = False  # True on every rank once they agreed to stop
         self._previous: dict[int, Any] = {}
 
+    # set once a hook took the stop signals over (largebatch.launch.lifetime's start-up handlers
+    # read it: back after the last checkpoint, they must not say "before the first step")
+    took_over = False
+
     def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
-        if signum == signal.SIGINT and self.signal_name == "SIGINT":
-            raise KeyboardInterrupt  # second Ctrl-C: stop now
+        if self.signal_name is not None:
+            # Under torchrun a rank is in a session of its own: a terminal's Ctrl-C reaches it
+            # only through the agent, so a second SIGINT is the same stop delivered twice (to
+            # every process, and passed on by the agent), not a second Ctrl-C. Raising there
+            # ended a run 130 without its checkpoint, depending on when the two arrived.
+            if signum == signal.SIGINT and self.signal_name == "SIGINT" and "TORCHELASTIC_RUN_ID" not in os.environ:
+                raise KeyboardInterrupt  # second Ctrl-C: stop now
+            return  # already stopping after this step
         self.signal_name = signal.Signals(signum).name
         log.warning("%s received: finishing the current step, then saving a checkpoint", self.signal_name)
 
     def before_train(self) -> None:
+        PreemptionHook.took_over = True
         for sig in _SIGNALS:
             try:
                 self._previous[sig] = signal.signal(sig, self._handle)

@@ -10,18 +10,35 @@ script prints that line once, last. So, when the script asked for the codes
 (``LARGEBATCH_EXIT_DIR``), the agent's log records are held back and its failure is not re-raised:
 printed only where no rank wrote a code (a crash, a kill: then they are the only explanation).
 Run without that variable, this is torchrun unchanged.
+
+Under the launch scripts the agent also (issue 54):
+
+* ends with the launch shell (``prctl(PR_SET_PDEATHSIG, SIGTERM)``, see
+  :mod:`largebatch.launch.lifetime`): a ``kill -KILL -- -PGID`` of the launch used to leave the
+  agent and its ranks training unsupervised, holding the run lock. Its ranks end with it alike;
+* never restarts the group after a rank exited 75 (preempted: it saved, and so did the others):
+  the job ends 75 whatever ``--max-restarts`` says, so a requeue-on-75 wrapper requeues it;
+* passes on one stop signal, once: a second one (the signal sent to every process, plus the
+  launch shell's forwarding of it) raised again inside torchrun's wait for the saving ranks and
+  ended the agent before they reported (exit 130, no checkpoint);
+* reports a stop that came before any rank could take it (while they start) as exit 75 with one
+  line, not torchrun's 1, 129, 130 or 143, and a rank killed by a signal (SIGKILL: the OOM
+  killer) with one line naming the rank and the signal instead of torchrun's box.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from collections import deque
 from pathlib import Path
-from typing import Optional, Sequence
+from types import FrameType
+from typing import Any, Callable, Optional, Sequence
 
 from largebatch.launch.exit_code import ENV
+from largebatch.launch.lifetime import AGENT_PID, LAUNCHER_PID, die_with_parent, expected_parent
 
 __all__ = ["main"]
 
@@ -43,17 +60,94 @@ def _ranks_reported(directory: str) -> bool:
     return any(Path(directory).glob("exit-*-*"))
 
 
+_PREEMPTED = 75  # largebatch.errors.EXIT_PREEMPTED
+_STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # largebatch.errors.STOP_SIGNALS (no torch import here)
+
+
+def _agent_class(directory: str) -> type:
+    """torchrun's ``LocalElasticAgent``, reading each failed group's exit codes before torchrun
+    decides on a restart (``_monitor_workers`` is the agent's documented extension point; torch
+    itself sets ``_remaining_restarts = 0`` to rule out a restart)."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    class _Agent(LocalElasticAgent):
+        def _monitor_workers(self, worker_group: Any) -> Any:
+            result = super()._monitor_workers(worker_group)
+            if result.state == WorkerState.FAILED:
+                restart = worker_group.spec.max_restarts - self._remaining_restarts
+                codes = {rank: failure.exitcode for rank, failure in result.failures.items()}
+                if _PREEMPTED in codes.values():
+                    self._remaining_restarts = 0  # a stop, saved: the job ends 75, no restart
+                for rank, code in codes.items():
+                    if code < 0:
+                        _report_killed(directory, restart, rank, signal.Signals(-code).name)
+            return result
+
+    return _Agent
+
+
+def _report_killed(directory: str, restart: int, rank: int, signal_name: str) -> None:
+    """The line and code (128 + signal) of a rank a signal killed before it could write its own."""
+    path = Path(directory) / f"exit-{restart}-{rank}"
+    if path.exists():
+        return
+    code = 128 + int(getattr(signal, signal_name))
+    line = (f"largebatch: error: rank {rank} was killed by {signal_name} (the out-of-memory killer or a kill -9?); "
+            "the other ranks were stopped: continue from the last checkpoint with resume=auto and the same run_dir")
+    path.write_text(f"{code}\n{line}\n")
+
+
+def _once(handler: Callable[[int, Optional[FrameType]], None]) -> Callable[[int, Optional[FrameType]], None]:
+    """torchrun's stop handler, passing on the first stop signal only (the rest would end the
+    agent inside its wait for the ranks' checkpoints)."""
+    stopping: list[int] = []
+
+    def first_only(signum: int, frame: Optional[FrameType]) -> None:
+        if stopping:
+            return
+        stopping.append(signum)
+        handler(signum, frame)
+
+    return first_only
+
+
+def _report_early_stop(directory: str, sigval: int) -> None:
+    """A stop signal before any rank could take it: exit 75, one line (nothing to save yet)."""
+    name = signal.Signals(sigval).name
+    line = f"largebatch: preempted: {name} before the first step; nothing to save yet: rerun the same command"
+    (Path(directory) / "exit-0-0").write_text(f"{_PREEMPTED}\n{line}\n")
+
+
+def _exit_early(directory: str, signum: int) -> None:
+    _report_early_stop(directory, signum)
+    os._exit(_PREEMPTED)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    directory = os.environ.get(ENV)
+    if directory:
+        # until torchrun's own handlers are in (when it starts the ranks), a stop has nothing to
+        # stop: importing torch alone takes seconds, and the default action was exit 143
+        for sig in _STOPS:
+            signal.signal(sig, lambda signum, frame: _exit_early(directory, signum))
+
+    import torch.distributed.elastic.multiprocessing.api as processes
+    import torch.distributed.launcher.api as launcher
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
     from torch.distributed.run import parse_args, run
 
-    args = list(sys.argv[1:] if argv is None else argv)
-    directory = os.environ.get(ENV)
     if not directory:
         torchrun_main(args)
         return 0
+    if LAUNCHER_PID in os.environ:  # under launch/*.sh: end with the launch shell
+        die_with_parent(expected_parent(LAUNCHER_PID))
+    os.environ[AGENT_PID] = str(os.getpid())  # the parent each rank expects (largebatch.launch.lifetime)
+    launcher.LocalElasticAgent = _agent_class(directory)
+    processes._terminate_process_handler = _once(processes._terminate_process_handler)
     held = _Held()
     # torch's own logging set-up gives "torch.distributed" a stderr handler (and no propagation):
     # the agent's records go to the held ones instead
@@ -67,6 +161,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         code, failure = 1, e.format_msg()
     except SignalException as e:
         code = 128 + int(e.sigval)
+        if e.sigval in _STOPS and not _ranks_reported(directory):
+            _report_early_stop(directory, e.sigval)
+            return _PREEMPTED
     if code and not _ranks_reported(directory):
         formatter = logging.Formatter("%(levelname).1s%(asctime)s %(process)d %(name)s] %(message)s")
         for record in held.records:
