@@ -238,12 +238,14 @@ def _model(cfg: Any, backend: Any, num_classes: int, channels_last: bool) -> Any
 
 
 def _train_model(cfg: Any, backend: Any, model: Any) -> Any:
-    """The model as the loop calls it: DDP with the comm hook, then ``torch.compile`` (``model.compile``)."""
+    """The model as the loop calls it: DDP with the comm hook (tapped for the noise scale's local
+    gradient norm, ``diagnostics.noise_scale.enabled``), then ``torch.compile`` (``model.compile``)."""
     from largebatch.engine.compile import compile_model
 
     comm = cfg.comm
     train_model = backend.wrap_model(model, bucket_mb=comm.bucket_mb, algorithm=comm.algorithm,
-                                     compress=comm.compress, ranks_per_node=comm.ranks_per_node)
+                                     compress=comm.compress, ranks_per_node=comm.ranks_per_node,
+                                     tap_local_norm=cfg.diagnostics.noise_scale.enabled)
     return compile_model(train_model, cfg.model.compile)
 
 
@@ -371,7 +373,30 @@ def _ema(cfg: Any, model: Any) -> Any:
                        min_decay=e.min_decay, update_after_step=e.update_after_step, every=e.every).hook(model)
 
 
-def _hooks(cfg: Any, backend: Any, run_dir: Path, val_loader: Any, identity: Any, ema: Any) -> Any:
+def _noise_scale(cfg: Any, backend: Any, plan: BatchPlan) -> Any:
+    """The gradient noise scale's hook (``diagnostics.noise_scale``), or None when disabled; after
+    ``_train_model`` (which taps DDP's buckets for the local gradient norm)."""
+    from largebatch.engine.noise_scale_hook import NoiseScaleHook, NoiseScalePlan, plan_noise_scale
+
+    ns = cfg.diagnostics.noise_scale
+    if not ns.enabled:
+        return None
+    tap = backend.local_norm_tap
+    if backend.device.type == "xla":  # untested in the XLA step graph yet
+        where = NoiseScalePlan(None, reason="not on XLA yet")
+    else:
+        where = plan_noise_scale(world_size=backend.world_size, accumulation_steps=plan.accumulation_steps,
+                                 per_device_batch=plan.per_device, local_norm_tap=tap)
+    if backend.is_main:
+        if where.source is None:
+            log.info("noise scale: not measured (%s)", where.reason)
+        else:
+            log.info("noise scale: measured from %s (%d vs %d images per gradient), EMA beta %g",
+                     where.source, where.batch_small, where.batch_big, ns.beta)
+    return NoiseScaleHook(where, beta=ns.beta, local_norm_tap=tap)
+
+
+def _hooks(cfg: Any, backend: Any, run_dir: Path, val_loader: Any, identity: Any, optional: Any) -> Any:
     """The run's hooks (``largebatch.engine.assemble``), their settings read from the config."""
     from largebatch.engine.assemble import LogSettings, build_run_hooks
     from largebatch.engine.hooks import CheckpointSettings, EvalSettings
@@ -388,7 +413,7 @@ def _hooks(cfg: Any, backend: Any, run_dir: Path, val_loader: Any, identity: Any
                                 channels_last=channels_last, top1_of=cfg.ema.target),
         checkpointing=CheckpointSettings(every_epochs=ckpt.every_epochs, every_steps=ckpt.every_steps, keep=ckpt.keep),
         logging=LogSettings(progress=cfg.progress, tensorboard=cfg.tensorboard),
-        ema=ema,
+        optional=optional,
     )
 
 
@@ -433,6 +458,7 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
 
 def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
     """The job on a started backend; everything it builds is released when it returns."""
+    from largebatch.engine.assemble import OptionalHooks
     from largebatch.engine.checkpoint_format import RunIdentity
     from largebatch.engine.loop import Trainer, TrainState
     from largebatch.engine.precision import resolve_precision
@@ -467,6 +493,7 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
         optimizer = _optimizer(cfg, model, lr)
         ema = _ema(cfg, model)
         train_model = _train_model(cfg, backend, model)
+        noise_scale = _noise_scale(cfg, backend, plan)
         steps_per_epoch = len(train_loader) // plan.accumulation_steps
         scheduler = _scheduler(cfg, optimizer, steps_per_epoch, lr)
         scaler = backend.grad_scaler(precision.loss_scaling, cfg.precision.init_scale, cfg.precision.growth_interval)
@@ -481,7 +508,8 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
                                   global_batch_size=plan.global_batch_size, per_device=plan.per_device,
                                   steps_per_epoch=steps_per_epoch, num_classes=num_classes, config=config),
                 parts=RunParts(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, state=state,
-                               ema=ema.ema if ema is not None else None),
+                               ema=ema.ema if ema is not None else None,
+                               noise_scale=noise_scale.tracker if noise_scale is not None else None),
             )
         resolved = _resolved(cfg, backend, plan, lr=lr, steps_per_epoch=steps_per_epoch, precision=precision.name,
                              num_classes=num_classes, data_root=data_root, run_dir=run_dir,
@@ -490,7 +518,7 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
             _announce(resolved, run_dir, raw_cfg)
             _warn_long_warmup(cfg.epochs, resolved)
         identity = RunIdentity(model_name=cfg.model.name, config=config, resolved=resolved)
-        hooks = _hooks(cfg, backend, run_dir, val_loader, identity, ema)
+        hooks = _hooks(cfg, backend, run_dir, val_loader, identity, OptionalHooks(ema=ema, noise_scale=noise_scale))
         trainer = Trainer(
             model=train_model, optimizer=optimizer, scheduler=scheduler,
             train_loader=backend.wrap_loader(train_loader, channels_last=channels_last),

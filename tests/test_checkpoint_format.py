@@ -48,6 +48,22 @@ def test_the_record_goes_to_a_plain_dict_and_back() -> None:
     assert "ema" not in _record().to_state()  # no EMA: no key (as format 1 wrote it)
 
 
+def test_the_noise_scale_averages_are_an_optional_part() -> None:
+    """Written where the run measured the noise scale; a file without them (older, or a run
+    without the measurement) reads as before, with ``noise_scale`` None, and is not incomplete."""
+    from largebatch.diagnostics import GradientNoiseScale
+
+    tracker = GradientNoiseScale(0.9)
+    tracker.update(torch.tensor(4.0), 8, torch.tensor(1.0), 16)
+    state = _record(noise_scale=tracker.state_dict()).to_state()
+    back = RunCheckpoint.from_state(state, "x.pt")
+    resumed = GradientNoiseScale(0.9)
+    resumed.load_state_dict(back.noise_scale)
+    assert resumed.updates == 1 and torch.equal(resumed.noise_scale(), tracker.noise_scale())
+    older = RunCheckpoint.from_state(_record().to_state(), "old.pt")
+    assert "noise_scale" not in _record().to_state() and older.noise_scale is None and not older.missing_parts()
+
+
 def test_format_1_and_weights_only_files_read_and_say_what_is_missing() -> None:
     old = {k: v for k, v in _record().to_state().items() if k != "format"}
     assert RunCheckpoint.from_state(old, "old.pt").format == 1

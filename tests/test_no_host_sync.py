@@ -27,6 +27,7 @@ from largebatch.data.contract import LoaderSpec
 from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 from largebatch.data.synthetic import make_synthetic_imagenet
 from largebatch.engine.loop import StepSettings, Trainer
+from largebatch.engine.noise_scale_hook import NoiseScaleHook, plan_noise_scale
 from largebatch.optim import LARS, param_groups
 
 HOST_READS = {"item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__", "nonzero"}
@@ -73,8 +74,12 @@ class PerStep:
         return lambda *args: None
 
 
-def _trainer(tmp_path: Path, device: str, hook_type: type = PerStep) -> tuple[Trainer, HostReads, PerStep]:
-    """The run's set-up (data, loaders, the model moved to ``device``): outside the checked window."""
+def _trainer(tmp_path: Path, device: str, hook_type: type = PerStep, *, accumulation: int = 1,
+             noise_scale: bool = False) -> tuple[Trainer, HostReads, PerStep]:
+    """The run's set-up (data, loaders, the model moved to ``device``): outside the checked window.
+
+    ``accumulation``: micro-batches a step; ``noise_scale``: the gradient noise scale measured
+    from them (``largebatch.engine.noise_scale_hook``), read with the loss on log steps."""
     root = make_synthetic_imagenet(tmp_path / "ds", num_classes=3, train_per_class=12, val_per_class=2,
                                    image_size=40)
     train, _, _ = build_nvjpeg_loaders(root, LoaderSpec(image_size=24, batch_size=4, workers=1, device=device),
@@ -87,14 +92,20 @@ def _trainer(tmp_path: Path, device: str, hook_type: type = PerStep) -> tuple[Tr
     backend = TorchDistributedBackend(device)
     reads = HostReads()
     hook = hook_type(reads)
+    hooks: list[Any] = [hook]
+    if noise_scale:
+        plan = plan_noise_scale(world_size=1, accumulation_steps=accumulation, per_device_batch=4,
+                                local_norm_tap=None)
+        hooks.insert(0, NoiseScaleHook(plan))
     trainer = Trainer(model=model, optimizer=opt, scheduler=sched, train_loader=train, backend=backend,
-                      settings=StepSettings(epochs=1, global_batch_size=4, log_every=LOG_EVERY, max_steps=STEPS),
-                      hooks=[hook])
+                      settings=StepSettings(epochs=2 * accumulation, global_batch_size=4 * accumulation,
+                                            accumulation_steps=accumulation, log_every=LOG_EVERY, max_steps=STEPS),
+                      hooks=hooks)
     return trainer, reads, hook
 
 
-def _steps(tmp_path: Path, device: str) -> dict[int, int]:
-    trainer, reads, hook = _trainer(tmp_path, device)
+def _steps(tmp_path: Path, device: str, **options: Any) -> dict[int, int]:
+    trainer, reads, hook = _trainer(tmp_path, device, **options)
     with reads:
         trainer.train()
     return hook.by_step
@@ -107,6 +118,22 @@ def test_no_host_read_outside_log_steps_on_cpu(tmp_path: Path) -> None:
     logged = {step: n for step, n in by_step.items() if step % LOG_EVERY == 0}
     assert all(n == 0 for n in quiet.values()), f"host reads at steps that do not log: {quiet}"
     assert all(n > 0 for n in logged.values()), f"the counter saw no read at a log step: {logged}"
+
+
+def test_the_noise_scale_adds_no_host_read(tmp_path: Path) -> None:
+    """Measured every step (2 micro-batches), read on log steps in the loss's read-back: the
+    same reads at the same steps as a run without it, and the values reach the log."""
+    plain = _steps(tmp_path / "plain", "cpu", accumulation=2)
+    trainer, reads, hook = _trainer(tmp_path / "measured", "cpu", accumulation=2, noise_scale=True)
+    logged: list[dict] = []
+    hook.after_log = lambda metrics, log=hook.after_log: (logged.append(metrics), log(metrics))  # type: ignore[method-assign]
+    with reads:
+        trainer.train()
+    assert hook.by_step == plain, f"reads per step with the noise scale {hook.by_step}, without {plain}"
+    assert sorted(plain) == list(range(1, STEPS + 1)) and all(n == 0 for step, n in plain.items() if step % LOG_EVERY
+                                                              and step % 4), plain  # 4 steps an epoch
+    assert len(logged) == 3 and all("noise_scale" in m for m in logged), logged  # steps 3, 4 (epoch end), 6
+    assert all(isinstance(m["grad_sq_norm"], float) for m in logged)
 
 
 @pytest.mark.gpu

@@ -234,3 +234,21 @@ def test_mid_epoch_resume_with_2_loader_workers_is_exact(tmp_path: Path, straigh
     straight_2 = tmp_path / "straight2"
     assert main([*workers, f"run_dir={straight_2}"]) == 0
     _assert_identical(straight, _final_weights(straight_2, expected_step=8))
+
+
+def test_resume_continues_the_noise_scale_averages(tmp_path: Path) -> None:
+    """2 micro-batches a step measure the noise scale; a run stopped mid-epoch and resumed ends
+    with the averages, bit for bit, and the weights of the run that did not stop."""
+    accumulate = ["accumulation_steps=2"]
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    assert main([*EXACT, *accumulate, f"run_dir={straight}"]) == 0
+    assert main([*EXACT, *accumulate, f"run_dir={run}", "max_steps=5"]) == 0
+    stopped = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])
+    assert stopped["noise_scale"]["updates"] == 5
+    assert main([*EXACT, *accumulate, f"run_dir={run}", "resume=auto", "max_steps=null"]) == 0
+    want, got = (load_checkpoint(list_checkpoints(r / "checkpoints")[-1]) for r in (straight, run))
+    assert want["noise_scale"]["updates"] == got["noise_scale"]["updates"] == 8
+    assert torch.equal(want["noise_scale"]["ema"], got["noise_scale"]["ema"])
+    _assert_identical(want["model"], got["model"])
+    summaries = [json.loads((r / "summary.json").read_text()) for r in (straight, run)]
+    assert summaries[0]["noise_scale_final"] == summaries[1]["noise_scale_final"]

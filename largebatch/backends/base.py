@@ -92,13 +92,20 @@ class Backend(ABC):
         algorithm: str = "flat",
         compress: str = "none",
         ranks_per_node: Optional[int] = None,
+        tap_local_norm: bool = False,
     ) -> nn.Module:
         """Wrap for data parallelism (DDP where the stack uses it).
 
         The keywords are the ``comm`` config (``largebatch.config.schema``): gradient bucket
         size in MiB, all-reduce algorithm, wire compression and ranks per node (None: the
         launcher's ``LOCAL_WORLD_SIZE``). A backend ignores those its stack has no use for.
+        ``tap_local_norm``: record the squared norm of each rank's local gradient before it is
+        reduced (``largebatch.comm.SquaredNormTap``, kept as ``self.local_norm_tap``) for the
+        gradient noise scale; a backend that cannot leaves ``local_norm_tap`` None.
         """
+
+    # set by wrap_model(tap_local_norm=True) where the stack can record the local gradient's norm
+    local_norm_tap: Any = None
 
     def no_sync(self, model: nn.Module) -> ContextManager:
         """Context in which backward does not communicate (inner accumulation micro-steps)."""

@@ -173,8 +173,10 @@ class TorchDistributedBackend(Backend):
         algorithm: str = "flat",
         compress: str = "none",
         ranks_per_node: Optional[int] = None,
+        tap_local_norm: bool = False,
     ) -> nn.Module:
-        """DistributedDataParallel with gradient bucket views and the configured comm hook."""
+        """DistributedDataParallel with gradient bucket views and the configured comm hook
+        (wrapped by a :class:`~largebatch.comm.SquaredNormTap` with ``tap_local_norm``)."""
         if not self.distributed:
             return model
         ddp = DistributedDataParallel(
@@ -183,7 +185,13 @@ class TorchDistributedBackend(Backend):
             bucket_cap_mb=bucket_mb,
             gradient_as_bucket_view=True,
         )
-        if algorithm != "flat" or compress != "none":
+        if tap_local_norm:  # the noise scale's local gradient norm, around the same reduction
+            from largebatch.comm.ddp_hooks import register_tapped_comm_hook
+
+            self.local_norm_tap, self.comm_state = register_tapped_comm_hook(
+                ddp, algorithm=algorithm, compress=compress, ranks_per_node=ranks_per_node or self.local_world_size,
+            )
+        elif algorithm != "flat" or compress != "none":
             from largebatch.comm import register_comm_hook
 
             self.comm_state = register_comm_hook(

@@ -154,10 +154,12 @@ class XlaBackend(Backend):
         algorithm: str = "flat",
         compress: str = "none",
         ranks_per_node: Optional[int] = None,
+        tap_local_norm: bool = False,
     ) -> nn.Module:
         """The model itself: gradients are all-reduced in :meth:`optimizer_step`, not by DDP.
 
-        ``bucket_mb`` and ``ranks_per_node`` do not apply (no DDP buckets; XLA's all-reduce).
+        ``bucket_mb`` and ``ranks_per_node`` do not apply (no DDP buckets; XLA's all-reduce), nor
+        ``tap_local_norm`` (not yet: the local gradient is in ``.grad`` until :meth:`optimizer_step`).
         """
         if algorithm != "flat" or compress != "none":
             log.warning(

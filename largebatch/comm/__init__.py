@@ -37,6 +37,7 @@ from largebatch.comm.cost_model import (
 from largebatch.comm.ddp_hooks import (
     ALGORITHMS,
     CommState,
+    SquaredNormTap,
     comm_hook,
     make_comm_state,
     register_comm_hook,
@@ -52,6 +53,7 @@ __all__ = [
     "H100_LINKS",
     "Links",
     "RESNET50_GRAD_BYTES",
+    "SquaredNormTap",
     "Topology",
     "comm_hook",
     "estimate_allreduce",

@@ -41,7 +41,16 @@ from largebatch.comm.topology import (
 )
 from largebatch.errors import UsageError
 
-__all__ = ["ALGORITHMS", "CommState", "comm_hook", "make_comm_state", "register_comm_hook"]
+__all__ = [
+    "ALGORITHMS",
+    "CommState",
+    "SquaredNormTap",
+    "comm_hook",
+    "make_comm_state",
+    "register_comm_hook",
+    "register_tapped_comm_hook",
+    "tapped_comm_hook",
+]
 
 ALGORITHMS = ("flat", "hierarchical", "torus2d")
 
@@ -329,3 +338,61 @@ def register_comm_hook(
     )
     ddp_model.register_comm_hook(state, comm_hook)
     return state
+
+
+class SquaredNormTap:
+    """Wraps a DDP comm hook and sums ``|bucket|²`` over the buckets this rank hands to it.
+
+    A bucket's buffer, before the hook divides and reduces it, holds this rank's own gradient
+    (accumulated over its micro-batches, as DDP reduces only after the last one): the sum over
+    the buckets of a backward is the squared norm of the rank's local gradient, which the
+    gradient noise scale (``largebatch.engine.noise_scale_hook``) needs beside the reduced one
+    and which is gone once the all-reduce has written the average into the same buffer. One
+    ``vector_norm`` per bucket, accumulated in float32 on the device: no host read, no
+    collective. ``inner_state``/``inner_hook``: the hook that reduces (``comm_hook`` with a
+    :class:`CommState`, or torch's ``allreduce_hook`` with None for the ``flat`` default).
+    """
+
+    def __init__(self, inner_state: object, inner_hook: object) -> None:
+        self.inner_state = inner_state
+        self.inner_hook = inner_hook
+        self._sum: torch.Tensor | None = None
+
+    def add(self, buffer: torch.Tensor) -> None:
+        sq = torch.linalg.vector_norm(buffer, dtype=torch.float32).square()
+        self._sum = sq if self._sum is None else self._sum + sq
+
+    def take(self) -> torch.Tensor | None:
+        """The local squared norm summed since the last call (None: no bucket was reduced)."""
+        value, self._sum = self._sum, None
+        return value
+
+
+def tapped_comm_hook(tap: SquaredNormTap, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: record the bucket's local squared norm, then reduce it with the inner hook."""
+    tap.add(bucket.buffer())
+    return tap.inner_hook(tap.inner_state, bucket)  # type: ignore[operator]
+
+
+def register_tapped_comm_hook(
+    ddp_model: torch.nn.parallel.DistributedDataParallel,
+    *,
+    algorithm: str,
+    compress: str = "none",
+    ranks_per_node: int | None = None,
+) -> tuple[SquaredNormTap, CommState | None]:
+    """Register :func:`tapped_comm_hook` around the configured reduction; return the tap and the
+    :class:`CommState` (None for ``flat`` without compression, which keeps torch's own all-reduce
+    hook, the one DDP runs when no hook is registered)."""
+    if algorithm == "flat" and compress == "none":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        tap = SquaredNormTap(None, allreduce_hook)  # its state: the process group (None: the world)
+        state = None
+    else:
+        if dist.get_world_size(ddp_model.process_group) != dist.get_world_size():
+            raise ValueError("comm hooks need DDP over the default (world) process group")
+        state = make_comm_state(algorithm=algorithm, compress=compress, ranks_per_node=ranks_per_node)
+        tap = SquaredNormTap(state, comm_hook)
+    ddp_model.register_comm_hook(tap, tapped_comm_hook)
+    return tap, state

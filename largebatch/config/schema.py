@@ -32,8 +32,10 @@ __all__ = [
     "CheckpointConfig",
     "CommConfig",
     "DataConfig",
+    "DiagnosticsConfig",
     "EmaConfig",
     "ModelConfig",
+    "NoiseScaleConfig",
     "OptimizerConfig",
     "PrecisionConfig",
     "ScheduleConfig",
@@ -244,6 +246,25 @@ class EmaConfig:
 
 
 @dataclass
+class NoiseScaleConfig:
+    """The gradient noise scale B_simple (McCandlish et al. 2018, arXiv 1812.06162), measured from
+    two gradient norms each step where they come free; see ``largebatch.engine.noise_scale_hook``."""
+
+    # on wherever it costs no extra backward: several ranks (local vs all-reduced gradient) or
+    # accumulation_steps >= 2 (first micro-batch vs the step); one process without accumulation
+    # is not measured
+    enabled: bool = True
+    beta: float = 0.99  # EMA decay per optimizer step, in (0, 1): ~(1+beta)/(1-beta) = 199 steps
+
+
+@dataclass
+class DiagnosticsConfig:
+    """Measurements of the run that do not change it."""
+
+    noise_scale: NoiseScaleConfig = field(default_factory=NoiseScaleConfig)
+
+
+@dataclass
 class TrainConfig:
     """The whole run. ``to_train_config`` returns it with each Enum choice as its plain string."""
 
@@ -257,6 +278,7 @@ class TrainConfig:
     comm: CommConfig = field(default_factory=CommConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     ema: EmaConfig = field(default_factory=EmaConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
 
     epochs: int = MISSING
     global_batch_size: int = MISSING  # images per optimizer step, all devices together

@@ -4,7 +4,8 @@
 takes. Order matters where hooks read each other's results:
 
 1. ``DataOrderHook`` (set the epoch's shuffle and resume position), ``ProgressHook``,
-   ``EmaHook`` (the weight EMA, updated before anything checkpoints or evaluates it);
+   ``EmaHook`` (the weight EMA, updated before anything checkpoints or evaluates it),
+   ``NoiseScaleHook`` (the gradient noise scale, read by the checkpoint and the summary);
 2. ``PreemptionHook`` (SIGTERM/SIGINT -> a stop all ranks agree on);
 3. ``MLPerfLogHook`` (rank 0) before ``EvalHook``, so ``epoch_stop`` precedes the epoch's
    ``eval_accuracy``;
@@ -27,7 +28,7 @@ from largebatch.engine.checkpoint_format import RunIdentity
 from largebatch.engine.loop import Hook
 from largebatch.engine.preemption import PreemptionHook
 
-__all__ = ["LogSettings", "RunHooks", "build_run_hooks"]
+__all__ = ["LogSettings", "OptionalHooks", "RunHooks", "build_run_hooks"]
 
 
 @dataclass
@@ -49,6 +50,20 @@ class LogSettings:
     tensorboard: bool = True
 
 
+@dataclass(frozen=True)
+class OptionalHooks:
+    """Hooks a run adds when configured, which other hooks read (None: not in this run).
+
+    ``ema``: the weight EMA's ``EmaHook``: updated before anything checkpoints or evaluates
+    it, evaluated beside the model, checkpointed as ``ema``. ``noise_scale``: the
+    ``NoiseScaleHook`` (``largebatch.engine.noise_scale_hook``): checkpointed as
+    ``noise_scale``, reported in summary.json and the closing lines.
+    """
+
+    ema: Optional[Any] = None
+    noise_scale: Optional[Any] = None
+
+
 # the MLPerf log's run_start hyperparameters, from the keys of a run's resolved settings
 _MLPERF_PARAMS = {"global_batch_size": "global_batch_size", "world_size": "world_size",
                   "opt_name": "optimizer", "opt_base_learning_rate": "lr",
@@ -65,7 +80,7 @@ def build_run_hooks(
     evaluation: H.EvalSettings = H.EvalSettings(),
     checkpointing: H.CheckpointSettings = H.CheckpointSettings(),
     logging: LogSettings = LogSettings(),
-    ema: Optional[Any] = None,
+    optional: OptionalHooks = OptionalHooks(),
 ) -> RunHooks:
     """The hooks of one run, writing under ``run_dir`` (rank 0 only).
 
@@ -81,12 +96,11 @@ def build_run_hooks(
             hyperparameters.
         evaluation, checkpointing: the ``EvalHook``'s and ``CheckpointHook``'s settings.
         logging: the progress bar and TensorBoard.
-        ema: the weight EMA's ``EmaHook`` (None: no EMA): updated before anything
-            checkpoints or evaluates it, evaluated beside the model, checkpointed as ``ema``.
+        optional: the weight EMA's and the noise scale's hooks, where the run has them.
     """
     hooks: list[Hook] = [H.DataOrderHook(), H.ProgressHook(enabled=is_main and logging.progress)]
-    if ema is not None:
-        hooks.append(ema)
+    ema, noise_scale = optional.ema, optional.noise_scale
+    hooks += [h for h in (ema, noise_scale) if h is not None]
     preemption = PreemptionHook(check_every=agree_every)
     hooks.append(preemption)
     resolved = identity.resolved
@@ -97,12 +111,13 @@ def build_run_hooks(
         hooks.append(MLPerfLogHook(run_dir / "mlperf_log.jsonl", target_top1=evaluation.target_top1, params=params,
                                    top1_of=evaluation.top1_of))
     hooks.append(H.EvalHook(val_loader, evaluation, ema_model=ema.eval_model if ema is not None else None))
-    hooks.append(H.CheckpointHook(run_dir / "checkpoints", checkpointing, identity=identity, ema=ema))
+    hooks.append(H.CheckpointHook(run_dir / "checkpoints", checkpointing, identity=identity, ema=ema,
+                                  noise_scale=noise_scale))
     if is_main:
         if logging.tensorboard:
             hooks.append(H.TensorBoardHook(run_dir / "tensorboard"))
         hooks.append(H.JsonlHook(run_dir / "metrics.jsonl"))
     summary = H.SummaryHook(run_dir / "summary.json" if is_main else None, target_top1=evaluation.target_top1,
-                            extra=dict(resolved))
+                            extra=dict(resolved), noise_scale=noise_scale)
     hooks.append(summary)
     return RunHooks(hooks, preemption, summary)

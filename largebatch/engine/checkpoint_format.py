@@ -13,6 +13,8 @@ reads it back, from this format or an older one. Its parts:
                     position, skipped steps, evaluations, training time)
 ``rng``             Python, NumPy, torch and CUDA generator states
 ``ema``             the weight EMA's module state (``ema.enabled``), else absent
+``noise_scale``     the gradient noise scale's averages (``GradientNoiseScale.state_dict``),
+                    where the run measured it, else absent (older files: absent)
 ``world_size``,     the run's shape when it was written: a resume must have the same global
 ``global_batch_size``, batch and epoch length (the world size may change)
 ``accumulation_steps``, ``steps_per_epoch``
@@ -86,6 +88,7 @@ class RunCheckpoint:
     train_state: Optional[dict[str, Any]] = None
     rng: Optional[dict[str, Any]] = None
     ema: Optional[dict[str, Any]] = None
+    noise_scale: Optional[dict[str, Any]] = None
     world_size: Optional[int] = None
     global_batch_size: Optional[int] = None
     accumulation_steps: Optional[int] = None
@@ -112,6 +115,8 @@ class RunCheckpoint:
         }
         if self.ema is not None:
             state["ema"] = self.ema
+        if self.noise_scale is not None:
+            state["noise_scale"] = self.noise_scale
         return to_plain(state)
 
     @classmethod
@@ -127,7 +132,7 @@ class RunCheckpoint:
             raise CheckpointError(f"{path} is not a largebatch checkpoint (no model state)")
         return cls(
             model=state["model"],
-            **{k: state.get(k) for k in RUN_PARTS + ("scaler", "ema") + _SHAPE},
+            **{k: state.get(k) for k in RUN_PARTS + ("scaler", "ema", "noise_scale") + _SHAPE},
             identity=RunIdentity(model_name=state.get("model_name"), config=state.get("config"),
                                  resolved=state.get("resolved") or {}),
             version=state.get("version"),

@@ -189,6 +189,9 @@ class TensorBoardHook(_ScalarWriter):
         self._call("add_scalar", "train/loss", metrics["loss"], step)
         self._call("add_scalar", "train/lr", metrics["lr"], step)
         self._call("add_scalar", "train/img_per_s", metrics["img_per_s"], step)
+        for key in ("noise_scale", "grad_sq_norm", "noise_trace"):  # where the run measures it
+            if key in metrics:
+                self._call("add_scalar", f"train/{key}", metrics[key], step)
 
     def after_eval(self, metrics: dict[str, float]) -> None:
         s = self.trainer.state
@@ -352,7 +355,8 @@ class CheckpointHook(Hook):
     holds, and its format, are written down there): the model, optimizer, LR schedule and
     loss-scaler states, the loop state, the RNG states, the run's shape (world size, global
     batch, steps per epoch), ``identity`` (model name, config, resolved settings) and, given
-    ``ema`` (the :class:`~largebatch.engine.ema.EmaHook`), the EMA weights. Only rank 0
+    ``ema`` (the :class:`~largebatch.engine.ema.EmaHook`), the EMA weights, and given
+    ``noise_scale`` (the ``NoiseScaleHook``), the noise scale's averages. Only rank 0
     writes: every rank seeds the same global RNG and draws from it in step, so rank 0's RNG
     state is every rank's.
     Before writing, the non-finite loss counters are checked and then every parameter and
@@ -368,6 +372,7 @@ class CheckpointHook(Hook):
         *,
         identity: RunIdentity = RunIdentity(),
         ema: Any = None,
+        noise_scale: Any = None,
     ) -> None:
         self.directory = Path(directory)
         self.every_epochs = settings.every_epochs
@@ -375,6 +380,7 @@ class CheckpointHook(Hook):
         self.keep = settings.keep
         self.identity = identity
         self.ema = ema
+        self.noise_scale = noise_scale
         self.last_saved_step: Optional[int] = None
 
     def state(self, rng: Optional[dict[str, Any]] = None) -> dict[str, Any]:
@@ -389,6 +395,7 @@ class CheckpointHook(Hook):
             train_state=t.state.state_dict() | {"elapsed_s": t.elapsed()},
             rng=rng if rng is not None else capture_rng_state(t.backend),
             ema=self.ema.state_dict() if self.ema is not None else None,
+            noise_scale=self.noise_scale.tracker.state_dict() if self.noise_scale is not None else None,
             world_size=t.backend.world_size,
             global_batch_size=t.settings.global_batch_size,
             accumulation_steps=t.settings.accumulation_steps,
@@ -439,10 +446,13 @@ class CheckpointHook(Hook):
 
 
 class SummaryHook(Hook):
-    """The final summary line and ``summary.json``."""
+    """The final summary line and ``summary.json`` (and, given ``noise_scale``, the noise scale's
+    ``noise_scale_final`` and line)."""
 
-    def __init__(self, path: Optional[str | os.PathLike], *, target_top1: Optional[float], extra: dict[str, Any]) -> None:
+    def __init__(self, path: Optional[str | os.PathLike], *, target_top1: Optional[float], extra: dict[str, Any],
+                 noise_scale: Any = None) -> None:
         self.path = Path(path) if path else None
+        self.noise_scale = noise_scale  # a NoiseScaleHook: summary field and closing line
         self.target_top1 = target_top1
         self.extra = extra
         self.summary: dict[str, Any] = {}
@@ -468,6 +478,10 @@ class SummaryHook(Hook):
             "skipped_steps": s.skipped_steps,
             **self.extra,
         }
+        noise_line = None
+        if self.noise_scale is not None:
+            fields, noise_line = self.noise_scale.report(t.settings.global_batch_size)
+            self.summary.update(fields)
         if not t.backend.is_main:
             return
         if self.path is not None:
@@ -491,3 +505,5 @@ class SummaryHook(Hook):
             f"training wall time {s.elapsed_s:.1f}s, {target}",
             flush=True,
         )
+        if noise_line is not None:
+            print(f"largebatch: {noise_line}", flush=True)

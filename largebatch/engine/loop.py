@@ -6,11 +6,15 @@ Event order (each hook sees the events it defines, in the order the hooks were g
     for epoch in epochs:
         before_epoch                      # data order for the epoch (resumable mid-epoch)
         for step in epoch:                # one optimizer step = accumulation_steps micro-batches
-            run_step                      # no host read here (see largebatch.engine.nonfinite)
+            run_step                      # no host read here (see largebatch.engine.nonfinite):
+                after_backward(i)             #   after micro-batch i's backward (i = 0..n-1), before
+                                          #   the optimizer step; at i = n-1 .grad is the step's
+                                          #   (all-reduced) gradient, still loss-scaled
             after_step                    # checkpoints every N steps, stop requests (preemption)
             after_log(metrics)            # every log_every steps and at an epoch's last step:
-                                          # the one loss read-back, and the non-finite check
-                                          # (policy stop|skip)
+                                          # the one read-back: the loss and the hooks'
+                                          # log_values (device scalars), and the non-finite
+                                          # check (policy stop|skip)
         after_epoch                       # state.epoch now counts this epoch as done:
                                           # evaluation (-> after_eval(metrics)), checkpoint
     after_train                           # summary; runs in `finally`, also on errors
@@ -28,7 +32,7 @@ import contextlib
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +76,7 @@ class Hook:
 
     def before_train(self) -> None: ...
     def before_epoch(self) -> None: ...
+    def after_backward(self, micro_batch: int) -> None: ...
     def after_step(self) -> None: ...
     def after_log(self, metrics: dict[str, float]) -> None: ...
     def after_epoch(self) -> None: ...
@@ -175,6 +180,9 @@ class Trainer:
         self._loss_steps = torch.zeros((), device=backend.device)
         self._log_time = 0.0
         self._log_images = 0
+        # name -> a function returning a 0-dim device tensor: read with the loss on log steps
+        # (one host read for all) and logged under its name
+        self.log_values: dict[str, Callable[[], torch.Tensor]] = {}
 
     # -- helpers for hooks -------------------------------------------------------------
     def call(self, event: str, *args: Any) -> None:
@@ -252,6 +260,7 @@ class Trainer:
                     logits = self.model(images)
                 loss = F.cross_entropy(logits.float(), labels, label_smoothing=s.label_smoothing) / n
                 (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            self.call("after_backward", i)
             step_loss += loss.detach()
             self._log_images += images.shape[0] * self.backend.world_size
         bad = self.guard.observe(step_loss)
@@ -270,16 +279,19 @@ class Trainer:
         self.state.images_seen += s.global_batch_size
 
     def _read_metrics(self) -> dict[str, float]:
-        """The one host read-back: mean finite loss since the last log step, lr, throughput.
+        """The one host read-back: mean finite loss since the last log step, the hooks'
+        ``log_values``, lr, throughput.
 
         Also the non-finite check, which raises per policy (``stop``, or too many skips).
         """
         self.check_non_finite()
-        loss = (self._loss_sum / self._loss_steps.clamp(min=1)).item()
+        loss = self._loss_sum / self._loss_steps.clamp(min=1)
+        names = list(self.log_values)
+        values = torch.stack([loss, *(self.log_values[n]().to(loss) for n in names)]).tolist()
         now = time.perf_counter()
         ips = self._log_images / max(now - self._log_time, 1e-9)
         self._loss_sum.zero_()
         self._loss_steps.zero_()
         self._log_images = 0
         self._log_time = now
-        return {"loss": loss, "lr": self.current_lr(), "img_per_s": ips}
+        return {"loss": values[0], "lr": self.current_lr(), "img_per_s": ips, **dict(zip(names, values[1:]))}

@@ -91,6 +91,7 @@ class RunParts:
     scaler: Any
     state: Any
     ema: Any = None
+    noise_scale: Any = None  # a GradientNoiseScale (the run measures it), or None
 
 
 def find_checkpoint(resume: str, ckpt_dir: Path, backend: Any) -> Optional[Path]:
@@ -267,12 +268,27 @@ def _load_parts(ckpt: RunCheckpoint, path: Path, parts: RunParts, backend: Any) 
                         path, parts.state.step)
         if parts.ema is None and ckpt.ema is not None:
             log.info("checkpoint %s holds EMA weights; ema.enabled=false: they are not used", path)
+        _load_noise_scale(ckpt, path, parts)
     except (KeyError, ValueError, TypeError, RuntimeError) as e:
         raise CheckpointError(
             f"checkpoint {path} does not fit this run's optimizer/schedule/EMA state "
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); resume with the "
             f"settings it was made with, or start a new run_dir"
         ) from None
+
+
+def _load_noise_scale(ckpt: RunCheckpoint, path: Path, parts: RunParts) -> None:
+    """Continue the noise scale's averages; a file without them, or with another beta, starts them afresh
+    (a diagnostic: never a reason to refuse the resume)."""
+    if parts.noise_scale is None:
+        return
+    if ckpt.noise_scale is None:
+        log.info("checkpoint %s holds no noise scale averages: they start afresh", path)
+        return
+    try:
+        parts.noise_scale.load_state_dict(ckpt.noise_scale)
+    except ValueError as e:
+        log.warning("%s; the noise scale averages start afresh", e)
 
 
 def resume_run(resume: str, ckpt_dir: Path, *, backend: Any, check: ResumeCheck, parts: RunParts) -> Optional[Path]:

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -87,7 +88,7 @@ def test_torchrun_two_processes_one_run_directory(tmp_path: Path) -> None:
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
         "-m", "largebatch.train", "debug=smoke", "progress=false", "tensorboard=false",
-        "model=resnet10t", "backend=cpu", "max_steps=2", f"output_root={out}",
+        "model=resnet10t", "backend=cpu", "max_steps=2", "log_every=1", f"output_root={out}",
     ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
@@ -96,3 +97,9 @@ def test_torchrun_two_processes_one_run_directory(tmp_path: Path) -> None:
     log = (run_dirs[0] / "train.log").read_text()
     assert "x 2 devices" in log  # global batch split over both ranks
     assert '"steps": 2' in (run_dirs[0] / "summary.json").read_text()
+    # the gradient noise scale, on by default: each rank's local gradient vs the all-reduced one
+    assert "noise scale: measured from ranks" in log
+    records = [json.loads(line) for line in (run_dirs[0] / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert len(train) == 2 and all("noise_scale" in r for r in train), train
+    assert "gradient noise scale at the end" in proc.stdout

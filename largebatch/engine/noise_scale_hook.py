@@ -1,0 +1,135 @@
+"""The gradient noise scale ``B_simple`` of every run, measured where it comes free.
+
+Based on McCandlish, Kaplan, Amodei et al. 2018, "An Empirical Model of Large-Batch Training"
+(arXiv 1812.06162), appendix A.1: the squared norms of two mean gradients of the same step, over
+``B_small`` and ``B_big`` examples, give unbiased estimates of ``|G|²`` and ``tr(Σ)``;
+:class:`~largebatch.diagnostics.noise_scale.GradientNoiseScale` averages them over steps.
+Where the two norms come from (:func:`plan_noise_scale`):
+
+``ranks`` (DDP, world > 1)
+    ``B_small``: this rank's local gradient, its micro-batch x ``accumulation_steps`` images.
+    DDP reduces only after the last micro-batch, and writes the average into the same bucket
+    buffers (``gradient_as_bucket_view``), so the local norm can only be taken inside the comm
+    hook, before the reduction: :class:`~largebatch.comm.SquaredNormTap` wraps whichever hook
+    reduces (torch's own ``allreduce_hook`` for ``comm=flat``, the same one DDP runs without a
+    hook, or ``comm_hook`` for the others) and sums one ``vector_norm`` per bucket.
+    ``B_big``: the global batch, the all-reduced gradient in ``.grad`` after the last backward.
+    Each rank's averages use its own local gradient; rank 0's are reported and checkpointed.
+``micro-batches`` (one process, ``accumulation_steps`` = n >= 2)
+    ``B_small``: the first micro-batch's gradient, read right after its backward (one extra
+    foreach norm per step). The loop scales each micro-batch's mean loss by 1/n, so that
+    gradient is 1/n of the micro-batch's mean gradient: its squared norm is multiplied by n².
+    ``B_big``: the accumulated gradient after the last micro-batch, the mean over the step.
+one process without accumulation, or XLA
+    Not measured (no second norm without an extra backward; the opt-in probe is planned);
+    the run says so in its closing lines.
+
+Both norms are of loss-scaled gradients under fp16: each is divided by the scaler's scale²,
+read from its device tensor (``scaler._scale``; ``get_scale()`` would read the host). An
+overflowed step gives non-finite norms, which the tracker drops. Nothing here reads the host
+during a step: the estimates are read with the loss on log steps (the Trainer's
+``log_values``), as ``noise_scale`` (images), ``grad_sq_norm`` and ``noise_trace``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from largebatch.diagnostics.noise_scale import GradientNoiseScale, squared_norm
+from largebatch.engine.loop import Hook
+
+__all__ = ["NoiseScaleHook", "NoiseScalePlan", "plan_noise_scale"]
+
+
+@dataclass(frozen=True)
+class NoiseScalePlan:
+    """Where the two gradients come from: ``source`` ``ranks`` | ``micro-batches`` | None (not
+    measured, ``reason`` says why), and how many images each is the mean over."""
+
+    source: Optional[str]
+    batch_small: int = 0
+    batch_big: int = 0
+    reason: str = ""
+
+
+def plan_noise_scale(
+    *, world_size: int, accumulation_steps: int, per_device_batch: int, local_norm_tap: Any
+) -> NoiseScalePlan:
+    """Choose the measurement (module docstring) for a run of this shape.
+
+    ``local_norm_tap``: the backend's :class:`~largebatch.comm.SquaredNormTap` (None where the
+    backend records no local norm, e.g. XLA or one process).
+    """
+    local_batch = per_device_batch * accumulation_steps
+    if world_size > 1:
+        if local_norm_tap is None:
+            return NoiseScalePlan(None, reason="this backend does not record the local gradient's norm yet")
+        return NoiseScalePlan("ranks", local_batch, local_batch * world_size)
+    if accumulation_steps >= 2:
+        return NoiseScalePlan("micro-batches", per_device_batch, local_batch)
+    return NoiseScalePlan(None, reason="one process, no accumulation")
+
+
+class NoiseScaleHook(Hook):
+    """Updates a :class:`GradientNoiseScale` every step from the plan's two squared norms.
+
+    Registers ``noise_scale``, ``grad_sq_norm`` and ``noise_trace`` as the Trainer's
+    ``log_values`` (read with the loss on log steps); :meth:`report` gives summary.json's
+    ``noise_scale_final`` and the closing line. ``tracker`` is checkpointed (``noise_scale``).
+    """
+
+    def __init__(self, plan: NoiseScalePlan, *, beta: float = 0.99, local_norm_tap: Any = None) -> None:
+        self.plan = plan
+        self.tracker = GradientNoiseScale(beta)
+        self.local_norm_tap = local_norm_tap
+        self._small: Optional[torch.Tensor] = None
+
+    def before_train(self) -> None:
+        if self.plan.source is None:
+            return
+        t = self.tracker
+        self.trainer.log_values.update(noise_scale=t.noise_scale, grad_sq_norm=t.grad_sq_norm,
+                                       noise_trace=t.noise_trace)
+
+    def _grad_sq_norm(self, factor: float) -> torch.Tensor:
+        """``factor`` x the squared norm of the optimizer's gradients, loss scale taken out."""
+        grads = [p.grad for g in self.trainer.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        return self._unscale(squared_norm(grads) * factor)
+
+    def _unscale(self, sq_norm: torch.Tensor) -> torch.Tensor:
+        scaler = self.trainer.scaler
+        scale = getattr(scaler, "_scale", None) if scaler is not None else None
+        if scale is None:  # no loss scaling (or a scaler not enabled)
+            return sq_norm
+        return sq_norm / scale.to(sq_norm).square()  # the device tensor: no host read
+
+    def after_backward(self, micro_batch: int) -> None:
+        source = self.plan.source
+        n = self.trainer.settings.accumulation_steps
+        if source == "micro-batches" and micro_batch == 0:
+            self._small = self._grad_sq_norm(float(n * n))  # the 1/n loss scaling undone
+        if source is None or micro_batch != n - 1:
+            return
+        if source == "ranks":
+            local = self.local_norm_tap.take()
+            self._small = None if local is None else self._unscale(local)
+        if self._small is None:  # no bucket was reduced (nothing to compare): skip the step
+            return
+        self.tracker.update(self._small, self.plan.batch_small, self._grad_sq_norm(1.0), self.plan.batch_big)
+        self._small = None
+
+    def report(self, global_batch_size: int) -> tuple[dict[str, Any], str]:
+        """summary.json's fields and the run's closing line (one host read, at the end)."""
+        if self.plan.source is None:
+            return {"noise_scale_final": None}, f"noise scale: not measured ({self.plan.reason})"
+        if not self.tracker.updates:
+            return {"noise_scale_final": None}, "noise scale: not measured (no step ran)"
+        value = float(self.tracker.noise_scale())
+        final = value if math.isfinite(value) else None
+        shown = f"~{value:.0f} images" if final is not None else f"{value} (not resolved from the noise yet)"
+        return ({"noise_scale_final": None if final is None else round(final, 1)},
+                f"gradient noise scale at the end: {shown}; your global batch is {global_batch_size}")

@@ -1,0 +1,66 @@
+"""The noise scale's wiring into the loop (largebatch.engine.noise_scale_hook), on one process.
+
+Where each measurement applies (:func:`plan_noise_scale`), and the loss scale taken out: a
+power-of-two loss scale multiplies every gradient exactly, so the averages of a loss-scaled run
+equal those of an unscaled one bit for bit once the scale² is divided out on the device.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from largebatch.backends.torch_dist import TorchDistributedBackend
+from largebatch.engine.loop import StepSettings, Trainer
+from largebatch.engine.noise_scale_hook import NoiseScaleHook, NoiseScalePlan, plan_noise_scale
+
+
+def test_the_plan_uses_what_the_run_has() -> None:
+    tap = object()
+    assert plan_noise_scale(world_size=4, accumulation_steps=2, per_device_batch=8, local_norm_tap=tap) == \
+        NoiseScalePlan("ranks", 16, 64)
+    assert plan_noise_scale(world_size=1, accumulation_steps=4, per_device_batch=8, local_norm_tap=None) == \
+        NoiseScalePlan("micro-batches", 8, 32)
+    none = plan_noise_scale(world_size=1, accumulation_steps=1, per_device_batch=8, local_norm_tap=None)
+    assert none.source is None and none.reason == "one process, no accumulation"
+    untapped = plan_noise_scale(world_size=2, accumulation_steps=1, per_device_batch=8, local_norm_tap=None)
+    assert untapped.source is None
+
+
+def _run(scaler: object, accumulation: int = 2) -> NoiseScaleHook:
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(4, 3, 8, 8, generator=gen), torch.randint(0, 3, (4,), generator=gen)) for _ in range(8)]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.3)
+    plan = plan_noise_scale(world_size=1, accumulation_steps=accumulation, per_device_batch=4, local_norm_tap=None)
+    hook = NoiseScaleHook(plan, beta=0.5)
+    Trainer(model=model, optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+            train_loader=batches, backend=TorchDistributedBackend("cpu"), scaler=scaler, hooks=[hook],
+            settings=StepSettings(epochs=1, global_batch_size=4 * accumulation, accumulation_steps=accumulation,
+                                  log_every=100)).train()
+    return hook
+
+
+def test_the_loss_scale_is_divided_out() -> None:
+    plain = _run(None)
+    scaled = _run(torch.amp.GradScaler("cpu", init_scale=2.0**12, growth_interval=1000))
+    assert plain.tracker.updates == scaled.tracker.updates == 4
+    assert torch.isfinite(plain.tracker.noise_trace())
+    torch.testing.assert_close(scaled.tracker.state_dict()["ema"], plain.tracker.state_dict()["ema"], rtol=0, atol=0)
+
+
+def test_an_overflowed_step_is_left_out() -> None:
+    """A scale that overflows the first step's gradients: the scaler skips the step, and so does the
+    tracker (inf norms), chosen on the device."""
+    hook = _run(torch.amp.GradScaler("cpu", init_scale=3.0e38, growth_interval=1000))
+    ema = hook.tracker.state_dict()["ema"]
+    assert torch.isfinite(ema).all()
+    assert ema[2] < 1 - 0.5**4  # fewer than 4 steps folded in (the EMA of ones is 1 - beta^t)
+
+
+@pytest.mark.parametrize("accumulation", [1])
+def test_not_measured_leaves_the_tracker_alone(accumulation: int) -> None:
+    hook = _run(None, accumulation)
+    assert hook.tracker.updates == 0 and hook.report(4)[1] == "noise scale: not measured (one process, no accumulation)"
