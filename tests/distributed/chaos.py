@@ -6,7 +6,7 @@ of the job, at a seeded random moment after the launch (ranks starting, training
 saving). After each, the soak waits for the launcher to end, checks that no process of the job
 outlived it (a rank training on unsupervised holds the run lock), and relaunches with
 ``resume=auto``. Once the interruptions are spent, the last launch runs to its end. The result
-must be the uninterrupted run's: every checkpoint both runs hold, bit for bit.
+must be the uninterrupted run's: the last checkpoints of both runs (the newest 3), bit for bit.
 
 ``tests/distributed/test_chaos_soak.py`` runs a short seeded soak in the suite; the long one::
 
@@ -35,11 +35,18 @@ from tests.smoke import smoke
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / "launch" / "torchrun.sh"
-# 4 classes x 16 train images, batch 8 on 2 ranks: 8 steps an epoch, 24 in all; a checkpoint
-# every step (kept) so that every step of both runs can be compared.
-ARGS = smoke("backend=cpu", "data.workers=1", "data.synthetic.train_per_class=16", "epochs=3",
-             "checkpoint.every_steps=1", "checkpoint.keep=0", "precision=fp32", "model=resnet10t",
+# 4 classes x 16 train images, batch 8 on 2 ranks: 8 steps an epoch; a checkpoint every step
+# (the newest 3 kept, which both runs' last steps are compared by).
+ARGS = smoke("backend=cpu", "data.workers=1", "data.synthetic.train_per_class=16",
+             "checkpoint.every_steps=1", "precision=fp32", "model=resnet10t",
              "schedule=cosine", "schedule.warmup_epochs=0.5")
+STEPS_PER_EPOCH = 8
+
+
+def epochs_for(interruptions: int) -> int:
+    """Enough training that every interruption falls on a run still under way: a launch trains
+    a few steps before its moment comes (~3 here), so about half an epoch per interruption."""
+    return 3 + interruptions // 2
 TARGETS = ("rank", "agent", "launcher", "group", "all")
 SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -138,6 +145,10 @@ def job_processes(launcher: int) -> dict[str, list[int]]:
 def _interrupt(proc: subprocess.Popen, rng: random.Random, target: str, sig: signal.Signals) -> list[tuple[int, Optional[str]]]:
     """Send ``sig`` to ``target``; return every process of the job then (pid, start time)."""
     roles = job_processes(proc.pid)
+    deadline = time.time() + 60
+    while target in ("rank", "agent") and not roles[target] and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)  # the agent and its ranks appear a few seconds after the launch
+        roles = job_processes(proc.pid)
     known = [(pid, _start_time(pid)) for pid in roles["all"]]
     if target == "group":
         try:
@@ -167,8 +178,8 @@ def _left(known: list[tuple[int, Optional[str]]], wait_s: float) -> list[str]:
         time.sleep(0.2)
 
 
-def _launch(run: Path, resume: bool, log: Path) -> subprocess.Popen:
-    args = [str(LAUNCH), *ARGS, f"run_dir={run}", *(["resume=auto"] if resume else [])]
+def _launch(run: Path, resume: bool, log: Path, epochs: int) -> subprocess.Popen:
+    args = [str(LAUNCH), *ARGS, f"epochs={epochs}", f"run_dir={run}", *(["resume=auto"] if resume else [])]
     return subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=log.open("a"), stderr=subprocess.STDOUT,
                             start_new_session=True)
 
@@ -181,21 +192,21 @@ def _finish(proc: subprocess.Popen, timeout_s: float) -> int:
         raise
 
 
-def uninterrupted(run: Path, log: Path) -> None:
-    code = _finish(_launch(run, False, log), 600)
+def uninterrupted(run: Path, log: Path, epochs: int) -> None:
+    code = _finish(_launch(run, False, log, epochs), 900)
     assert code == 0, f"the reference run ended {code}: {log.read_text()[-3000:]}"
 
 
-def soak(run: Path, interruptions: int, seed: int, log: Path) -> tuple[list[Interruption], int]:
+def soak(run: Path, interruptions: int, seed: int, log: Path, epochs: int) -> tuple[list[Interruption], int]:
     """Interrupt and resume the job ``interruptions`` times, then let it finish."""
     rng = random.Random(seed)
     done: list[Interruption] = []
     launches = 0
     while True:
         launches += 1
-        proc = _launch(run, launches > 1, log)
+        proc = _launch(run, launches > 1, log, epochs)
         if len(done) == interruptions:
-            code = _finish(proc, 600)
+            code = _finish(proc, 900)
             assert code == 0, f"the last launch ended {code}: {log.read_text()[-3000:]}"
             return done, launches
         event = Interruption(rng.choice(TARGETS), rng.choice(SIGNALS).name, round(rng.uniform(0.5, 9.0), 2))
@@ -238,13 +249,19 @@ def compare(reference: Path, chaos: Path) -> tuple[int, list[str]]:
     return len(common), differing
 
 
+def final_step(run: Path) -> int:
+    return int(load_checkpoint(list_checkpoints(run / "checkpoints")[-1])["train_state"]["step"])
+
+
 def run_soak(workdir: Path, interruptions: int, seed: int) -> SoakReport:
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / "soak.log"
     reference, chaos = workdir / "reference", workdir / "chaos"
-    uninterrupted(reference, log)
-    events, launches = soak(chaos, interruptions, seed, log)
+    epochs = epochs_for(interruptions)
+    uninterrupted(reference, log, epochs)
+    events, launches = soak(chaos, interruptions, seed, log, epochs)
     steps, differing = compare(reference, chaos)
+    assert final_step(reference) == final_step(chaos) == epochs * STEPS_PER_EPOCH
     return SoakReport(events, launches, steps, differing)
 
 

@@ -3,7 +3,7 @@ uninterrupted run's checkpoints, and nothing of the job outlives its launcher (i
 
 A random signal (SIGKILL, SIGTERM, SIGINT, SIGHUP) to a random part of the job (a rank, the
 torchrun agent, the launch shell, its process group, every process), each followed by
-``resume=auto``: every checkpoint both runs hold is bit-identical (weights and optimizer state).
+``resume=auto``: the last checkpoints of both runs are bit-identical (weights and optimizer state).
 The long soak (41 interruptions) is ``python -m tests.distributed.chaos`` and the slow test here.
 """
 
@@ -22,7 +22,7 @@ def _check(workdir: Path, interruptions: int, seed: int) -> None:
     summary = f"{report.counts()}; log: {(workdir / 'soak.log').read_text()[-2000:]}"
     assert len(report.interruptions) == interruptions, summary
     assert not report.survivors, f"processes outlived their launcher: {report.survivors}; {summary}"
-    assert report.compared_steps == 24 and not report.differing, (report.differing, summary)
+    assert report.compared_steps == 3 and not report.differing, (report.differing, summary)
 
 
 def test_eight_random_interruptions_end_bit_identical(tmp_path: Path) -> None:
