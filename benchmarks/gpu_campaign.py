@@ -1,33 +1,33 @@
-"""The GPU campaign: everything the accelerator path has to show, in one command that fits a
-20-minute lease of one GPU, rehearsed on the CPU in CI so that it cannot rot.
+"""The GPU campaign: everything the accelerator path has to show, in one command that fits
+20 minutes of one GPU, rehearsed on the CPU in CI so that it cannot rot.
 
-A lent GPU machine (H100/H200: torch 2.11 + CUDA 13, torchvision, timm, tensorboard, pytest; no
-hydra-core, omegaconf or DALI, and no network) is rare and short, so nothing is prepared on it:
+The GPU machine it targets (H100/H200: torch 2.11 + CUDA 13, torchvision, timm, tensorboard, pytest;
+no hydra-core, omegaconf or DALI, and no network) is used for short runs, so nothing is prepared on it:
 
     # here, once, on a machine with pip (writes the ignored folders .whl/ and .whl-dali/):
     python benchmarks/gpu_campaign.py prepare            # hydra-core, omegaconf, antlr4 runtime
     python benchmarks/gpu_campaign.py prepare --dali     # + DALI's CUDA wheels, split into parts
 
-    # on the GPU machine (device tool: carry [".whl"]), two calls, one right after the other
-    # (a call runs at most 10 minutes; the second finds the first one's install and data):
+    # on the GPU machine (with .whl/ copied into the checkout), two runs, one right after the other
+    # (each at most 10 minutes; the second finds the first one's install and data):
     python3 benchmarks/gpu_campaign.py run --part 1 --out "$OUT"   # install, GPU tests, JPEGs (~9 min)
     python3 benchmarks/gpu_campaign.py run --part 2 --out "$OUT"   # the throughput table, the runs (~10 min)
 
     # in CI: every phase at toy size on the CPU (no CUDA case), the wheel list resolved on PyPI
     python benchmarks/gpu_campaign.py run --rehearse --out /tmp/campaign
 
-DALI's CUDA wheel and its libraries (~270 MB) do not fit one call's 64 MiB carry: ``prepare --dali``
-splits them into parts under ``.whl-dali/``, and one short call per part (carry
-``[".whl-dali/manifest.json", ".whl-dali/part-NN"]``) runs ``gpu_campaign.py stage``, which
-copies a checked part to ``/tmp/largebatch-stage`` on the still-warm machine. ``run`` installs
+DALI's CUDA wheel and its libraries (~270 MB) are too large to copy onto the machine in one piece (64 MiB
+at a time): ``prepare --dali`` splits them into parts under ``.whl-dali/``, and one short run per
+part (with ``.whl-dali/manifest.json`` and ``.whl-dali/part-NN`` copied) runs ``gpu_campaign.py
+stage``, which copies a checked part to ``/tmp/largebatch-stage`` on the same machine. ``run`` installs
 DALI when every part is there and its checksum holds; otherwise the DALI rows are left out, and
 the summary says so.
 
 ``run`` goes through its phases in order, each under a time budget (a phase that ends early
 passes its spare seconds on); a phase cut at its budget is killed with its processes and the
 campaign goes on. After every phase it rewrites ``campaign.md`` in ``--out`` (phase table, the
-throughput table, the test results, the training results), so a lease that ends mid-way still
-returns what was measured. The files written (at most 8, as the device tool returns):
+throughput table, the test results, the training results), so a run cut short mid-way still
+leaves what was measured. The files written (at most 8, so that each is easy to copy back):
 ``campaign.md``, ``campaign.log`` (every command's output), ``tests.jsonl`` (each test's result
 as it ends), ``throughput.md`` (the table as printed).
 

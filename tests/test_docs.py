@@ -45,3 +45,36 @@ def test_readme_links_into_docs_resolve() -> None:
     assert links
     for link in links:
         assert (ROOT / link).is_file(), link
+
+
+# Words that tell how and when the work on the project was organised rather than what the project
+# is and does; the user pages (README, docs/, benchmarks/README.md) must not use them. Each entry,
+# with why its exceptions are legitimate:
+PROCESS_WORDS = {
+    # a working session of whoever wrote the code; an "ssh session" and a process that starts
+    # "a session of its own" (setsid) are what the project does, not how it was written
+    "session": re.compile(r"(?<!ssh )\bsessions?\b(?! of its own)", re.I),
+    # a loan of a machine for a while ("lease", "lent"); no legitimate use on the pages
+    "lease": re.compile(r"\bleases?\b", re.I),
+    "lent": re.compile(r"\blent\b", re.I),
+    # the project's own issue tracker; an upstream project's issue, named with the project
+    # ("pytorch issue 169545"), is a reference a user can follow
+    "issue number": re.compile(r"(?<!pytorch )\bissues? \d+", re.I),
+    "#number": re.compile(r"(?<![\w&/])#\d{2,}\b"),
+    # the tools the work was done with, not the project's own (largebatch/tools/ is the project's)
+    "device tool": re.compile(r"\bdevice tools?\b", re.I),
+    "helper": re.compile(r"\bhelpers?\b", re.I),
+    "sandbox": re.compile(r"\bsandbox", re.I),
+    # a file carried to a machine, a machine kept warm between calls: the loan's mechanics
+    "carry": re.compile(r"\bcarry \[", re.I),
+    "device time": re.compile(r"\bdevice time\b", re.I),
+}
+
+
+def test_user_pages_speak_of_the_project_not_of_how_it_was_made() -> None:
+    found = []
+    for path in [README, *PAGES, ROOT / "benchmarks" / "README.md"]:
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            found += [f"{path.relative_to(ROOT)}:{n}: {name}: {line.strip()}"
+                      for name, pattern in PROCESS_WORDS.items() if pattern.search(line)]
+    assert not found, "\n".join(found)
