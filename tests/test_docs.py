@@ -78,3 +78,36 @@ def test_user_pages_speak_of_the_project_not_of_how_it_was_made() -> None:
             found += [f"{path.relative_to(ROOT)}:{n}: {name}: {line.strip()}"
                       for name, pattern in PROCESS_WORDS.items() if pattern.search(line)]
     assert not found, "\n".join(found)
+
+
+def _nav_pages() -> list[tuple[str, str]]:
+    """(section, page) of mkdocs.yml's nav, in order."""
+    import yaml
+
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))["nav"]
+    return [(section, page) for group in nav for section, entries in group.items()
+            for entry in entries for page in entry.values()]
+
+
+def _table_pages(path: Path, prefix: str) -> list[tuple[str, str]]:
+    """(section, page) of the page table (| section | page | what it covers |) of README or docs/index.md."""
+    rows = re.findall(rf"^\| (\w+) \| \[[^\]]+\]\({re.escape(prefix)}([\w-]+\.md)\) \|", path.read_text(encoding="utf-8"), re.M)
+    assert rows, path
+    return rows
+
+
+def test_the_pages_are_in_one_order_in_nav_home_and_readme() -> None:
+    nav = [row for row in _nav_pages() if row[1] != "index.md"]
+    assert {section for section, _ in nav} == {"Start", "Train", "Scale", "Reuse", "Reference", "Results"}
+    assert _table_pages(ROOT / "docs" / "index.md", "") == nav
+    assert _table_pages(README, "docs/") == nav
+
+
+def test_layout_lists_every_module_of_the_package() -> None:
+    layout = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    package = ROOT / "largebatch"
+    names = [p.name + "/" if p.is_dir() else p.name for p in sorted(package.iterdir())
+             if (p.is_dir() and (p / "__init__.py").is_file()) or (p.suffix == ".py")]
+    assert names
+    missing = [n for n in names if not re.search(rf"^largebatch/{re.escape(n)}\s", layout, re.M)]
+    assert not missing, f"docs/layout.md does not list {missing}"
