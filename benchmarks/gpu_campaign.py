@@ -308,8 +308,10 @@ def suite_groups() -> list[SuiteGroup]:
 
 def group_step(c: Campaign, group: SuiteGroup, results: Path, *, collect_only: bool = False) -> Step:
     """One pytest call for ``group`` with this file as its plugin: results appended to ``results``."""
+    # --rootdir: test ids relative to the repository wherever it is checked out (a group's own
+    # --rootdir, later in its args, wins)
     argv = [c.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=-ra", "-p", "gpu_campaign",
-            *(["--collect-only"] if collect_only else []), *group.args]
+            f"--rootdir={REPO}", *(["--collect-only"] if collect_only else []), *group.args]
     path = os.pathsep.join(p for p in (str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")) if p)
     env = {"PYTHONPATH": path, RESULTS_ENV: str(results), GROUP_ENV: group.label,
            LIMIT_ENV: f"{group.test_limit_s:g}"}

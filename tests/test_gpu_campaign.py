@@ -131,7 +131,9 @@ def _tests_phase(campaign: ModuleType, tmp_path: Path, monkeypatch: pytest.Monke
     """The campaign's tests phase (real pytest calls with the campaign's plugin) over a file of four tests."""
     (tmp_path / "demo").mkdir()
     (tmp_path / "demo" / "test_demo.py").write_text(DEMO_TESTS)
-    group = campaign.SuiteGroup("demo group", (str(tmp_path / "demo" / "test_demo.py"),), budget_s, test_limit_s)
+    # test ids relative to the demo folder (a clone under /tmp made them tmp-relative otherwise)
+    group = campaign.SuiteGroup("demo group", (f"--rootdir={tmp_path / 'demo'}", str(tmp_path / "demo" / "test_demo.py")),
+                                budget_s, test_limit_s)
     phases = {"tests": campaign.Phase("tests", budget_s, budget_s,
                                       lambda c, _: [campaign.group_step(c, group, c.out / campaign.TEST_RESULTS)])}
     monkeypatch.setattr(campaign, "PHASES", phases)
