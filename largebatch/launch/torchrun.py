@@ -77,8 +77,9 @@ def _agent_class(directory: str) -> type:
             if result.state == WorkerState.FAILED:
                 restart = worker_group.spec.max_restarts - self._remaining_restarts
                 codes = {rank: failure.exitcode for rank, failure in result.failures.items()}
-                if _PREEMPTED in codes.values():
-                    self._remaining_restarts = 0  # a stop, saved: the job ends 75, no restart
+                stopped = any(code < 0 and -code in _STOPS for code in codes.values())  # see _report_killed
+                if _PREEMPTED in codes.values() or stopped:
+                    self._remaining_restarts = 0  # a stop: the job ends 75, no restart
                 for rank, code in codes.items():
                     if code < 0:
                         _report_killed(directory, restart, rank, signal.Signals(-code).name)
@@ -88,14 +89,23 @@ def _agent_class(directory: str) -> type:
 
 
 def _report_killed(directory: str, restart: int, rank: int, signal_name: str) -> None:
-    """The line and code (128 + signal) of a rank a signal killed before it could write its own."""
+    """The line and code of a rank a signal killed before it could write its own: 128 + signal,
+    or 75 for a stop signal. A rank turns every stop signal into a save and exit 75 from its
+    first line of Python on; one that died of a stop signal got it while its interpreter was
+    still starting, before the first step: a stop with nothing to save (a requeue-on-75 wrapper
+    requeues it), not a failure."""
     path = Path(directory) / f"exit-{restart}-{rank}"
     if path.exists():
         return
-    code = 128 + int(getattr(signal, signal_name))
+    number = int(getattr(signal, signal_name))
+    if number in _STOPS:
+        line = (f"largebatch: preempted: {signal_name} reached rank {rank} as it started, before the first step; "
+                "nothing to save yet: rerun the same command (resume=auto)")
+        path.write_text(f"{_PREEMPTED}\n{line}\n")
+        return
     line = (f"largebatch: error: rank {rank} was killed by {signal_name} (the out-of-memory killer or a kill -9?); "
             "the other ranks were stopped: continue from the last checkpoint with resume=auto and the same run_dir")
-    path.write_text(f"{code}\n{line}\n")
+    path.write_text(f"{128 + number}\n{line}\n")
 
 
 def _once(handler: Callable[[int, Optional[FrameType]], None]) -> Callable[[int, Optional[FrameType]], None]:
