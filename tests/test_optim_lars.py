@@ -9,9 +9,9 @@ import math
 import pytest
 import timm.optim
 import torch
-from torch.overrides import TorchFunctionMode
 
 from largebatch.optim import LARS
+from tests.host_data import HostDataTensors
 
 BOTH_PATHS = pytest.mark.parametrize("foreach", [False, True], ids=["per_tensor", "multi_tensor"])
 
@@ -257,22 +257,6 @@ def test_step_never_reads_a_tensor_on_the_host(foreach: bool, monkeypatch: pytes
     for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
         monkeypatch.setattr(torch.Tensor, name, forbidden)
     opt.step()
-
-
-class HostDataTensors(TorchFunctionMode):
-    """Records tensors built from host data (``torch.tensor(0.0, device=...)`` and kin): off the CPU
-    each is a copy from a pageable host buffer, which blocks until the device has it (a sync)."""
-
-    NAMES = {"tensor", "as_tensor", "asarray", "from_numpy", "frombuffer"}
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[str] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        if getattr(func, "__name__", "") in self.NAMES:
-            self.calls.append(func.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 @BOTH_PATHS
