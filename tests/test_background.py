@@ -76,11 +76,25 @@ class _Event:
         self.recorded_on.append(stream)
 
 
-def _stand_in_cuda(monkeypatch: pytest.MonkeyPatch, set_device: Callable[[Any], None]) -> _Stream:
+def _torch_checks(set_device: Callable[[Any], None]) -> Callable[[Any], None]:
+    """``set_device`` behind torch's own check of its argument (``torch.cuda.set_device`` runs
+    it before any CUDA call): torch.device("cuda") without an index is refused, as on a GPU."""
+    from torch.cuda._utils import _get_device_index
+
+    def checked(device: Any) -> None:
+        _get_device_index(device)
+        set_device(device)
+
+    return checked
+
+
+def _stand_in_cuda(monkeypatch: pytest.MonkeyPatch, set_device: Callable[[Any], None], current: int = 0) -> _Stream:
     consumer = _Stream("consumer")
+    set_device = _torch_checks(set_device)
     monkeypatch.setattr(torch.cuda, "Stream", _Stream)
     monkeypatch.setattr(torch.cuda, "Event", _Event)
     monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: consumer)
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: _NullContext())
     return consumer
@@ -103,6 +117,23 @@ def test_a_failing_set_device_in_the_thread_reaches_the_consumer(monkeypatch: py
     assert got == [] and isinstance(error, RuntimeError) and "invalid device ordinal" in str(error)
 
 
+def test_torchs_set_device_refuses_a_device_without_an_index() -> None:
+    """What the stand-in above relies on, checked here without a GPU."""
+    with pytest.raises(ValueError, match="specified index"):
+        _torch_checks(lambda d: None)(torch.device("cuda"))
+
+
+def test_a_cuda_device_without_an_index_means_the_consumers_current_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``device="cuda"`` (what a script or a test passes) once reached ``torch.cuda.set_device``
+    as it was, which refuses it: every nvJPEG batch failed on the first GPU run. The consumer's
+    current device is the one meant."""
+    chosen: list[Any] = []
+    _stand_in_cuda(monkeypatch, chosen.append, current=2)
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: None)
+    got, error = _consume(in_background(lambda: iter([1, 2]), 1, device=torch.device("cuda")))
+    assert error is None and got == [1, 2] and chosen == [2]
+
+
 def test_the_thread_runs_on_the_consumers_device_and_hands_items_over_with_events(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -114,7 +145,7 @@ def test_the_thread_runs_on_the_consumers_device_and_hands_items_over_with_event
     batches = [(torch.full((2,), float(i)), torch.tensor([i])) for i in range(3)]
     got, error = _consume(in_background(lambda: iter(batches), 1, device=torch.device("cuda", 1)))
     assert error is None and [b[1].item() for b in got] == [0, 1, 2]
-    assert chosen == [torch.device("cuda", 1)]  # a new thread starts on device 0
+    assert chosen == [1]  # a new thread starts on device 0
     # one event per item, recorded on the producer's stream, waited on by the consumer's
     assert len(consumer.waited) == 3 and all(isinstance(e, _Event) for e in consumer.waited)
     producer = {id(s) for e in consumer.waited for s in e.recorded_on}

@@ -218,7 +218,7 @@ def test_the_background_thread_queues_on_its_own_stream_and_the_consumer_waits_f
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))  # the items are on CUDA
     selected: list[tuple[torch.device, str]] = []
     monkeypatch.setattr(torch.cuda, "set_device",
-                        lambda d: selected.append((torch.device(d), threading.current_thread().name)))
+                        lambda d: selected.append((d, threading.current_thread().name)))
     produced_on: list[str] = []
     items = [torch.zeros(2), (torch.zeros(3), [torch.zeros(4)], "a name"), {"images": torch.zeros(5)}]
 
@@ -230,7 +230,7 @@ def test_the_background_thread_queues_on_its_own_stream_and_the_consumer_waits_f
     device = torch.device("cuda", 1)
     received = list(in_background(produce, 2, device=device, name="standin-decode"))
     assert len(received) == 3 and all(a is b for a, b in zip(received, items))
-    assert selected == [(device, "standin-decode")]
+    assert selected == [(1, "standin-decode")]
     assert produced_on == ["side1"] * 3 and cuda.current_stream().name == "default"
     handover = [e for e in cuda.log if e[0] in ("record", "wait", "record_stream")]
     assert _each_event_recorded_before_its_wait(handover)

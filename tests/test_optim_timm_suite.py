@@ -87,9 +87,10 @@ def create_optimizer_v2(model_or_params: Any, opt: str, lr: float = 1e-3, weight
 
 
 def _assert_equal(actual: Any, expected: Any) -> None:
-    """What timm's ``torch_tc.assertEqual`` checks here: tensors close, nested containers equal."""
+    """What timm's ``torch_tc.assertEqual`` checks here: tensors close, nested containers equal.
+    Like it (``exact_device=False``), a CPU tensor and its CUDA copy compare by value."""
     if isinstance(actual, torch.Tensor) or isinstance(expected, torch.Tensor):
-        torch.testing.assert_close(actual, expected)
+        torch.testing.assert_close(actual, expected, check_device=False)
     elif isinstance(actual, dict):
         assert isinstance(expected, dict) and actual.keys() == expected.keys()
         for k in actual:

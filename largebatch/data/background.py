@@ -27,6 +27,12 @@ def _record_stream(item: Any, stream: "torch.cuda.Stream") -> None:
             _record_stream(part, stream)
 
 
+def _device_index(device: Any) -> int:
+    """The CUDA device ``device`` names; the current one for ``"cuda"`` without an index."""
+    index = torch.device(device).index
+    return torch.cuda.current_device() if index is None else index  # gpu-only
+
+
 def in_background(produce: Callable[[], Iterator[T]], depth: int, *, device: Optional[torch.device] = None,
                   name: str = "background-iterator") -> Generator[T, None, None]:
     """Iterate ``produce()`` in a thread that runs up to ``depth`` items ahead of the consumer.
@@ -49,6 +55,9 @@ def in_background(produce: Callable[[], Iterator[T]], depth: int, *, device: Opt
     done = object()
     cuda = device is not None and torch.device(device).type == "cuda"
     stream = torch.cuda.Stream(device) if cuda else None
+    # torch.cuda.set_device refuses a device without an index (torch.device("cuda")): the index
+    # is resolved here, in the consumer's thread, whose current device that is.
+    index = _device_index(device) if cuda else None
 
     def put(item: Any) -> bool:
         while not stop.is_set():
@@ -65,7 +74,7 @@ def in_background(produce: Callable[[], Iterator[T]], depth: int, *, device: Opt
         source = None
         try:
             if cuda:
-                torch.cuda.set_device(device)  # a new thread starts on device 0  # gpu-only
+                torch.cuda.set_device(index)  # a new thread starts on device 0  # gpu-only
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 source = produce()
                 for item in source:

