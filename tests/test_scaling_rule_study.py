@@ -209,6 +209,27 @@ def test_mde_is_the_effect_found_with_the_asked_power(study: ModuleType) -> None
     assert (p < alpha).mean() == pytest.approx(0.8, abs=0.03)
 
 
+def test_mde_at_welchs_fewer_degrees_of_freedom_and_tosts_power_at_zero(study: ModuleType) -> None:
+    """Issue 59: the study's Welch tests run at 4.4-8 degrees of freedom, where the minimal
+    detectable effect is larger than at the pooled test's 8; and TOST, with 5 seeds of spread
+    0.35 at alpha 0.05/33 and a 1-point margin, calls a true difference of 0 "no loss" only
+    about a third of the time (a direct Welch simulation of ``verdict`` agrees)."""
+    sd, n, alpha = 0.35, 5, 0.05 / 33
+    assert study.mde(sd, n, alpha, df=8) == pytest.approx(study.mde(sd, n, alpha))
+    assert study.mde(sd, n, alpha, df=4.4) > study.mde(sd, n, alpha, df=6) > study.mde(sd, n, alpha)
+    p0 = study.tost_power_at_zero(sd, n, alpha, 1.0)
+    assert 0.25 < p0 < 0.40
+    rng = torch.Generator().manual_seed(1)
+    draws = torch.randn(2000, 2, n, generator=rng, dtype=torch.float64) * sd
+    hits = sum(study.verdict(a.tolist(), b.tolist(), 1.0, alpha)["verdict"] == "no loss" for a, b in draws)
+    assert hits / 2000 == pytest.approx(p0, abs=0.04)
+    assert study.tost_power_at_zero(sd, n, alpha, 10.0) > 0.99 and study.tost_power_at_zero(sd, n, alpha, 0.0) == 0
+    # a "no loss" is printed with the largest loss its TOST interval leaves
+    v = {"verdict": "no loss", "tost_lo": -0.72, "tost_hi": 0.6}
+    assert study.verdict_text(v, 1.0) == "loss under 0.72 (TOST, margin 1)"
+    assert study.verdict_text({**v, "verdict": "worse"}, 1.0) == "worse"
+
+
 def test_seed_spread_and_which_lrs_a_sweep_cannot_tell_apart(study: ModuleType) -> None:
     groups = [[1.0, 2.0, 3.0], [10.0, 12.0], [5.0]]  # the single value carries no spread
     s, df = study.pooled_sd(groups)
