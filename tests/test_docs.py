@@ -61,6 +61,8 @@ PROCESS_WORDS = {
     # ("pytorch issue 169545"), is a reference a user can follow
     "issue number": re.compile(r"(?<!pytorch )\bissues? \d+", re.I),
     "#number": re.compile(r"(?<![\w&/])#\d{2,}\b"),
+    # "the issue asks for ...": a work item of ours, not a fact about the project
+    "the issue": re.compile(r"\b(?:the|this|that) issue\b", re.I),
     # the tools the work was done with, not the project's own (largebatch/tools/ is the project's)
     "device tool": re.compile(r"\bdevice tools?\b", re.I),
     "helper": re.compile(r"\bhelpers?\b", re.I),
