@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence, cast
@@ -32,7 +31,8 @@ from omegaconf import OmegaConf
 
 from largebatch import __version__
 from largebatch.engine.batch_plan import BatchPlan, batch_too_large, plan_batches
-from largebatch.errors import Preempted, TooFewSamplesError, os_error_text
+from largebatch.engine.run_log import log_into_run_dir, setup_logging
+from largebatch.errors import Preempted, TooFewSamplesError
 
 if TYPE_CHECKING:
     from largebatch.data.contract import Loader
@@ -40,68 +40,6 @@ if TYPE_CHECKING:
 __all__ = ["run"]
 
 log = logging.getLogger("largebatch")
-
-
-_LOG_FORMAT = logging.Formatter("[%(asctime)s %(levelname)s] %(message)s", "%H:%M:%S")
-
-
-class _RunLogFile(logging.FileHandler):
-    """``train.log``: a write that fails (disk full, read-only) turns the file off with one
-    console line naming it, instead of logging's traceback for every later record (the
-    console has the same lines)."""
-
-    def handleError(self, record: logging.LogRecord) -> None:
-        err = sys.exc_info()[1]
-        if not isinstance(err, OSError):
-            super().handleError(record)
-            return
-        logging.getLogger().removeHandler(self)
-        try:
-            self.close()
-        except OSError:
-            pass  # its buffered lines cannot be written either
-        log.error("cannot write the run log %s; the log goes on on the console only",
-                  os_error_text(err, self.baseFilename))
-
-
-class _Pending(logging.Handler):
-    """Keeps rank 0's records until the run directory exists (:func:`_log_into_run_dir`): the
-    data is built first, so that a batch it cannot fill stops the run before anything is written."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-def _setup_logging(is_main: bool) -> None:
-    """Console logging (rank 0: INFO, the others: WARNING); rank 0 also keeps the records for train.log."""
-    root = logging.getLogger()
-    for h in list(root.handlers):
-        root.removeHandler(h)
-    console = logging.StreamHandler(sys.stdout)
-    console.setFormatter(_LOG_FORMAT)
-    root.addHandler(console)
-    if is_main:
-        root.addHandler(_Pending())
-    root.setLevel(logging.INFO if is_main else logging.WARNING)
-
-
-def _log_into_run_dir(run_dir: Path) -> None:
-    """Rank 0: ``train.log`` in the run directory, starting with the records logged before it existed."""
-    root = logging.getLogger()
-    pending = [h for h in root.handlers if isinstance(h, _Pending)]
-    if not pending:
-        return  # not rank 0
-    fh = _RunLogFile(run_dir / "train.log")
-    fh.setFormatter(_LOG_FORMAT)
-    for h in pending:
-        root.removeHandler(h)
-        for record in h.records:
-            fh.handle(record)
-    root.addHandler(fh)
 
 
 def _resume_setting(resume: Optional[str]) -> Optional[str]:
@@ -418,7 +356,7 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
     loaders: tuple[Any, ...] = ()
     try:
         plan = plan_batches(cfg.global_batch_size, backend.world_size, cfg.accumulation_steps)
-        _setup_logging(backend.is_main)
+        setup_logging(backend.is_main)
         torch.manual_seed(cfg.seed)
         precision = resolve_precision(cfg.precision.name, backend)
         channels_last = _channels_last(cfg, backend)
@@ -433,7 +371,7 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
         run_dir_state = make_run_dir(run_dir=cfg.run_dir, output_root=cfg.output_root,
                                      model_name=cfg.model.name, resume=cfg.resume, backend=backend)
         run_dir = run_dir_state.path
-        _log_into_run_dir(run_dir)
+        log_into_run_dir(run_dir)
         for note in run_dir_state.notes:
             log.warning("%s", note)
         model = _model(cfg, backend, num_classes, channels_last)
