@@ -1,9 +1,9 @@
 """One training job: :func:`run` reads as the list of its steps.
 
 ``run(cfg)`` takes a composed, checked ``TrainConfig`` (choices as plain strings; the command
-line, ``largebatch.cli``, composes it with Hydra) and: checks the batch arithmetic
-(:func:`plan_batches`), starts the backend, makes or finds the run directory, builds data,
-model, optimizer and schedule, resumes when asked, and runs the loop with its hooks. Each
+line, ``largebatch.cli``, composes it with Hydra) and: starts the backend, plans the batch
+(``largebatch.engine.batch_plan``), makes or finds the run directory, builds data, model,
+optimizer and schedule, resumes when asked, and runs the loop with its hooks. Each
 step is a short builder that hands the config's plain values to the library
 (``largebatch.data.build``, ``largebatch.engine.assemble``, ...), so nothing below this module
 reads the config object. Under torchrun every rank runs this; rank 0 chooses the run
@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence, cast
 
@@ -32,128 +30,16 @@ import torch
 from omegaconf import OmegaConf
 
 from largebatch import __version__
-from largebatch.errors import Preempted, TooFewSamplesError, UsageError, os_error_text
+from largebatch.engine.batch_plan import BatchPlan, batch_too_large, plan_batches
+from largebatch.engine.run_log import log_into_run_dir, setup_logging
+from largebatch.errors import Preempted, TooFewSamplesError
 
 if TYPE_CHECKING:
     from largebatch.data.contract import Loader
 
-__all__ = ["BatchPlan", "batch_too_large", "plan_batches", "run"]
+__all__ = ["run"]
 
 log = logging.getLogger("largebatch")
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """The batch arithmetic: global = per_device x world_size x accumulation_steps."""
-
-    global_batch_size: int
-    world_size: int
-    accumulation_steps: int
-    per_device: int
-
-
-def plan_batches(global_batch_size: int, world_size: int, accumulation_steps: int) -> BatchPlan:
-    """Split ``global_batch_size`` over devices and micro-steps, or say why it cannot be."""
-    if global_batch_size < 1 or accumulation_steps < 1:
-        raise UsageError(
-            f"global_batch_size ({global_batch_size}) and accumulation_steps "
-            f"({accumulation_steps}) must be positive"
-        )
-    parts = world_size * accumulation_steps
-    if global_batch_size % parts:
-        lower = global_batch_size - global_batch_size % parts
-        raise UsageError(
-            f"global_batch_size={global_batch_size} is not divisible by world size {world_size} "
-            f"x accumulation_steps {accumulation_steps} = {parts}; use a multiple of {parts}, "
-            f"e.g. global_batch_size={max(lower, parts)}"
-        )
-    return BatchPlan(global_batch_size, world_size, accumulation_steps, global_batch_size // parts)
-
-
-def batch_too_large(plan: BatchPlan, *, num_samples: Optional[int] = None,
-                    batches_per_rank: Optional[int] = None) -> UsageError:
-    """The error for a global batch the training data cannot fill once per epoch.
-
-    Given the data set's ``num_samples`` (the sampler refused the per-rank batch) or the
-    ``batches_per_rank`` it gives (fewer than the accumulation steps), it names the largest
-    global batch that fits at this world size and accumulation.
-    """
-    w, a = plan.world_size, plan.accumulation_steps
-    if num_samples is not None:
-        per_rank = num_samples // w
-        have = f"the training data has {num_samples} samples"
-    else:
-        per_rank = (batches_per_rank or 0) * plan.per_device
-        have = f"the training data gives each rank {batches_per_rank} batch(es) of {plan.per_device} per epoch"
-    fits = per_rank // a * a * w
-    fix = (f"the largest global batch that fits is {fits}: set global_batch_size={fits} or smaller, or add data"
-           if fits else "no global batch fits on this many ranks: add data or use fewer ranks")
-    return UsageError(
-        f"global_batch_size={plan.global_batch_size} ({plan.per_device} per device x {w} rank(s) x {a} "
-        f"accumulation step(s)) is larger than an epoch: {have}; {fix}"
-    )
-
-
-_LOG_FORMAT = logging.Formatter("[%(asctime)s %(levelname)s] %(message)s", "%H:%M:%S")
-
-
-class _RunLogFile(logging.FileHandler):
-    """``train.log``: a write that fails (disk full, read-only) turns the file off with one
-    console line naming it, instead of logging's traceback for every later record (the
-    console has the same lines)."""
-
-    def handleError(self, record: logging.LogRecord) -> None:
-        err = sys.exc_info()[1]
-        if not isinstance(err, OSError):
-            super().handleError(record)
-            return
-        logging.getLogger().removeHandler(self)
-        try:
-            self.close()
-        except OSError:
-            pass  # its buffered lines cannot be written either
-        log.error("cannot write the run log %s; the log goes on on the console only",
-                  os_error_text(err, self.baseFilename))
-
-
-class _Pending(logging.Handler):
-    """Keeps rank 0's records until the run directory exists (:func:`_log_into_run_dir`): the
-    data is built first, so that a batch it cannot fill stops the run before anything is written."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-def _setup_logging(is_main: bool) -> None:
-    """Console logging (rank 0: INFO, the others: WARNING); rank 0 also keeps the records for train.log."""
-    root = logging.getLogger()
-    for h in list(root.handlers):
-        root.removeHandler(h)
-    console = logging.StreamHandler(sys.stdout)
-    console.setFormatter(_LOG_FORMAT)
-    root.addHandler(console)
-    if is_main:
-        root.addHandler(_Pending())
-    root.setLevel(logging.INFO if is_main else logging.WARNING)
-
-
-def _log_into_run_dir(run_dir: Path) -> None:
-    """Rank 0: ``train.log`` in the run directory, starting with the records logged before it existed."""
-    root = logging.getLogger()
-    pending = [h for h in root.handlers if isinstance(h, _Pending)]
-    if not pending:
-        return  # not rank 0
-    fh = _RunLogFile(run_dir / "train.log")
-    fh.setFormatter(_LOG_FORMAT)
-    for h in pending:
-        root.removeHandler(h)
-        for record in h.records:
-            fh.handle(record)
-    root.addHandler(fh)
 
 
 def _resume_setting(resume: Optional[str]) -> Optional[str]:
@@ -470,7 +356,7 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
     loaders: tuple[Any, ...] = ()
     try:
         plan = plan_batches(cfg.global_batch_size, backend.world_size, cfg.accumulation_steps)
-        _setup_logging(backend.is_main)
+        setup_logging(backend.is_main)
         torch.manual_seed(cfg.seed)
         precision = resolve_precision(cfg.precision.name, backend)
         channels_last = _channels_last(cfg, backend)
@@ -485,7 +371,7 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
         run_dir_state = make_run_dir(run_dir=cfg.run_dir, output_root=cfg.output_root,
                                      model_name=cfg.model.name, resume=cfg.resume, backend=backend)
         run_dir = run_dir_state.path
-        _log_into_run_dir(run_dir)
+        log_into_run_dir(run_dir)
         for note in run_dir_state.notes:
             log.warning("%s", note)
         model = _model(cfg, backend, num_classes, channels_last)

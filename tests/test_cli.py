@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from largebatch.cli import main
-from largebatch.errors import UsageError
-from largebatch.run import plan_batches
+from largebatch.engine.batch_plan import plan_batches
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
+from largebatch.errors import UsageError
 from tests.smoke import smoke
 
 TINY = [
