@@ -4,10 +4,14 @@ Reads what each run directory holds (``summary.json``, ``metrics.jsonl``,
 ``mlperf_log.jsonl``; a run stopped before its summary still has the other two), prints one
 table line per run::
 
-    run  status  target  time to target  best top-1  epochs  img/s  global batch  world size
+    run  status  target  time to target  best top-1  epochs  img/s  noise scale  global batch  world size
 
-and writes three PNG plots to ``--out`` (default ``./report``): ``top1_vs_wall.png``,
-``top1_vs_epoch.png`` and ``lr_vs_step.png``, one line per run. The plots need matplotlib
+and writes four PNG plots to ``--out`` (default ``./report``): ``top1_vs_wall.png``,
+``top1_vs_epoch.png``, ``lr_vs_step.png`` and ``noise_scale_vs_step.png``, one line per run.
+The noise scale is the run's gradient noise scale B_simple (``diagnostics.noise_scale``;
+McCandlish et al. 2018), the batch beyond which a larger one pays less and less: its column
+is the run's value at the end, its plot the values over training, each run's global batch
+drawn beside it as a dashed line of the same colour. The plots need matplotlib
 (``pip install 'largebatch[report]'``); ``--no-plots`` prints the table without it.
 
 The status column says how a run ended (:func:`run_status`): ``success`` (reached its
@@ -45,7 +49,7 @@ from largebatch.errors import EXIT_OK, EXIT_USAGE, ReportError
 __all__ = ["ReportError", "Run", "format_table", "load_run", "main", "run_status", "write_plots"]
 
 RUN_FILES = ("summary.json", "metrics.jsonl", "mlperf_log.jsonl")
-PLOTS = ("top1_vs_wall.png", "top1_vs_epoch.png", "lr_vs_step.png")
+PLOTS = ("top1_vs_wall.png", "top1_vs_epoch.png", "lr_vs_step.png", "noise_scale_vs_step.png")
 
 
 @dataclass
@@ -56,7 +60,7 @@ class Run:
     path: Path
     summary: dict[str, Any] = field(default_factory=dict)
     evals: list[dict[str, Any]] = field(default_factory=list)  # epoch, top1 (the one the run counts), wall_s
-    train: list[dict[str, Any]] = field(default_factory=list)  # step, lr, loss, img_per_s
+    train: list[dict[str, Any]] = field(default_factory=list)  # step, lr, loss, img_per_s, noise_scale
     run_stop: Optional[dict[str, Any]] = None  # mlperf run_stop metadata; None: no run_stop logged
     last_epoch: Optional[int] = None  # the highest epoch any metrics record reached
     last_step: Optional[int] = None  # the highest step any metrics record reached
@@ -70,6 +74,16 @@ class Run:
         if self.summary.get("best_top1") is not None:
             return float(self.summary["best_top1"])
         return max((e["top1"] for e in self.evals), default=None)
+
+    @property
+    def noise_scale_final(self) -> Optional[float]:
+        """The gradient noise scale at the end: ``summary.json``'s (null there: not measured, or
+        not resolved from the noise at the end), else, for a run without one, the last logged."""
+        if "noise_scale_final" in self.summary:
+            value = self.summary["noise_scale_final"]
+            return None if value is None else float(value)
+        logged = [t["noise_scale"] for t in self.train if t["noise_scale"] is not None]
+        return logged[-1] if logged and math.isfinite(logged[-1]) else None
 
     @property
     def status(self) -> str:
@@ -164,6 +178,18 @@ def _fields(path: Path, n: int, record: dict[str, Any], numbers: Sequence[str],
     return out
 
 
+def _noise_scale(path: Path, n: int, record: dict[str, Any]) -> Optional[float]:
+    """A train record's ``noise_scale``: None where the run does not measure it; nan (nothing
+    averaged yet) and inf (|G|² not resolved from the noise yet) are what the run logs then,
+    kept as they are and left out of the plot."""
+    value = record.get("noise_scale")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ReportError(f"{path}: line {n}: 'noise_scale' is {value!r}, not a number; {DAMAGED}")
+    return float(value)
+
+
 def _percent(x: float) -> bool:
     return 0 <= x <= 100.5  # tests and sweeps use an unreachable target of 100.5
 
@@ -186,6 +212,7 @@ SUMMARY_NUMBERS = {
     "steps": (_count, "a whole number >= 0"),
     "global_batch_size": (_count, "a whole number >= 0"),
     "world_size": (_count, "a whole number >= 0"),
+    "noise_scale_final": (lambda x: True, "a number"),  # may be negative: an estimate of the noise
 }
 
 
@@ -222,7 +249,8 @@ def _read_metrics(run: Run, path: Path) -> None:
             run.evals.append({"epoch": f["epoch"], "top1": f["top1"], "wall_s": wall})
         elif kind == "train":
             f = _fields(path, n, r, ("step", "lr"), ("loss", "img_per_s"))
-            run.train.append({"step": f["step"], "lr": f["lr"], "loss": f["loss"], "img_per_s": f["img_per_s"]})
+            run.train.append({"step": f["step"], "lr": f["lr"], "loss": f["loss"], "img_per_s": f["img_per_s"],
+                              "noise_scale": _noise_scale(path, n, r)})
         if kind in ("train", "eval", "epoch"):
             f = _fields(path, n, r, (), ("epoch", "step"))
             if f["epoch"] is not None and kind != "train":  # a train record's epoch is the one in progress
@@ -332,7 +360,7 @@ def _fmt(value: Any, spec: str = "", missing: str = "-") -> str:
 def format_table(runs: Sequence[Run], *, markdown: bool = False) -> str:
     """One line per run: time to target, best top-1, epochs, img/s, global batch, world size."""
     head = ["run", "status", "target %", "time to target", "best top-1 %", "epochs", "img/s",
-            "global batch", "world size"]
+            "noise scale", "global batch", "world size"]
     rows = []
     for r in runs:
         s = r.summary
@@ -348,7 +376,7 @@ def format_table(runs: Sequence[Run], *, markdown: bool = False) -> str:
         rows.append([
             r.name, r.status, _fmt(target, "g"), ttt_text,
             _fmt(r.best_top1, ".2f"), _fmt(epochs), _fmt(s.get("img_per_s"), ".0f"),
-            _fmt(s.get("global_batch_size")), _fmt(s.get("world_size")),
+            _fmt(r.noise_scale_final, ".0f"), _fmt(s.get("global_batch_size")), _fmt(s.get("world_size")),
         ])
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -373,7 +401,7 @@ def write_plots(runs: Sequence[Run], out: Path) -> list[Path]:
         (PLOTS[2], "optimizer step", "learning rate", lambda r: ([t["step"] for t in r.train], [t["lr"] for t in r.train])),
     ]
     paths = []
-    for name, xlabel, ylabel, series in specs:
+    for name, xlabel, ylabel, series in specs[:3]:
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         for r in runs:
             xs, ys = series(r)
@@ -392,7 +420,40 @@ def write_plots(runs: Sequence[Run], out: Path) -> list[Path]:
         fig.savefig(out / name, dpi=100)
         plt.close(fig)
         paths.append(out / name)
+    paths.append(_noise_scale_plot(runs, out / PLOTS[3], plt))
     return paths
+
+
+def _noise_scale_plot(runs: Sequence[Run], path: Path, plt: Any) -> Path:
+    """B_simple against the step (log scale: it grows by orders of magnitude as the loss falls),
+    each run's global batch a dashed line of its colour: where the line lies far below the
+    curve, a larger batch would still pay; far above, the steps it saves shrink."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    drawn = False
+    for r in runs:
+        pts = [(t["step"], t["noise_scale"]) for t in r.train
+               if t["noise_scale"] is not None and math.isfinite(t["noise_scale"]) and t["noise_scale"] > 0]
+        if not pts:
+            continue
+        line, = ax.plot(*zip(*pts), marker="o" if len(pts) < 30 else None, label=f"{r.name}: noise scale")
+        batch = r.summary.get("global_batch_size")
+        if batch:
+            ax.axhline(batch, color=line.get_color(), linestyle="--", linewidth=0.9,
+                       label=f"{r.name}: global batch {batch}")
+        drawn = True
+    if drawn:
+        ax.set_yscale("log")
+        ax.legend(fontsize="small")
+    else:
+        ax.text(0.5, 0.5, "no run measured the gradient noise scale\n(diagnostics.noise_scale)",
+                ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("gradient noise scale B_simple (images)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

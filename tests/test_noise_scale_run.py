@@ -38,6 +38,14 @@ def test_accumulation_reports_the_noise_scale(tmp_path: Path, capsys: pytest.Cap
     out = capsys.readouterr().out
     assert "largebatch: gradient noise scale at the end: " in out and "your global batch is 8" in out, out
     assert "noise scale: measured from micro-batches (4 vs 8 images" in (run / "train.log").read_text()
+    # largebatch-report shows it: the column (summary.json's value) and the plot over the steps
+    from largebatch.report import load_run, main as report
+
+    loaded = load_run(run)
+    assert loaded.noise_scale_final == final and [t["noise_scale"] for t in loaded.train] == \
+        pytest.approx([r["noise_scale"] for r in records], nan_ok=True)
+    assert report([str(run), "--out", str(tmp_path / "plots")]) == 0
+    assert (tmp_path / "plots" / "noise_scale_vs_step.png").stat().st_size > 5000
 
 
 def test_one_process_without_accumulation_says_it_is_not_measured(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

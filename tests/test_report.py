@@ -44,7 +44,7 @@ def test_report_prints_the_table_and_writes_three_pngs(two_runs: list[Path], tmp
     # MLPerf logs `aborted` for a target not reached; the table says the run finished
     assert "not reached" in large and "finished" in large and "aborted" not in large
     assert small.split()[-2:] == ["8", "1"] and large.split()[-2:] == ["16", "1"]  # batch, world size
-    for name in ("top1_vs_wall.png", "top1_vs_epoch.png", "lr_vs_step.png"):
+    for name in ("top1_vs_wall.png", "top1_vs_epoch.png", "lr_vs_step.png", "noise_scale_vs_step.png"):
         data = (out / name).read_bytes()
         assert data.startswith(PNG) and len(data) > 5000, name
 
@@ -65,8 +65,8 @@ def test_markdown_table_from_records_alone() -> None:
         Run("b", Path("b"), evals=[{"epoch": 1, "top1": 40.0, "wall_s": 5.0}]),  # killed before its summary
     ]
     table = format_table(runs, markdown=True).splitlines()
-    assert table[2] == "| a | success | 75.9 | 3600.0 s | 76.10 | 90 | 2300 | 8192 | 256 |"
-    assert table[3] == "| b | unknown | - | no target | 40.00 | 1 | - | - | - |"  # no end logged, no plan
+    assert table[2] == "| a | success | 75.9 | 3600.0 s | 76.10 | 90 | 2300 | - | 8192 | 256 |"
+    assert table[3] == "| b | unknown | - | no target | 40.00 | 1 | - | - | - | - |"  # no end logged, no plan
 
 
 @pytest.mark.parametrize("kind", ["empty_dir", "missing", "file", "bad_json"])
@@ -151,7 +151,7 @@ def test_damaged_file_is_one_line_naming_it(damage: str, two_runs: list[Path], t
     proc = report(run)
     assert_one_error_line(proc, str(bad), needle, "move it out of the run directory")
     (row,) = proc.stdout.splitlines()[2:]  # the run keeps its row, marked damaged, with nothing else shown
-    assert row.split() == ["run", "damaged", "-", "no", "target", "-", "-", "-", "-", "-"], row
+    assert row.split() == ["run", "damaged", "-", "no", "target", "-", "-", "-", "-", "-", "-"], row
 
 
 def test_one_damaged_run_among_several_is_named_and_the_others_reported(two_runs: list[Path], tmp_path: Path) -> None:
@@ -218,3 +218,66 @@ def test_status_without_summary_is_inferred(case: str, status: str, two_runs: li
     proc = report(run)
     assert proc.returncode == 0 and proc.stderr == "", proc
     assert proc.stdout.splitlines()[2].split()[:2] == ["run", status]
+
+
+def _noise_run(root: Path, name: str, values: list, batch: int, final: object = "absent") -> Path:
+    """A run directory written by hand: train records with ``noise_scale`` values (json writes
+    nan and inf as NaN and Infinity, as the run does), and its summary."""
+    run = root / name
+    run.mkdir(parents=True)
+    lines = [json.dumps({"kind": "train", "step": i + 1, "epoch": 0, "lr": 0.1, "loss": 1.0, "img_per_s": 10.0,
+                         "noise_scale": v}) for i, v in enumerate(values)]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    summary = {"best_top1": 50.0, "global_batch_size": batch, "world_size": 1, "epochs": 1}
+    if final != "absent":
+        summary["noise_scale_final"] = final
+    (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def test_the_noise_scale_column_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The column: summary.json's noise_scale_final (null: not measured or not resolved at the
+    end), else, for a run without it, the last value logged if finite; the plot draws the finite
+    positive values (nan: nothing averaged yet; inf: not resolved) on a log axis beside each
+    run's global batch."""
+    a = _noise_run(tmp_path, "measured", [float("nan"), float("inf"), -3.0, 40.0, 120.0], 64, final=118.4)
+    b = _noise_run(tmp_path, "summary_lost", [20.0, float("inf"), 300.0], 256)
+    c = _noise_run(tmp_path, "not_measured", [None, None], 32, final=None)
+    d = _noise_run(tmp_path, "unresolved", [30.0, float("inf")], 16)
+    assert load_run(d).noise_scale_final is None
+    assert load_run(_noise_run(tmp_path, "unresolved_at_end", [30.0, 50.0], 16, final=None)).noise_scale_final is None
+    runs = [load_run(p) for p in (a, b, c)]
+    assert [r.noise_scale_final for r in runs] == [118.4, 300.0, None]
+    table = format_table(runs).splitlines()
+    head = table[0].split("  ")
+    assert "noise scale" in table[0] and table[0].index("noise scale") < table[0].index("global batch"), head
+    cells = {ln.split()[0]: ln.split()[-3:] for ln in table[2:]}
+    assert cells == {"measured": ["118", "64", "1"], "summary_lost": ["300", "256", "1"],
+                     "not_measured": ["-", "32", "1"]}
+    out = tmp_path / "plots"
+    assert main([str(a), str(b), str(c), "--out", str(out)]) == 0
+    assert (out / "noise_scale_vs_step.png").read_bytes().startswith(PNG)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from largebatch.report import _noise_scale_plot
+
+    drawn: list = []
+    real_plot = plt.Axes.plot
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plt.Axes, "plot", lambda ax, *a, **k: drawn.append(a) or real_plot(ax, *a, **k))
+        lines: list = []
+        real_axhline = plt.Axes.axhline
+        mp.setattr(plt.Axes, "axhline", lambda ax, y, **k: lines.append(y) or real_axhline(ax, y, **k))
+        _noise_scale_plot(runs, tmp_path / "ns.png", plt)
+    assert [list(zip(*d)) for d in drawn] == [[(4, 40.0), (5, 120.0)], [(1, 20.0), (3, 300.0)]]
+    assert lines == [64, 256]
+
+
+def test_a_noise_scale_that_is_not_a_number_is_damage(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = _noise_run(tmp_path, "bad", ["many"], 64)
+    assert main([str(run), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert "'noise_scale' is 'many', not a number" in err and len(err.strip().splitlines()) == 1
