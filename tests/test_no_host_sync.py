@@ -155,9 +155,11 @@ def test_the_noise_scale_probe_adds_no_host_read(tmp_path: Path) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_no_synchronising_cuda_call_outside_log_steps(tmp_path: Path) -> None:
+@pytest.mark.parametrize("probe_every", [0, 2], ids=["plain", "noise-scale-probe"])
+def test_no_synchronising_cuda_call_outside_log_steps(tmp_path: Path, probe_every: int) -> None:
     """CUDA's own detector: any synchronising call in the training thread raises, except at log
-    steps, where the mode is lowered for the one read-back (PerStep counts them)."""
+    steps, where the mode is lowered for the one read-back (PerStep counts them). With the
+    noise-scale probe too (its buffer copies, RNG fork and extra backward)."""
     reads_at_log: list[int] = []
 
     class Strict(PerStep):
@@ -174,7 +176,7 @@ def test_no_synchronising_cuda_call_outside_log_steps(tmp_path: Path) -> None:
 
     # the set-up's blocking copies (model.to("cuda") from pageable memory) are outside the window:
     # it covers the training steps only
-    trainer, reads, hook = _trainer(tmp_path, "cuda", Strict)
+    trainer, reads, hook = _trainer(tmp_path, "cuda", Strict, noise_scale=bool(probe_every), probe_every=probe_every)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
