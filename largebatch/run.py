@@ -267,15 +267,24 @@ def _noise_scale(cfg: Any, backend: Any, plan: BatchPlan) -> Any:
     ns = cfg.diagnostics.noise_scale
     if not ns.enabled:
         return None
+    from largebatch.engine.compile import uses_cuda_graphs
+
     tap = backend.local_norm_tap
     if backend.device.type == "xla":  # untested in the XLA step graph yet
         where = NoiseScalePlan(None, reason="not on XLA yet")
     else:
         where = plan_noise_scale(world_size=backend.world_size, accumulation_steps=plan.accumulation_steps,
-                                 per_device_batch=plan.per_device, local_norm_tap=tap)
+                                 per_device_batch=plan.per_device, local_norm_tap=tap, probe_every=ns.probe_every)
+    if where.source == "probe" and uses_cuda_graphs(cfg.model.compile) and backend.device.type == "cuda":
+        # the half batch would replay into the step's CUDA-graph buffers
+        where = NoiseScalePlan(None, reason="the probe does not run with CUDA graphs (model.compile=reduce-overhead)")
     if backend.is_main:
         if where.source is None:
             log.info("noise scale: not measured (%s)", where.reason)
+        elif where.source == "probe":
+            log.info("noise scale: measured by a probe every %d steps (%d vs %d images per gradient): one extra "
+                     "backward per probe, ~%.0f%% of steps, EMA beta %g", where.probe_every, where.batch_small,
+                     where.batch_big, 100 / where.probe_every, ns.beta)
         else:
             log.info("noise scale: measured from %s (%d vs %d images per gradient), EMA beta %g",
                      where.source, where.batch_small, where.batch_big, ns.beta)

@@ -29,6 +29,8 @@ CASES = [
     ("ema.target=ema", "ema.target=ema needs the weight EMA: set ema.enabled=true"),
     ("diagnostics.noise_scale.beta=0", "diagnostics.noise_scale.beta=0.0 is out of range: it must be a number in (0, 1)"),
     ("diagnostics.noise_scale.beta=1", "diagnostics.noise_scale.beta=1.0 is out of range"),
+    ("diagnostics.noise_scale.probe_every=-1",
+     "diagnostics.noise_scale.probe_every=-1 is out of range: it must be an integer >= 0"),
     # the generator's own range (largebatch.defaults), not a wider one it refuses later by its own names
     ("data.synthetic.image_size=8", "data.synthetic.image_size=8 is out of range: it must be an integer in 16..1024"),
     ("data.synthetic.classes=101", "data.synthetic.classes=101 is out of range: it must be an integer in 2..100"),

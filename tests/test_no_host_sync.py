@@ -75,11 +75,12 @@ class PerStep:
 
 
 def _trainer(tmp_path: Path, device: str, hook_type: type = PerStep, *, accumulation: int = 1,
-             noise_scale: bool = False) -> tuple[Trainer, HostReads, PerStep]:
+             noise_scale: bool = False, probe_every: int = 0) -> tuple[Trainer, HostReads, PerStep]:
     """The run's set-up (data, loaders, the model moved to ``device``): outside the checked window.
 
     ``accumulation``: micro-batches a step; ``noise_scale``: the gradient noise scale measured
-    from them (``largebatch.engine.noise_scale_hook``), read with the loss on log steps."""
+    from them (``largebatch.engine.noise_scale_hook``), read with the loss on log steps;
+    ``probe_every``: without accumulation, the noise scale's probe every that many steps."""
     root = make_synthetic_imagenet(tmp_path / "ds", num_classes=3, train_per_class=12, val_per_class=2,
                                    image_size=40)
     train, _, _ = build_nvjpeg_loaders(root, LoaderSpec(image_size=24, batch_size=4, workers=1, device=device),
@@ -95,7 +96,7 @@ def _trainer(tmp_path: Path, device: str, hook_type: type = PerStep, *, accumula
     hooks: list[Any] = [hook]
     if noise_scale:
         plan = plan_noise_scale(world_size=1, accumulation_steps=accumulation, per_device_batch=4,
-                                local_norm_tap=None)
+                                local_norm_tap=None, probe_every=probe_every)
         hooks.insert(0, NoiseScaleHook(plan))
     trainer = Trainer(model=model, optimizer=opt, scheduler=sched, train_loader=train, backend=backend,
                       settings=StepSettings(epochs=2 * accumulation, global_batch_size=4 * accumulation,
@@ -136,11 +137,29 @@ def test_the_noise_scale_adds_no_host_read(tmp_path: Path) -> None:
     assert all(isinstance(m["grad_sq_norm"], float) for m in logged)
 
 
+def test_the_noise_scale_probe_adds_no_host_read(tmp_path: Path) -> None:
+    """One process without accumulation, probed every 2 steps (steps 0, 2, 4: two of them not log
+    steps): the same reads at the same steps as a run without it, and the values reach the log."""
+    plain = _steps(tmp_path / "plain", "cpu")
+    trainer, reads, hook = _trainer(tmp_path / "probed", "cpu", noise_scale=True, probe_every=2)
+    probe = trainer.hooks[0]
+    assert probe.plan.source == "probe"  # type: ignore[attr-defined]
+    logged: list[dict] = []
+    hook.after_log = lambda metrics, log=hook.after_log: (logged.append(metrics), log(metrics))  # type: ignore[method-assign]
+    with reads:
+        trainer.train()
+    assert hook.by_step == plain, f"reads per step with the probe {hook.by_step}, without {plain}"
+    assert probe.tracker.updates == 3  # type: ignore[attr-defined]
+    assert logged and all("noise_scale" in m and isinstance(m["noise_trace"], float) for m in logged), logged
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_no_synchronising_cuda_call_outside_log_steps(tmp_path: Path) -> None:
+@pytest.mark.parametrize("probe_every", [0, 2], ids=["plain", "noise-scale-probe"])
+def test_no_synchronising_cuda_call_outside_log_steps(tmp_path: Path, probe_every: int) -> None:
     """CUDA's own detector: any synchronising call in the training thread raises, except at log
-    steps, where the mode is lowered for the one read-back (PerStep counts them)."""
+    steps, where the mode is lowered for the one read-back (PerStep counts them). With the
+    noise-scale probe too (its buffer copies, RNG fork and extra backward)."""
     reads_at_log: list[int] = []
 
     class Strict(PerStep):
@@ -157,7 +176,7 @@ def test_no_synchronising_cuda_call_outside_log_steps(tmp_path: Path) -> None:
 
     # the set-up's blocking copies (model.to("cuda") from pageable memory) are outside the window:
     # it covers the training steps only
-    trainer, reads, hook = _trainer(tmp_path, "cuda", Strict)
+    trainer, reads, hook = _trainer(tmp_path, "cuda", Strict, noise_scale=bool(probe_every), probe_every=probe_every)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

@@ -56,6 +56,16 @@ def test_one_process_without_accumulation_says_it_is_not_measured(tmp_path: Path
     assert "largebatch: noise scale: not measured (one process, no accumulation)" in capsys.readouterr().out
 
 
+def test_the_probe_measures_one_process_without_accumulation(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert main(smoke(f"run_dir={run}", "max_steps=4", "log_every=2", "diagnostics.noise_scale.probe_every=2")) == 0
+    records = _records(run)
+    assert records and all("noise_scale" in r and math.isfinite(r["noise_trace"]) for r in records), records
+    log = (run / "train.log").read_text()
+    assert "noise scale: measured by a probe every 2 steps (4 vs 8 images per gradient): one extra backward " \
+           "per probe, ~50% of steps" in log, log
+
+
 def test_disabled_measures_and_says_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     run = tmp_path / "run"
     assert main(smoke(f"run_dir={run}", "max_steps=2", "accumulation_steps=2",

@@ -88,6 +88,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "ema.update_after_step": _int_at_least(-2),  # -2: TensorFlow's EMA (schema comment)
     # 0 would be no average (one step's estimates, spread of order 1), 1 never moves
     "diagnostics.noise_scale.beta": _finite(lambda x: 0 < x < 1, "a number in (0, 1)"),
+    "diagnostics.noise_scale.probe_every": _int_at_least(0),  # 0: no probe
 }
 _OPTIONAL = {"max_steps", "target_top1", "optimizer.momentum", "optimizer.trust_coefficient", "optimizer.eps"}
 

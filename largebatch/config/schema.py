@@ -248,13 +248,21 @@ class EmaConfig:
 @dataclass
 class NoiseScaleConfig:
     """The gradient noise scale B_simple (McCandlish et al. 2018, arXiv 1812.06162), measured from
-    two gradient norms each step where they come free; see ``largebatch.engine.noise_scale_hook``."""
+    two gradient norms each step where they come free, or by an opt-in probe where they do not;
+    see ``largebatch.engine.noise_scale_hook``."""
 
     # on wherever it costs no extra backward: several ranks (local vs all-reduced gradient) or
     # accumulation_steps >= 2 (first micro-batch vs the step); one process without accumulation
-    # is not measured
+    # is measured only with probe_every
     enabled: bool = True
-    beta: float = 0.99  # EMA decay per optimizer step, in (0, 1): ~(1+beta)/(1-beta) = 199 steps
+    # EMA decay per measured step, in (0, 1): ~(1+beta)/(1-beta) = 199 measurements (with the
+    # probe, one every probe_every optimizer steps)
+    beta: float = 0.99
+    # one process without accumulation only: every N optimizer steps, the batch's two halves
+    # run forward and backward once more (one extra backward per probe, about one step's
+    # compute: a probe step took 1.2-1.5 steps on a 2-core CPU, N=10 cost 12-15%); 0 = no
+    # probe. Integer >= 0.
+    probe_every: int = 0
 
 
 @dataclass

@@ -183,6 +183,8 @@ class Trainer:
         # name -> a function returning a 0-dim device tensor: read with the loss on log steps
         # (one host read for all) and logged under its name
         self.log_values: dict[str, Callable[[], torch.Tensor]] = {}
+        # the micro-batches of the step being run (for hooks, e.g. the noise-scale probe)
+        self.step_batches: list[Any] = []
 
     # -- helpers for hooks -------------------------------------------------------------
     def call(self, event: str, *args: Any) -> None:
@@ -203,6 +205,14 @@ class Trainer:
     def check_non_finite(self) -> None:
         """Host check of the non-finite counters (all ranks): raise per policy, else record."""
         self.state.skipped_steps = self.guard.check(self.state.step)
+
+    def loss(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The mean training loss of a batch: the model's forward under the step's autocast,
+        cross-entropy in fp32 (the step's loss, before its 1/accumulation_steps scaling)."""
+        s = self.settings
+        with self.backend.autocast(s.autocast_dtype):
+            logits = self.model(images)
+        return F.cross_entropy(logits.float(), labels, label_smoothing=s.label_smoothing)
 
     def _count_optimizer_step(self, *_: Any) -> None:
         self._optimizer_steps += 1
@@ -250,15 +260,14 @@ class Trainer:
         s = self.settings
         n = len(micro_batches)
         self.guard.before_step()
+        self.step_batches = micro_batches
         step_loss = torch.zeros((), device=self.backend.device)
         for i, (images, labels, *_) in enumerate(micro_batches):
             sync = contextlib.nullcontext() if i == n - 1 else self.backend.no_sync(self.model)
             with sync:
                 if s.cuda_graph_steps:
                     torch.compiler.cudagraph_mark_step_begin()  # gpu-only
-                with self.backend.autocast(s.autocast_dtype):
-                    logits = self.model(images)
-                loss = F.cross_entropy(logits.float(), labels, label_smoothing=s.label_smoothing) / n
+                loss = self.loss(images, labels) / n
                 (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             self.call("after_backward", i)
             step_loss += loss.detach()

@@ -1,4 +1,4 @@
-"""The gradient noise scale ``B_simple`` of every run, measured where it comes free.
+"""The gradient noise scale ``B_simple`` of every run, measured where it comes free or by an opt-in probe.
 
 Based on McCandlish, Kaplan, Amodei et al. 2018, "An Empirical Model of Large-Batch Training"
 (arXiv 1812.06162), appendix A.1: the squared norms of two mean gradients of the same step, over
@@ -20,9 +20,19 @@ Where the two norms come from (:func:`plan_noise_scale`):
     foreach norm per step). The loop scales each micro-batch's mean loss by 1/n, so that
     gradient is 1/n of the micro-batch's mean gradient: its squared norm is multiplied by n².
     ``B_big``: the accumulated gradient after the last micro-batch, the mean over the step.
-one process without accumulation, or XLA
-    Not measured (no second norm without an extra backward; the opt-in probe is planned);
-    the run says so in its closing lines.
+``probe`` (one process, no accumulation, ``probe_every`` = N >= 1; opt-in)
+    No second norm comes free, so every N-th step pays for one: after the step's normal
+    backward, the batch's two halves are run forward and backward again
+    (``torch.autograd.grad``, which leaves ``.grad`` alone). ``B_small``: half the batch, the
+    mean of the two halves' squared norms; ``B_big``: the batch, the step's ``.grad``. The
+    optimizer step uses the same gradient as without the probe, bit for bit. Cost: two half
+    forward/backward passes, about one step's compute, on 1/N of the steps. The probe's forwards
+    would move the BN running statistics a second and third time and draw from the RNG
+    (dropout, drop-path): the model's buffers are copied back and the RNG forked, so the run
+    goes on exactly as without the probe. A ``torch.compile``'d model compiles once more for the
+    half batch; with CUDA graphs (``reduce-overhead``) the probe is refused.
+one process without accumulation and no probe, or XLA
+    Not measured; the run says so in its closing lines.
 
 Both norms are of loss-scaled gradients under fp16: each is divided by the scaler's scale²,
 read from its device tensor (``scaler._scale``; ``get_scale()`` would read the host). An
@@ -41,29 +51,35 @@ import torch
 
 from largebatch.diagnostics.noise_scale import GradientNoiseScale, squared_norm
 from largebatch.engine.loop import Hook
+from largebatch.errors import UsageError
 
 __all__ = ["NoiseScaleHook", "NoiseScalePlan", "plan_noise_scale"]
 
 
 @dataclass(frozen=True)
 class NoiseScalePlan:
-    """Where the two gradients come from: ``source`` ``ranks`` | ``micro-batches`` | None (not
-    measured, ``reason`` says why), and how many images each is the mean over."""
+    """Where the two gradients come from: ``source`` ``ranks`` | ``micro-batches`` | ``probe`` |
+    None (not measured, ``reason`` says why), how many images each is the mean over, and for the
+    probe the optimizer steps between two probes (``probe_every``; 0 for the other sources)."""
 
     source: Optional[str]
     batch_small: int = 0
     batch_big: int = 0
     reason: str = ""
+    probe_every: int = 0
 
 
 def plan_noise_scale(
-    *, world_size: int, accumulation_steps: int, per_device_batch: int, local_norm_tap: Any
+    *, world_size: int, accumulation_steps: int, per_device_batch: int, local_norm_tap: Any, probe_every: int = 0
 ) -> NoiseScalePlan:
     """Choose the measurement (module docstring) for a run of this shape.
 
     ``local_norm_tap``: the backend's :class:`~largebatch.comm.SquaredNormTap` (None where the
-    backend records no local norm, e.g. XLA or one process).
+    backend records no local norm, e.g. XLA or one process). ``probe_every``: optimizer steps
+    between two probes where nothing comes free (0: no probe); ignored where something does.
     """
+    if isinstance(probe_every, bool) or not isinstance(probe_every, int) or probe_every < 0:
+        raise UsageError(f"plan_noise_scale: probe_every={probe_every!r} must be an integer >= 0 (0: no probe)")
     local_batch = per_device_batch * accumulation_steps
     if world_size > 1:
         if local_norm_tap is None:
@@ -71,7 +87,11 @@ def plan_noise_scale(
         return NoiseScalePlan("ranks", local_batch, local_batch * world_size)
     if accumulation_steps >= 2:
         return NoiseScalePlan("micro-batches", per_device_batch, local_batch)
-    return NoiseScalePlan(None, reason="one process, no accumulation")
+    if not probe_every:
+        return NoiseScalePlan(None, reason="one process, no accumulation")
+    if per_device_batch < 2:
+        return NoiseScalePlan(None, reason="one process, no accumulation, and a batch of 1 has no halves to probe")
+    return NoiseScalePlan("probe", per_device_batch // 2, per_device_batch, probe_every=probe_every)
 
 
 class NoiseScaleHook(Hook):
@@ -107,8 +127,42 @@ class NoiseScaleHook(Hook):
             return sq_norm
         return sq_norm / scale.to(sq_norm).square()  # the device tensor: no host read
 
+    def _probe_sq_norm(self) -> torch.Tensor:
+        """Mean of ``|G_half|²`` over the step's batch's two halves, loss scale taken out; ``.grad``,
+        the model's buffers (BN running statistics) and the RNG are left as they were.
+
+        Why an extra pass rather than two half backwards that replace the full one (free, as their
+        mean is the full-batch gradient): that holds only without batch coupling. BatchNorm, in
+        every model here, normalises each half with its own statistics, so the step's gradient would
+        change and the running statistics would be updated twice from half batches. Two half passes
+        beside the normal step cost about one step's compute on a probe step, and change nothing.
+        """
+        t = self.trainer
+        images, labels, *_ = t.step_batches[0]
+        half = self.plan.batch_small
+        params = [p for g in t.optimizer.param_groups for p in g["params"] if p.requires_grad]
+        buffers = list(t.model.buffers())
+        saved = [b.clone() for b in buffers]  # device copies: no host read
+        device = images.device
+        sq_norms = []
+        # the probe's draws (dropout, drop-path) come from a fork: later steps draw what they would have
+        with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device], device_type=device.type):
+            for part in (slice(0, half), slice(half, 2 * half)):
+                loss = t.loss(images[part], labels[part])
+                grads = torch.autograd.grad(t.scaler.scale(loss) if t.scaler is not None else loss, params,
+                                            allow_unused=True)
+                sq_norms.append(squared_norm([g for g in grads if g is not None]))
+        if buffers:
+            torch._foreach_copy_(buffers, saved)
+        return self._unscale((sq_norms[0] + sq_norms[1]) / 2)
+
     def after_backward(self, micro_batch: int) -> None:
         source = self.plan.source
+        if source == "probe":
+            if self.trainer.state.step % self.plan.probe_every == 0:  # a host count: no read
+                self.tracker.update(self._probe_sq_norm(), self.plan.batch_small, self._grad_sq_norm(1.0),
+                                    self.plan.batch_big)
+            return
         n = self.trainer.settings.accumulation_steps
         if source == "micro-batches" and micro_batch == 0:
             self._small = self._grad_sq_norm(float(n * n))  # the 1/n loss scaling undone
