@@ -55,8 +55,9 @@ setup(
         "dali": ["nvidia-dali-cuda130>=2.0"],
         "xla": ["torch==2.9.0", "torchvision==0.24.0", "torch-xla==2.9.0"],
         "report": ["matplotlib>=3.7", "scipy>=1.11"],  # benchmarks/scaling_rule.py: plot, t intervals
-        # the documentation site (mkdocs.yml, docs/): make docs; tests/test_docs.py builds it --strict
-        "docs": ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "mkdocstrings[python]>=0.26"],
+        # the documentation site (mkdocs.yml, docs/): make docs; tests/test_docs.py builds it --strict.
+        # ruff: the formatter mkdocstrings lays signatures out with (without one, each is one line)
+        "docs": ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "mkdocstrings[python]>=0.26", "ruff==0.17.6"],
         # largebatch-train -m hydra/launcher=submitit_slurm (or conf/hydra/launcher/slurm.yaml)
         "slurm": ["hydra-submitit-launcher>=1.2,<1.3"],
     },

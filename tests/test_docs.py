@@ -32,6 +32,31 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
         assert 'id="largebatch.' in api and name in api, name
     # the docstrings' Sphinx roles and literal-block markers do not reach the page as written
     assert not re.search(r":(func|meth|class|mod|attr|data):<code", api) and "::</p>" not in api
+    # a role naming a documented object is a link to it: by its full path (`:func:`...)`, relative
+    # to its class (`:meth:`update``), and a function re-exported under its module's name
+    links = set(re.findall(r'<a class="autorefs autorefs-internal" title="([^"]+)" href="#', api))
+    assert {"largebatch.diagnostics.squared_norm", "largebatch.optim.param_groups.param_groups",
+            "update (largebatch.diagnostics.GradientNoiseScale.update)"} <= links, links
+    # signatures are laid out by the formatter, one parameter a line, not one 287-character line
+    assert "build_lr_scheduler</span><span class=\"p\">(</span>\n" in api
+
+
+def test_a_role_resolves_to_the_one_documented_object_it_names() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mkdocs_roles", ROOT / "scripts" / "mkdocs_roles.py")
+    roles = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(roles)  # type: ignore[union-attr]
+    documented = {"largebatch.optim.LARS", "largebatch.optim.LARS.step", "largebatch.optim.LAMB.step",
+                  "largebatch.optim.param_groups.param_groups", "largebatch.diagnostics.GradientNoiseScale.update"}
+    assert roles.resolve("largebatch.optim.LARS", documented) == "largebatch.optim.LARS"
+    assert roles.resolve("update", documented) == "largebatch.diagnostics.GradientNoiseScale.update"
+    assert roles.resolve("step", documented) == "step"  # two objects end with it: not guessed
+    assert roles.resolve("largebatch.optim.param_groups", documented) == "largebatch.optim.param_groups.param_groups"
+    html = roles.on_page_content('<p>see :class:<code>~largebatch.optim.LARS</code> and :func:<code>nothing</code>::</p>'
+                                 '<h2 id="largebatch.optim.LARS">')
+    assert ('<autoref identifier="largebatch.optim.LARS" optional><code>LARS</code></autoref>' in html
+            and '<autoref identifier="nothing" optional><code>nothing</code></autoref>:</p>' in html), html
 
 
 def test_every_page_is_in_the_navigation() -> None:
