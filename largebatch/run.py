@@ -338,8 +338,7 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
 
     backend = build_backend(cfg.backend.name, timeout_s=cfg.backend.timeout_s)
     backend.start()
-    if backend.device.type == "cuda":
-        torch.backends.cudnn.benchmark = bool(cfg.backend.cudnn_benchmark)  # gpu-only
+    backend.autotune_kernels(bool(cfg.backend.cudnn_benchmark))
     try:
         return _run_job(cfg, raw_cfg, backend)
     except BaseException as err:

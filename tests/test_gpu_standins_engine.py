@@ -1,6 +1,6 @@
 """The engine's and the composition root's GPU-only lines, run on a CPU with CUDA's queries
-stood in for: CUDA-graph step marks in the loop, the loaders' GPU index and cuDNN's
-benchmark switch in run.py, torch's SyncBatchNorm for a model on CUDA."""
+stood in for: CUDA-graph step marks in the loop, the loaders' GPU index in run.py, cuDNN's
+benchmark switch (run.py asks the backend), torch's SyncBatchNorm for a model on CUDA."""
 
 from __future__ import annotations
 
@@ -96,6 +96,14 @@ def test_a_cuda_run_sets_cudnn_benchmark_from_the_config_before_the_job(
     cfg = SimpleNamespace(backend=SimpleNamespace(name="cuda", timeout_s=60, cudnn_benchmark=benchmark))
     assert run_module.run(cfg) == {"ok": 1}
     assert seen == [(backend, benchmark)] and chosen == [torch.device("cuda", 0)]
+
+
+@pytest.mark.parametrize("benchmark", [True, False])
+def test_a_cpu_backend_leaves_cudnn_benchmark_alone(monkeypatch: pytest.MonkeyPatch, benchmark: bool) -> None:
+    """Only the CUDA stack sets cuDNN's switch (run.py asks every backend, as it asked only on CUDA)."""
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", not benchmark)
+    TorchDistributedBackend("cpu").autotune_kernels(benchmark)
+    assert torch.backends.cudnn.benchmark is (not benchmark)
 
 
 @pytest.fixture

@@ -146,6 +146,11 @@ class Backend(ABC):
     def synchronize(self) -> None:  # noqa: B027 - optional hook
         """Wait for queued device work (for wall-clock timing only)."""
 
+    def autotune_kernels(self, enabled: bool) -> None:  # noqa: B027 - optional hook
+        """Let the device library time its kernels and keep the fastest per input shape
+        (cuDNN's ``benchmark``: the ``backend.cudnn_benchmark`` setting); a stack without
+        such a switch ignores it."""
+
     # -- precision -----------------------------------------------------------------------
     def autocast(self, dtype: Optional[torch.dtype]) -> ContextManager:
         """Autocast context for ``dtype`` (None: full fp32)."""

@@ -206,6 +206,10 @@ class TorchDistributedBackend(Backend):
         if self.kind == "cuda":
             torch.cuda.synchronize(self.device)  # gpu-only
 
+    def autotune_kernels(self, enabled: bool) -> None:
+        if self.kind == "cuda":
+            torch.backends.cudnn.benchmark = enabled  # gpu-only
+
     def supports_bf16(self) -> bool:
         if self.kind == "cuda":
             return torch.cuda.is_bf16_supported()  # gpu-only
