@@ -9,7 +9,7 @@ from typing import Any, Callable, Generator, Iterator, Optional, TypeVar
 
 import torch
 
-__all__ = ["in_background"]
+__all__ = ["cuda_device_index", "in_background"]
 
 T = TypeVar("T")
 
@@ -27,7 +27,7 @@ def _record_stream(item: Any, stream: "torch.cuda.Stream") -> None:
             _record_stream(part, stream)
 
 
-def _device_index(device: Any) -> int:
+def cuda_device_index(device: Any) -> int:
     """The CUDA device ``device`` names; the current one for ``"cuda"`` without an index."""
     index = torch.device(device).index
     return torch.cuda.current_device() if index is None else index  # gpu-only
@@ -57,7 +57,7 @@ def in_background(produce: Callable[[], Iterator[T]], depth: int, *, device: Opt
     stream = torch.cuda.Stream(device) if cuda else None
     # torch.cuda.set_device refuses a device without an index (torch.device("cuda")): the index
     # is resolved here, in the consumer's thread, whose current device that is.
-    index = _device_index(device) if cuda else None
+    index = cuda_device_index(device) if cuda else None
 
     def put(item: Any) -> bool:
         while not stop.is_set():

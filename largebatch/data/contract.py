@@ -158,7 +158,9 @@ class LoaderSpec:
         """DALI's GPU (mixed decode), None: decode on the CPU."""
         if not self.on_gpu:
             return None
-        return self.device.index if self.device.index is not None else torch.cuda.current_device()  # gpu-only
+        from largebatch.data.background import cuda_device_index  # the one data module that asks CUDA
+
+        return cuda_device_index(self.device)  # gpu-only
 
     @property
     def val_batch(self) -> int:
