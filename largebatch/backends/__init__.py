@@ -1,4 +1,25 @@
-"""Backends: the only code that names CUDA devices, process groups or torch_xla."""
+"""Backends: the device and communication stacks behind one contract, :class:`Backend`.
+
+The vendor rule (``tests/test_vendor_boundary.py`` holds it). The vendor modules ``torch.cuda``,
+``torch.backends``, ``torch.accelerator``, ``torch.mps``, ``torch.xpu``, ``torch.mtia``,
+``torch.distributed``, ``torch_xla`` and ``nvidia`` (DALI) are named in ``backends/``, and
+outside it only where the job is the vendor's, in these modules:
+
+* ``comm/reducers.py`` (torch.distributed, torch_xla): grouped BN's one collective on each runtime;
+* ``comm/ddp_hooks.py`` (torch.distributed): DDP's communication hooks;
+* ``comm/xla_cpu_threads.py`` (torch_xla): XLA:CPU replicas that are threads of one process;
+* ``nn/sync_bn.py`` (torch.distributed): the ``ProcessGroup`` torch's SyncBatchNorm takes;
+* ``engine/ema.py`` (torch.distributed): that ``ProcessGroup`` set aside while the model is copied;
+* ``launch/xla.py`` (torch_xla): it starts ``torch_xla.launch``;
+* ``launch/torchrun.py`` (torch.distributed): it is torchrun;
+* ``data/background.py`` (torch.cuda): host-to-GPU copies on a side stream, the current GPU's index;
+* ``data/pipelines/nvjpeg.py`` (torch.cuda): GPU decode, an event on nvJPEG's stream;
+* ``data/pipelines/dali_graph.py``, ``dali_files.py``, ``dali_shards.py`` (nvidia): DALI's decode.
+
+Everything else reaches the device through :class:`Backend` (device, collectives, the device
+generator's state, kernel autotuning, ...). Device-type strings (``device.type == "cuda"``) are
+data, not calls into a stack, and are outside the rule.
+"""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ A backend knows its rank, world size and device; it all-reduces, wraps the model
 parallelism, steps the optimizer (where the stack needs a say, as XLA does), moves batches
 to the device and opens the precision context. The training loop talks only to this
 contract, so the same loop runs on one CPU process, N gloo processes, N GPUs under NCCL and
-N TPU/XLA replicas. Backend modules are the only code that names CUDA devices, process
-groups or torch_xla.
+N TPU/XLA replicas. Which other modules may name CUDA, process groups or torch_xla, and why:
+the vendor rule in ``largebatch/backends/__init__.py``.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ A plain torch-xla program (``torch_xla.launch``, no largebatch backend) gets its
 reducer from ``largebatch.comm.reducers.xla_group_reducer``, which
 ``largebatch.nn.convert_group_sync_batchnorm`` calls when the XLA runtime is running.
 
-With ``largebatch.comm`` (reducers, XLA:CPU measures), the only code that imports ``torch_xla``, lazily.
+``torch_xla`` is imported lazily; the other modules that import it are listed by the vendor rule
+(``largebatch/backends/__init__.py``).
 """
 
 from __future__ import annotations
