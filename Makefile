@@ -15,5 +15,5 @@ env:
 	@scripts/setup_env.sh main
 
 docs:
-	@scripts/setup_env.sh main
-	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs serve
+	@scripts/setup_env.sh docs
+	NO_MKDOCS_2_WARNING=1 .venv-docs/bin/mkdocs serve

@@ -4,8 +4,10 @@
 #
 #   scripts/setup_env.sh          # .venv: torch 2.14.1, the package with [dev,dali,docs]
 #   scripts/setup_env.sh xla      # .venv-xla: torch 2.9.0 + torch-xla 2.9.0 (XLA:CPU tests)
+#   scripts/setup_env.sh docs     # .venv-docs: the site's tools only (~170 MB, no torch): make docs
 #
-# Reads: PYTHON (default python3), VENV (default .venv), VENV_XLA (default .venv-xla),
+# Reads: PYTHON (default python3), VENV (default .venv), VENV_XLA (default .venv-xla), VENV_DOCS
+#        (default .venv-docs),
 #        NEED_GIB (free space a fresh venv needs; default 7 for .venv, 8 for .venv-xla).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,8 +50,32 @@ make_env() {  # make_env DIR CONSTRAINTS EXTRAS
   echo "$want" > "$dir/.stamp"
 }
 
+# The documentation site needs no torch: mkdocstrings reads the package's source (griffe, static),
+# and the site's hooks import only the config schema (hydra-core, omegaconf). The docs extra and
+# those two, then the package itself without its dependencies: a minute, not the 6.5 GiB .venv.
+make_docs_env() {  # make_docs_env DIR
+  local dir=$1 want
+  want=$(stamp_of main)
+  if [[ -f $dir/.stamp && $(cat "$dir/.stamp") == "$want" ]]; then
+    return 0
+  fi
+  echo "setting up $dir (the docs extra, hydra-core and omegaconf; no torch) ..." >&2
+  [[ -x $dir/bin/python ]] || "$PYTHON" -m venv "$dir"
+  "$dir/bin/python" -m pip install -q --upgrade pip setuptools wheel
+  local docs
+  docs=$("$PYTHON" -c 'import ast, sys
+tree = ast.parse(open("setup.py").read())
+extras = next(k.value for n in ast.walk(tree) if isinstance(n, ast.Call) for k in n.keywords if k.arg == "extras_require")
+print(" ".join(ast.literal_eval(extras)["docs"]))')
+  # shellcheck disable=SC2086  # the requirement strings hold no spaces
+  "$dir/bin/python" -m pip install -q -c constraints/main.txt $docs hydra-core omegaconf
+  "$dir/bin/python" -m pip install -q --no-deps --no-build-isolation -e .
+  echo "$want" > "$dir/.stamp"
+}
+
 case $what in
   main) make_env "${VENV:-.venv}" main "dev,dali,docs" ;;
   xla) make_env "${VENV_XLA:-.venv-xla}" xla "dev,xla" ;;
-  *) echo "usage: $0 [main|xla]" >&2; exit 2 ;;
+  docs) make_docs_env "${VENV_DOCS:-.venv-docs}" ;;
+  *) echo "usage: $0 [main|xla|docs]" >&2; exit 2 ;;
 esac

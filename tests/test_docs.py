@@ -41,6 +41,21 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
     assert "build_lr_scheduler</span><span class=\"p\">(</span>\n" in api
 
 
+def test_the_site_builds_without_torch(tmp_path: Path) -> None:
+    """``make docs`` sets up .venv-docs (scripts/setup_env.sh docs: the docs extra, hydra-core,
+    omegaconf, the package without its dependencies; no torch): the build must import nothing
+    of torch, torchvision, timm or DALI. Here the same build runs with those made unimportable."""
+    blocked = "import sys; sys.modules.update(dict.fromkeys(['torch', 'torchvision', 'timm', 'nvidia.dali'])); "
+    code = blocked + "from mkdocs.__main__ import cli; sys.argv[0] = 'mkdocs'; cli()"
+    proc = subprocess.run([sys.executable, "-c", code, "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (tmp_path / "site" / "api" / "index.html").is_file()
+    setup_env = (ROOT / "scripts" / "setup_env.sh").read_text()
+    assert "docs) make_docs_env" in setup_env and "scripts/setup_env.sh docs" in (ROOT / "Makefile").read_text()
+
+
 def test_a_role_resolves_to_the_one_documented_object_it_names() -> None:
     import importlib.util
 
