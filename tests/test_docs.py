@@ -56,6 +56,51 @@ def test_the_site_builds_without_torch(tmp_path: Path) -> None:
     assert "docs) make_docs_env" in setup_env and "scripts/setup_env.sh docs" in (ROOT / "Makefile").read_text()
 
 
+WIDTH = 80
+LIST_ITEM = re.compile(r"^(\s*)([-*+]|\d+\.)\s")
+
+
+def _example_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, line) of the page's examples: fenced blocks with a language other than
+    ``text`` (output listings, fenced plain or ``text``, print what a program prints and are
+    exempt), and indented code blocks (4 spaces after a blank line that follows a paragraph,
+    not a list)."""
+    out, fence, prev_text, after_blank, in_indented = [], None, "", True, False
+    for n, line in enumerate(text.splitlines(), 1):
+        if fence is not None:
+            if line.startswith("```"):
+                fence = None
+            elif fence not in ("", "text"):
+                out.append((n, line))
+            continue
+        if line.startswith("```"):
+            fence, in_indented = line[3:].strip(), False
+            continue
+        if not line.strip():
+            after_blank = True
+            continue
+        if line.startswith("    ") and (in_indented or (after_blank and not LIST_ITEM.match(prev_text)
+                                                         and not prev_text.startswith(" "))):
+            in_indented = True
+            out.append((n, line))
+        else:
+            in_indented, prev_text = False, line
+        after_blank = False
+    return out
+
+
+def test_examples_fit_the_page() -> None:
+    """Every example line of the site is at most 80 characters (long commands wrap with a
+    backslash); output listings may be longer and wrap on the page (docs/stylesheets/extra.css)."""
+    long = [f"{page.name}:{n}: {len(line)} characters" for page in PAGES
+            for n, line in _example_lines(page.read_text(encoding="utf-8")) if len(line) > WIDTH]
+    assert not long, "\n".join(long)
+    assert _example_lines("text\n\n    x = 1\n\n```bash\nls\n```\n```text\nout\n```\n- a\n\n    b\n") == [
+        (3, "    x = 1"), (6, "ls")]
+    css = (ROOT / "docs" / "stylesheets" / "extra.css").read_text()
+    assert "pre-wrap" in css and "stylesheets/extra.css" in (ROOT / "mkdocs.yml").read_text()
+
+
 def test_a_role_resolves_to_the_one_documented_object_it_names() -> None:
     import importlib.util
 
@@ -151,5 +196,5 @@ def test_layout_lists_every_module_of_the_package() -> None:
     names = [p.name + "/" if p.is_dir() else p.name for p in sorted(package.iterdir())
              if (p.is_dir() and (p / "__init__.py").is_file()) or (p.suffix == ".py")]
     assert names
-    missing = [n for n in names if not re.search(rf"^largebatch/{re.escape(n)}\s", layout, re.M)]
+    missing = [n for n in names if not re.search(rf"^\| `largebatch/{re.escape(n)}` \|", layout, re.M)]
     assert not missing, f"docs/layout.md does not list {missing}"
