@@ -37,8 +37,12 @@ Where the two norms come from (:func:`plan_noise_scale`):
     (dropout, drop-path): the model's buffers are copied back and the RNG forked, so the run
     goes on exactly as without the probe. A ``torch.compile``'d model compiles once more for the
     half batch; with CUDA graphs (``reduce-overhead``) the probe is refused.
-one process without accumulation and no probe, or one XLA device
+one process without accumulation and no probe (on XLA the probe is not offered)
     Not measured; the run says so in its closing lines.
+
+The micro-batch path runs on one XLA device as it does elsewhere (tested against eager CPU, with
+no graph added after warm-up); the probe is refused there (``largebatch.run``): its half-batch
+passes and RNG fork are not tried in the XLA step graph.
 
 Both norms are of loss-scaled gradients under fp16: each is divided by the scaler's scale²,
 read from its device tensor (``scaler._scale``; ``get_scale()`` would read the host). An
