@@ -261,7 +261,7 @@ def _ema(cfg: Any, model: Any) -> Any:
 
 def _noise_scale(cfg: Any, backend: Any, plan: BatchPlan) -> Any:
     """The gradient noise scale's hook (``diagnostics.noise_scale``), or None when disabled; after
-    ``_train_model`` (which taps DDP's buckets for the local gradient norm)."""
+    ``_train_model`` (which taps the local gradient norm: DDP's buckets, or XLA's ``.grad``)."""
     from largebatch.engine.noise_scale_hook import NoiseScaleHook, NoiseScalePlan, plan_noise_scale
 
     ns = cfg.diagnostics.noise_scale
@@ -270,11 +270,11 @@ def _noise_scale(cfg: Any, backend: Any, plan: BatchPlan) -> Any:
     from largebatch.engine.compile import uses_cuda_graphs
 
     tap = backend.local_norm_tap
-    if backend.device.type == "xla":  # untested in the XLA step graph yet
-        where = NoiseScalePlan(None, reason="not on XLA yet")
-    else:
-        where = plan_noise_scale(world_size=backend.world_size, accumulation_steps=plan.accumulation_steps,
-                                 per_device_batch=plan.per_device, local_norm_tap=tap, probe_every=ns.probe_every)
+    where = plan_noise_scale(world_size=backend.world_size, accumulation_steps=plan.accumulation_steps,
+                             per_device_batch=plan.per_device, local_norm_tap=tap, probe_every=ns.probe_every)
+    if where.source == "probe" and backend.device.type == "xla":
+        # its half-batch passes and RNG fork are untried in the XLA step graph
+        where = NoiseScalePlan(None, reason="the probe does not run on XLA; use accumulation_steps >= 2")
     if where.source == "probe" and uses_cuda_graphs(cfg.model.compile) and backend.device.type == "cuda":
         # the half batch would replay into the step's CUDA-graph buffers
         where = NoiseScalePlan(None, reason="the probe does not run with CUDA graphs (model.compile=reduce-overhead)")

@@ -64,3 +64,41 @@ def test_an_overflowed_step_is_left_out() -> None:
 def test_not_measured_leaves_the_tracker_alone(accumulation: int) -> None:
     hook = _run(None, accumulation)
     assert hook.tracker.updates == 0 and hook.report(4)[1] == "noise scale: not measured (one process, no accumulation)"
+
+
+def test_a_backend_that_reduces_in_its_optimizer_step_gives_the_pair_at_the_reduction() -> None:
+    """XLA's order, stood in on CPU: the tap's local norm after the last backward, the reduced
+    norm in the optimizer's step pre-hook, after the backend's reduction (here: x 1/2) and before
+    the update. The XLA:CPU replicas test the real thing (tests/xla/test_noise_scale_xla.py)."""
+    from largebatch.backends.xla import XlaLocalNormTap
+    from largebatch.diagnostics.noise_scale import squared_norm
+
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.3)
+    backend = TorchDistributedBackend("cpu")
+    seen: list[torch.Tensor] = []
+
+    def reduce_then_step(optimizer: torch.optim.Optimizer, scaler: object) -> None:
+        seen.append(squared_norm([p.grad for p in model.parameters()]))  # the local gradient
+        for p in model.parameters():
+            p.grad.mul_(0.5)  # the "reduction"
+        optimizer.step()
+
+    backend.optimizer_step = reduce_then_step  # type: ignore[method-assign]
+    tap = XlaLocalNormTap(model)
+    plan = plan_noise_scale(world_size=2, accumulation_steps=1, per_device_batch=4, local_norm_tap=tap)
+    hook = NoiseScaleHook(plan, beta=0.5, local_norm_tap=tap)
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    update = hook.tracker.update
+    hook.tracker.update = lambda small, bs, big, bb: (pairs.append((small, big)), update(small, bs, big, bb))[1]
+    gen = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(4, 3, generator=gen), torch.randint(0, 2, (4,), generator=gen)) for _ in range(3)]
+    Trainer(model=model, optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+            train_loader=batches, backend=backend, hooks=[hook],
+            settings=StepSettings(epochs=1, global_batch_size=8, log_every=100)).train()
+    assert plan.source == "ranks" and len(pairs) == len(seen) == 3
+    for (small, big), local in zip(pairs, seen):
+        torch.testing.assert_close(small, local)
+        torch.testing.assert_close(big, local / 4)
+    assert not opt._optimizer_step_pre_hooks, "the pre-hook outlived the run"

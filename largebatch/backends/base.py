@@ -100,8 +100,12 @@ class Backend(ABC):
         size in MiB, all-reduce algorithm, wire compression and ranks per node (None: the
         launcher's ``LOCAL_WORLD_SIZE``). A backend ignores those its stack has no use for.
         ``tap_local_norm``: record the squared norm of each rank's local gradient before it is
-        reduced (``largebatch.comm.SquaredNormTap``, kept as ``self.local_norm_tap``) for the
-        gradient noise scale; a backend that cannot leaves ``local_norm_tap`` None.
+        reduced, for the gradient noise scale, in ``self.local_norm_tap``: an object whose
+        ``take()`` gives that norm (a 0-dim device tensor, or None) after the step's last backward,
+        and whose ``reduces_in_optimizer_step`` says where the reduced gradient is found: False,
+        in ``.grad`` after the last backward (DDP, ``largebatch.comm.SquaredNormTap``); True, in
+        ``.grad`` in the optimizer's step pre-hooks (XLA, ``largebatch.backends.xla.XlaLocalNormTap``).
+        A backend that cannot (or has one rank) leaves ``local_norm_tap`` None.
         """
 
     # set by wrap_model(tap_local_norm=True) where the stack can record the local gradient's norm

@@ -11,6 +11,10 @@ One replica per XLA device, started by :func:`largebatch.launch.xla.launch_repli
 * ``mark_step`` cuts and runs the step graph (``torch_xla.sync()``) once per optimizer step;
   nothing in the step reads a tensor back to the host, so after warm-up no step compiles;
 * bf16 autocast (``torch.autocast('xla')``), no fp16 and no loss scaling;
+* the gradient noise scale's local norm (``wrap_model(tap_local_norm=True)``, world > 1):
+  :class:`XlaLocalNormTap` reads ``.grad`` before ``optimizer_step`` reduces it, so the
+  noise-scale hook takes the reduced norm in the optimizer's step pre-hook, after the
+  reduction; both are device values of the step graph (no host read, no new graph);
 * grouped BN sums over replica groups with ``xm.all_reduce(groups=[[0, 1], [2, 3], ...])``.
 
 XLA:CPU with ``CPU_NUM_DEVICES=n`` (the multi-replica tests) runs the n replicas as threads
@@ -51,6 +55,7 @@ from largebatch.errors import UsageError
 __all__ = [
     "XlaBackend",
     "XlaGroupReducer",
+    "XlaLocalNormTap",
     "prepare_xla_environment",
     "running_xla_world_size",
     "xla_group_reducer",
@@ -58,6 +63,31 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+class XlaLocalNormTap:
+    """The squared norm of this replica's local gradient, for the gradient noise scale.
+
+    On XLA the gradients stay local in ``.grad`` until :meth:`XlaBackend.optimizer_step`
+    all-reduces them (``xm.reduce_gradients``) just before ``optimizer.step()``: :meth:`take`,
+    asked after the step's last backward, is the local gradient's squared norm (accumulated
+    over the step's micro-batches), and the reduced gradient is in ``.grad`` in the optimizer's
+    step pre-hooks (``reduces_in_optimizer_step``). One ``torch._foreach_norm`` in the step
+    graph: no host read, no collective.
+    """
+
+    reduces_in_optimizer_step = True
+
+    def __init__(self, model: nn.Module) -> None:
+        self._params = [p for p in model.parameters() if p.requires_grad]
+
+    def take(self) -> Optional[torch.Tensor]:
+        """``|local gradient|²`` now (None: no gradient yet); a 0-dim float32 device tensor."""
+        from largebatch.diagnostics.noise_scale import squared_norm
+
+        grads = [p.grad for p in self._params if p.grad is not None]
+        return squared_norm(grads) if grads else None
+
 
 class XlaBackend(Backend):
     """Data parallelism over XLA replicas (TPU cores/chips, or XLA:CPU devices)."""
@@ -159,14 +189,17 @@ class XlaBackend(Backend):
     ) -> nn.Module:
         """The model itself: gradients are all-reduced in :meth:`optimizer_step`, not by DDP.
 
-        ``bucket_mb`` and ``ranks_per_node`` do not apply (no DDP buckets; XLA's all-reduce), nor
-        ``tap_local_norm`` (not yet: the local gradient is in ``.grad`` until :meth:`optimizer_step`).
+        ``bucket_mb`` and ``ranks_per_node`` do not apply (no DDP buckets; XLA's all-reduce).
+        ``tap_local_norm`` (world > 1): ``self.local_norm_tap`` is an :class:`XlaLocalNormTap`
+        over the model's parameters; with one replica there is no reduction to tap.
         """
         if algorithm != "flat" or compress != "none":
             log.warning(
                 "comm.algorithm=%s comm.compress=%s do not apply on XLA (the compiler's all-reduce "
                 "runs over the TPU torus); using the plain gradient all-reduce", algorithm, compress
             )
+        if tap_local_norm and self.world_size > 1:
+            self.local_norm_tap = XlaLocalNormTap(model)
         return model
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Optional[Any]) -> None:
@@ -175,7 +208,8 @@ class XlaBackend(Backend):
             raise UsageError("loss scaling (precision=fp16) is not supported on XLA; use precision=bf16")
         import torch_xla.core.xla_model as xm
 
-        # reduce_gradients (sum x 1/world over all replicas, explicit groups) + step().
+        # reduce_gradients (sum x 1/world over all replicas, explicit groups) + step(); the
+        # step's pre-hooks see the reduced .grad (XlaLocalNormTap, the noise scale's big norm).
         xm.optimizer_step(optimizer, groups=self._all_ranks, pin_layout=True)
 
     def wrap_loader(

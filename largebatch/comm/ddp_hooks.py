@@ -351,7 +351,11 @@ class SquaredNormTap:
     ``vector_norm`` per bucket, accumulated in float32 on the device: no host read, no
     collective. ``inner_state``/``inner_hook``: the hook that reduces (``comm_hook`` with a
     :class:`CommState`, or torch's ``allreduce_hook`` with None for the ``flat`` default).
+    ``reduces_in_optimizer_step`` is False: the reduced gradient is in ``.grad`` after the last
+    backward (the XLA backend's tap says True).
     """
+
+    reduces_in_optimizer_step = False
 
     def __init__(self, inner_state: object, inner_hook: object) -> None:
         self.inner_state = inner_state

@@ -6,14 +6,20 @@ Based on McCandlish, Kaplan, Amodei et al. 2018, "An Empirical Model of Large-Ba
 :class:`~largebatch.diagnostics.noise_scale.GradientNoiseScale` averages them over steps.
 Where the two norms come from (:func:`plan_noise_scale`):
 
-``ranks`` (DDP, world > 1)
-    ``B_small``: this rank's local gradient, its micro-batch x ``accumulation_steps`` images.
+``ranks`` (DDP or XLA replicas, world > 1)
+    ``B_small``: this rank's local gradient, its micro-batch x ``accumulation_steps`` images
+    (with accumulation, the accumulated local gradient: DDP and XLA reduce once per step).
     DDP reduces only after the last micro-batch, and writes the average into the same bucket
     buffers (``gradient_as_bucket_view``), so the local norm can only be taken inside the comm
     hook, before the reduction: :class:`~largebatch.comm.SquaredNormTap` wraps whichever hook
     reduces (torch's own ``allreduce_hook`` for ``comm=flat``, the same one DDP runs without a
     hook, or ``comm_hook`` for the others) and sums one ``vector_norm`` per bucket.
     ``B_big``: the global batch, the all-reduced gradient in ``.grad`` after the last backward.
+    On XLA the backend reduces in ``optimizer_step``, just before ``optimizer.step()``
+    (``reduces_in_optimizer_step`` of its tap, ``largebatch.backends.xla.XlaLocalNormTap``):
+    the local norm is ``.grad``'s after the last backward, the reduced one ``.grad``'s in the
+    optimizer's step pre-hook, where the update is made; both in the step graph, so the graph
+    is the same every step.
     Each rank's averages use its own local gradient; rank 0's are reported and checkpointed.
 ``micro-batches`` (one process, ``accumulation_steps`` = n >= 2)
     ``B_small``: the first micro-batch's gradient, read right after its backward (one extra
@@ -31,8 +37,12 @@ Where the two norms come from (:func:`plan_noise_scale`):
     (dropout, drop-path): the model's buffers are copied back and the RNG forked, so the run
     goes on exactly as without the probe. A ``torch.compile``'d model compiles once more for the
     half batch; with CUDA graphs (``reduce-overhead``) the probe is refused.
-one process without accumulation and no probe, or XLA
+one process without accumulation and no probe (on XLA the probe is not offered)
     Not measured; the run says so in its closing lines.
+
+The micro-batch path runs on one XLA device as it does elsewhere (tested against eager CPU, with
+no graph added after warm-up); the probe is refused there (``largebatch.run``): its half-batch
+passes and RNG fork are not tried in the XLA step graph.
 
 Both norms are of loss-scaled gradients under fp16: each is divided by the scaler's scale²,
 read from its device tensor (``scaler._scale``; ``get_scale()`` would read the host). An
@@ -74,8 +84,9 @@ def plan_noise_scale(
 ) -> NoiseScalePlan:
     """Choose the measurement (module docstring) for a run of this shape.
 
-    ``local_norm_tap``: the backend's :class:`~largebatch.comm.SquaredNormTap` (None where the
-    backend records no local norm, e.g. XLA or one process). ``probe_every``: optimizer steps
+    ``local_norm_tap``: the backend's tap (:class:`~largebatch.comm.SquaredNormTap` under DDP,
+    ``largebatch.backends.xla.XlaLocalNormTap`` on XLA replicas; None where the backend records
+    no local norm, e.g. one process). ``probe_every``: optimizer steps
     between two probes where nothing comes free (0: no probe); ignored where something does.
     """
     if isinstance(probe_every, bool) or not isinstance(probe_every, int) or probe_every < 0:
@@ -107,6 +118,7 @@ class NoiseScaleHook(Hook):
         self.tracker = GradientNoiseScale(beta)
         self.local_norm_tap = local_norm_tap
         self._small: Optional[torch.Tensor] = None
+        self._pre_step: Any = None  # the optimizer step pre-hook's handle (XLA replicas)
 
     def before_train(self) -> None:
         if self.plan.source is None:
@@ -114,6 +126,24 @@ class NoiseScaleHook(Hook):
         t = self.tracker
         self.trainer.log_values.update(noise_scale=t.noise_scale, grad_sq_norm=t.grad_sq_norm,
                                        noise_trace=t.noise_trace)
+        if self._reduced_in_step():
+            self._pre_step = self.trainer.optimizer.register_step_pre_hook(self._after_reduction)
+
+    def after_train(self) -> None:
+        if self._pre_step is not None:
+            self._pre_step.remove()
+            self._pre_step = None
+
+    def _reduced_in_step(self) -> bool:
+        """The backend reduces the gradients in ``optimizer_step`` (XLA), not in the last backward."""
+        return self.plan.source == "ranks" and self.local_norm_tap.reduces_in_optimizer_step
+
+    def _after_reduction(self, *_: Any) -> None:
+        """Optimizer step pre-hook: ``.grad`` is the reduced gradient; fold the step's pair in."""
+        if self._small is None:
+            return
+        self.tracker.update(self._small, self.plan.batch_small, self._grad_sq_norm(1.0), self.plan.batch_big)
+        self._small = None
 
     def _grad_sq_norm(self, factor: float) -> torch.Tensor:
         """``factor`` x the squared norm of the optimizer's gradients, loss scale taken out."""
@@ -171,7 +201,7 @@ class NoiseScaleHook(Hook):
         if source == "ranks":
             local = self.local_norm_tap.take()
             self._small = None if local is None else self._unscale(local)
-        if self._small is None:  # no bucket was reduced (nothing to compare): skip the step
+        if self._small is None or self._reduced_in_step():  # no bucket was reduced; or: at the reduction
             return
         self.tracker.update(self._small, self.plan.batch_small, self._grad_sq_norm(1.0), self.plan.batch_big)
         self._small = None

@@ -150,11 +150,106 @@ def scenario_ema(backend: Any, out: dict[str, Any]) -> None:
     out["after"] = {k: v.cpu() for k, v in hook.eval_model().state_dict().items()}
 
 
+NS_MICRO, NS_STEPS = 4, 5  # the noise-scale agreement run: images per replica, steps
+NS_COUNTED_MICRO, NS_COUNTED_STEPS = 6, 12  # the counted runs: shapes no other run here uses
+
+
+def noise_scale_batches(steps: int, micro: int = NS_MICRO) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``2 x steps`` micro-batches of ``micro`` images: micro-batch 2s+r is replica r's batch of step s."""
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randn(micro, 3, 8, 8, generator=g), torch.randint(0, 3, (micro,), generator=g))
+            for _ in range(2 * steps)]
+
+
+def noise_scale_model() -> torch.nn.Module:
+    """A small conv net without BN (the DDP agreement test's); the replicas train rank 0's weights."""
+    from torch import nn
+
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
+
+
+def _noise_scale_run(backend: Any, batches: list, *, log_every: int, after_step: Callable[[Any], None]) -> dict:
+    """Trainer steps (SGD) with the noise scale wired as run.py does; ``after_step(hook)`` after each."""
+    from largebatch.engine.loop import Hook, StepSettings, Trainer
+    from largebatch.engine.noise_scale_hook import NoiseScaleHook, plan_noise_scale
+    from tests.xla.common import ListLoader
+
+    model = backend.prepare_model(noise_scale_model())
+    start = {k: v.cpu() for k, v in model.state_dict().items()}
+    train_model = backend.wrap_model(model, tap_local_norm=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    micro = batches[0][0].shape[0]
+    plan = plan_noise_scale(world_size=backend.world_size, accumulation_steps=1, per_device_batch=micro,
+                            local_norm_tap=backend.local_norm_tap)
+    hook = NoiseScaleHook(plan, beta=0.5, local_norm_tap=backend.local_norm_tap)
+
+    class Record(Hook):
+        def after_step(self) -> None:
+            after_step(hook)
+
+    Trainer(model=train_model, optimizer=opt, scheduler=sched, train_loader=backend.wrap_loader(ListLoader(batches)),
+            backend=backend, settings=StepSettings(epochs=1, global_batch_size=micro * backend.world_size,
+                                                   log_every=log_every),
+            hooks=[hook, Record()]).train()
+    return {"plan": plan, "updates": hook.tracker.updates, "start_state": start}
+
+
+def scenario_noise_scale(backend: Any, out: dict[str, Any]) -> None:
+    """The noise scale from the replicas: the averages after each step (read every step); the
+    compile count after each step of a run with log steps every 3 steps; the device-to-host
+    transfers of this replica's steps 3 to 10 of a run that logs at its end only."""
+    import torch_xla.core.xla_model as xm
+    import torch_xla.debug.metrics as met
+
+    from tests.xla.common import compile_count
+
+    r, world = backend.rank, backend.world_size
+    steps: list[tuple[float, float, float]] = []
+
+    def read(hook: Any) -> None:
+        t = hook.tracker
+        steps.append((float(t.grad_sq_norm()), float(t.noise_trace()), float(t.noise_scale())))
+
+    out.update(_noise_scale_run(backend, noise_scale_batches(NS_STEPS)[r::world], log_every=NS_STEPS, after_step=read))
+    out["steps"] = steps
+
+    counted = noise_scale_batches(NS_COUNTED_STEPS, NS_COUNTED_MICRO)[r::world]
+    compiles: list[int] = []
+
+    def wait_for_step() -> None:
+        # this replica's step ran, so every replica had launched it (its all-reduce); not
+        # backend.synchronize(), which waits for every device, the other replica's next step too
+        xm.wait_device_ops([xm.xla_real_devices([backend.device])[0]])
+
+    def count(hook: Any) -> None:
+        wait_for_step()
+        compiles.append(compile_count())
+
+    wait_for_step()
+    out["compiles_before"] = compile_count()
+    _noise_scale_run(backend, counted, log_every=3, after_step=count)
+    out["compiles"] = compiles
+
+    # No log step between steps 2 and 10: the other replica reads nothing then either (it cannot
+    # be a step ahead of this one's all-reduce by more than the device queue, nor behind it).
+    transfers: list[int] = []
+
+    def transferred(hook: Any) -> None:
+        wait_for_step()  # the other replica is at least at this step
+        data = met.metric_data("TransferFromDeviceTime")
+        transfers.append(int(data[0]) if data else 0)
+
+    _noise_scale_run(backend, counted, log_every=NS_COUNTED_STEPS, after_step=transferred)
+    out["transfers"] = transfers
+
+
 SCENARIOS: dict[str, Callable[[Any, dict[str, Any]], None]] = {
     "sync_bn": scenario_sync_bn,
     "train": scenario_train,
     "collectives": scenario_collectives,
     "ema": scenario_ema,
+    "noise_scale": scenario_noise_scale,
 }
 
 

@@ -1,4 +1,4 @@
-"""The training CLI on XLA:CPU (one device): ``backend=xla`` in-process, and the XLA launcher.
+"""The training CLI on XLA:CPU (one device, and 2 replicas for the noise scale): ``backend=xla`` in-process, and the XLA launcher.
 
 Run in ``.venv-xla`` with ``PJRT_DEVICE=CPU`` (scripts/test_xla.sh); skipped without torch-xla.
 """
@@ -57,6 +57,24 @@ def test_xla_launcher_runs_the_cli(tmp_path: Path) -> None:
     )
     assert bad.returncode == 2 and "did you mean 'optimizer.lr'" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_xla_launcher_on_two_replicas_measures_the_noise_scale(tmp_path: Path) -> None:
+    """run.py's wiring on XLA replicas: the local and reduced gradient norms of every step
+    (``tests/xla/test_noise_scale_xla.py`` checks their values), logged and summarised."""
+    pytest.importorskip("torch_xla")
+    env = dict(_one_xla_cpu_device_env(tmp_path), CPU_NUM_DEVICES="2", OMP_NUM_THREADS="1")
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "largebatch.launch.xla", *SMOKE, "max_steps=2", "log_every=1", f"run_dir={run}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "gradient noise scale at the end" in proc.stderr + proc.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["backend"].startswith("xla rank 0/2")
+    steps = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len([s for s in steps if "noise_scale" in s and "grad_sq_norm" in s]) == 2
 
 
 _FULL_DISK_LAUNCH = """
