@@ -342,8 +342,15 @@ def phase_data(c: Campaign) -> list[Step]:
 
 def throughput_steps(c: Campaign, budget_s: float) -> list[Step]:
     """The table: LARS over every data kind x precision x compile mode first; then SGD on
-    synthetic data, the optimizer's peer. Each call gets a share of the phase's budget."""
+    synthetic data, the optimizer's peer; then what measuring the gradient noise scale costs a
+    step (benchmarks/noise_scale_overhead.py, one process, 2 micro-batches). Each call gets a
+    share of the phase's budget."""
     script = [c.python, str(REPO / "benchmarks" / "throughput.py"), "--root", str(jpeg_root(c))]
+    noise = [c.python, str(REPO / "benchmarks" / "noise_scale_overhead.py")]
+    noise += (["--device", "cpu", "--image-size", "16", "--batch", "8", "--steps", "2", "--rounds", "1",
+               "--warmup", "2"] if c.rehearse else
+              ["--device", "cuda", "--model", "resnet50", "--image-size", "224", "--batch", "256",
+               "--steps", "10", "--rounds", "5"])
     if c.rehearse:
         size = ["--device", "cpu", "--model", "resnet10t", "--image-size", "32", "--batch", "8", "--steps", "2",
                 "--warmup", "1", "--precisions", "fp32", "--workers", "2"]
@@ -358,7 +365,8 @@ def throughput_steps(c: Campaign, budget_s: float) -> list[Step]:
         sgd = [*script, *size, "--data", "synthetic", "--precisions", "bf16", "fp16", "--compile", "none", "default",
                "--optimizers", "sgd", "--no-decode"]
     return [Step("throughput: LARS, every data kind", [*lars, "--budget-s", f"{0.75 * budget_s:.0f}"]),
-            Step("throughput: SGD, synthetic", [*sgd, "--budget-s", f"{0.08 * budget_s:.0f}"])]
+            Step("throughput: SGD, synthetic", [*sgd, "--budget-s", f"{0.08 * budget_s:.0f}"]),
+            Step("the gradient noise scale's cost", noise, budget_s=None if c.rehearse else 0.12 * budget_s)]
 
 
 def phase_train(c: Campaign) -> list[Step]:

@@ -208,6 +208,8 @@ def test_the_rehearsal_runs_every_phase_on_the_cpu(campaign: ModuleType, tmp_pat
                 "resnet10t nvjpeg fp32 NHWC eager lars", "resnet10t synthetic fp32 NHWC eager sgd"):
         assert f"| train | {row}" in table
     assert "| loader | nvjpeg fp32 NHWC, no model" in table
+    # the noise scale's cost: its own table, off and on
+    assert "| noise scale | ms per step (median block) | ratio |" in table and "| on |" in table
     # the runs: the default job and the hidden-style set, each printing its result line
     assert len(re.findall(r"^- largebatch: best val top-1 \d", summary, re.MULTILINE)) == 2
     assert len(list((work / "hidden-data" / "train").iterdir())) == 4
