@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import inspect
 import re
 import typing
 from enum import Enum
@@ -14,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import yaml
 from omegaconf import MISSING
 
@@ -156,3 +158,44 @@ def test_the_loop_defaults_are_the_schema_defaults() -> None:
         if isinstance(schema_default, Enum):
             schema_default = schema_default.value
         assert loop[key] == schema_default, key
+
+
+def _parameter_defaults(fn: Any) -> dict[str, Any]:
+    parameters = inspect.signature(fn).parameters.items()
+    return {name: p.default for name, p in parameters
+            if p.default is not inspect.Parameter.empty}
+
+
+def test_library_defaults_agree_with_the_schema() -> None:
+    """The reusable parts keep their own defaults (callable without a config:
+    timm's EMA, the lr schedules, the noise-scale hook); where a schema key
+    names the same setting, the two defaults are equal."""
+    from largebatch.engine.ema import EmaSettings, build_model_ema
+    from largebatch.engine.noise_scale_hook import NoiseScaleHook
+    from largebatch.lr.schedules import (
+        build_lr_scheduler,
+        lr_multiplier,
+        schedule_factors,
+    )
+
+    defaults = _schema_defaults()
+    pairs = [("diagnostics.noise_scale.beta",
+              _parameter_defaults(NoiseScaleHook)["beta"])]
+    ema = {f.name: f.default for f in dataclasses.fields(EmaSettings)}
+    pairs += [(f"ema.{k}", v) for k, v in ema.items()]
+    pairs += [(f"ema.{k}", v)
+              for k, v in _parameter_defaults(build_model_ema).items()]
+    for fn in (build_lr_scheduler, lr_multiplier, schedule_factors):
+        pairs += [(f"schedule.{k}", v)
+                  for k, v in _parameter_defaults(fn).items()
+                  if f"schedule.{k}" in defaults
+                  and defaults[f"schedule.{k}"] is not MISSING]
+    assert {"ema.decay", "ema.every", "schedule.gamma", "schedule.end_lr",
+            "schedule.warmup_start"} <= {key for key, _ in pairs}
+    for key, value in pairs:
+        schema_default = defaults[key]
+        if isinstance(schema_default, Enum):
+            schema_default = schema_default.value
+        if isinstance(value, tuple):
+            value = list(value)
+        assert value == pytest.approx(schema_default), key
