@@ -13,6 +13,8 @@ nothing above the ground. This module imports only ``largebatch.errors``.
   seeds 0-2 in fp32 and bf16 (docs/getting-started.md, "What it does").
 * ``SHUFFLE_BUFFER``: samples DALI's webdataset reader mixes inside a rank's part of packed
   shards (``data.shuffle_buffer``, ``LoaderSpec.shuffle_buffer``).
+* ``LOG_EVERY``, ``MAX_SKIPPED_STEPS``: the training loop's defaults
+  (:class:`largebatch.engine.loop.StepSettings`) and the schema's.
 * The ``model.compile`` vocabulary: the modes of ``torch.compile`` and their config aliases,
   checked at compose time (``largebatch.config.checks``) and applied by
   :mod:`largebatch.engine.compile`.
@@ -31,8 +33,10 @@ __all__ = [
     "DEFAULT_IMAGE_SIZE",
     "DEFAULT_TRAIN_PER_CLASS",
     "DEFAULT_VAL_PER_CLASS",
+    "LOG_EVERY",
     "MAX_CLASSES",
     "MAX_IMAGE_SIZE",
+    "MAX_SKIPPED_STEPS",
     "MIN_IMAGE_SIZE",
     "SHUFFLE_BUFFER",
     "parse_compile_mode",
@@ -49,6 +53,11 @@ MAX_CLASSES = 100
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 16, 1024
 
 SHUFFLE_BUFFER = 4096
+
+# the training loop: log_every and max_skipped_steps of the schema, and the
+# defaults of largebatch.engine.loop.StepSettings for callers without a config
+LOG_EVERY = 20  # optimizer steps between loss read-backs / log lines
+MAX_SKIPPED_STEPS = 10  # with non_finite=skip: skipped steps before giving up
 
 # model.compile
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")

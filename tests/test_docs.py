@@ -39,6 +39,12 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
             "update (largebatch.diagnostics.GradientNoiseScale.update)"} <= links, links
     # signatures are laid out by the formatter, one parameter a line, not one 287-character line
     assert "build_lr_scheduler</span><span class=\"p\">(</span>\n" in api
+    # the configuration reference's tables are written at build time: every key is on the page
+    from largebatch.config.reference import key_docs
+
+    reference = (tmp_path / "site" / "config-reference" / "index.html").read_text()
+    missing = [d.key for d in key_docs() if f"<code>{d.key}</code>" not in reference]
+    assert not missing and "<!-- config-reference" not in reference, missing
 
 
 def test_the_site_builds_without_torch(tmp_path: Path) -> None:

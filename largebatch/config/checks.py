@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from largebatch.defaults import CUDA_GRAPH_MODES, MAX_CLASSES, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, parse_compile_mode
+from largebatch.defaults import COMPILE_MODES, CUDA_GRAPH_MODES, MAX_CLASSES, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, parse_compile_mode
 from largebatch.errors import ConfigError, UsageError
 
-__all__ = ["canonicalise_choices", "check_ranges"]
+__all__ = ["canonicalise_choices", "check_ranges", "value_ranges"]
 
 
 def _num(x: Any) -> bool:
@@ -91,6 +91,22 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "diagnostics.noise_scale.probe_every": _int_at_least(0),  # 0: no probe
 }
 _OPTIONAL = {"max_steps", "target_top1", "optimizer.momentum", "optimizer.trust_coefficient", "optimizer.eps"}
+# what check_ranges says of the keys it checks beyond _RULES (several values, or another key)
+_CROP_SCALE = "[min, max] with 0 < min <= max <= 1 (area fractions)"
+_BETAS = "two numbers in [0, 1)"
+_MIN_DECAY = "<= ema.decay"
+_GROUP_SIZE = "-1 (the whole world) or an integer >= 1"
+
+
+def value_ranges() -> dict[str, str]:
+    """Key -> what its value must be, as ``check_ranges`` words it (the configuration reference)."""
+    ranges = {key: must for key, (_, must) in _RULES.items()}
+    ranges.update({"data.crop_scale": _CROP_SCALE, "optimizer.betas": _BETAS,
+                   "ema.min_decay": f"{ranges['ema.min_decay']}, {_MIN_DECAY}",
+                   "bn.group_size": _GROUP_SIZE,
+                   "model.compile": ", ".join(f"`{m}`" for m in COMPILE_MODES)
+                   + "; `true`, `false`: `default`, `none`"})
+    return ranges
 
 
 def _get(cfg: Any, key: str) -> Any:
@@ -117,18 +133,18 @@ def check_ranges(cfg: Any) -> None:
             _fail(key, value, must)
     scale = list(_get(cfg, "data.crop_scale"))
     if len(scale) != 2 or not all(_num(s) for s in scale) or not 0 < scale[0] <= scale[1] <= 1:
-        _fail("data.crop_scale", scale, "[min, max] with 0 < min <= max <= 1 (area fractions)")
+        _fail("data.crop_scale", scale, _CROP_SCALE)
     betas = _get(cfg, "optimizer.betas")
     if betas is not None and (len(betas) != 2 or not all(_num(b) and 0 <= b < 1 for b in betas)):
-        _fail("optimizer.betas", list(betas), "two numbers in [0, 1)")
+        _fail("optimizer.betas", list(betas), _BETAS)
     if _get(cfg, "ema.min_decay") > _get(cfg, "ema.decay"):
-        _fail("ema.min_decay", _get(cfg, "ema.min_decay"), f"<= ema.decay ({_get(cfg, 'ema.decay')})")
+        _fail("ema.min_decay", _get(cfg, "ema.min_decay"), f"{_MIN_DECAY} ({_get(cfg, 'ema.decay')})")
     target = _get(cfg, "ema.target")
     if getattr(target, "value", target) == "ema" and not _get(cfg, "ema.enabled"):
         raise ConfigError("ema.target=ema needs the weight EMA: set ema.enabled=true, or ema.target=raw")
     group = _get(cfg, "bn.group_size")
     if group != -1 and not (isinstance(group, int) and group >= 1):
-        _fail("bn.group_size", group, "-1 (the whole world) or an integer >= 1")
+        _fail("bn.group_size", group, _GROUP_SIZE)
 
 
 def canonicalise_choices(cfg: Any) -> None:

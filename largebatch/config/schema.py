@@ -108,44 +108,53 @@ class NonFinitePolicy(str, Enum):
 
 @dataclass
 class ModelConfig:
-    name: str = MISSING  # any timm model name
+    name: str = MISSING  # any timm model name (presets: conf/model/)
     zero_init_last_bn: bool = MISSING  # Goyal et al. 2017 sec. 5.1: gamma=0 in each block's last BN
     channels_last: Optional[bool] = None  # NHWC memory; null: on CUDA devices only (1.75x for RN50)
-    drop_rate: float = 0.0
-    drop_path_rate: float = 0.0
-    # torch.compile mode: none | default | reduce-overhead (CUDA graphs) |
-    # max-autotune-no-cudagraphs | max-autotune; true/false mean default/none. Costs start-up
-    # time (~50 s for resnet18 on a CPU). config/checks.py checks it and writes the canonical
-    # mode back at compose time.
+    drop_rate: float = 0.0  # dropout before the classifier (timm's drop_rate)
+    drop_path_rate: float = 0.0  # stochastic depth rate (timm's drop_path_rate)
+    # torch.compile mode (reduce-overhead and max-autotune replay CUDA graphs);
+    # true/false mean default/none. Costs start-up time (~50 s for resnet18 on a
+    # CPU). config/checks.py checks it and writes the canonical mode back.
     compile: str = "none"
 
 
 @dataclass
 class OptimizerConfig:
+    """The optimizer and its options (presets: ``conf/optimizer/``).
+
+    The optimizer-specific options (``momentum`` to ``foreach``) are null by
+    default: the optimizer's own default. Setting one the chosen optimizer does
+    not take is an error at start, naming the option.
+    """
+
     name: str = MISSING  # a name from largebatch.optim.optimizer_names()
     lr: float = MISSING  # per base_batch_size images, before scaling
-    weight_decay: float = MISSING
+    weight_decay: float = MISSING  # weight decay coefficient (not scaled with the batch)
     exclude_bn_bias: bool = MISSING  # no weight decay / no LARS adaptation on BN and bias
-    # Optimizer-specific options: None means "the optimizer's default". Setting one the
-    # chosen optimizer does not take is an error at start, naming the option.
+    # SGD, LARS: heavy-ball momentum (null: the optimizer's default)
     momentum: Optional[float] = None
-    nesterov: Optional[bool] = None
+    nesterov: Optional[bool] = None  # SGD, LARS: Nesterov momentum
+    # LARS, LARC: the trust coefficient eta (You et al. 2017)
     trust_coefficient: Optional[float] = None
-    eps: Optional[float] = None
+    eps: Optional[float] = None  # LARS, LAMB: added to the trust ratio's denominator
     # LARS: true folds lr x trust ratio into the momentum buffer (the TensorFlow LARS optimizers the
     # paper presets cite), false keeps torch's SGD form (lr multiplies the buffer); see
     # largebatch.optim.LARS. A resume that changes it is refused (the buffers mean different things).
     lr_in_momentum: Optional[bool] = None
-    betas: Optional[List[float]] = None
+    betas: Optional[List[float]] = None  # LAMB: Adam's moment decays [beta1, beta2]
+    # LARS, LAMB: multi-tensor (foreach) kernels; null: the optimizer decides
     foreach: Optional[bool] = None
 
 
 @dataclass
 class ScheduleConfig:
-    name: ScheduleName = MISSING
-    warmup_epochs: float = MISSING  # gradual warmup (Goyal et al. 2017 sec. 2.2), per iteration
+    name: ScheduleName = MISSING  # the decay after warmup (presets: conf/schedule/)
+    # [epochs] gradual warmup (Goyal et al. 2017 sec. 2.2), raised per iteration
+    warmup_epochs: float = MISSING
     warmup_start_factor: float = 0.1  # warmup starts at this fraction of the scaled lr
-    milestones: List[float] = field(default_factory=list)  # step decay: epochs
+    # [epochs] step decay: where the lr is multiplied by gamma
+    milestones: List[float] = field(default_factory=list)
     gamma: float = 0.1  # step decay: factor at each milestone
     power: float = 2.0  # poly decay exponent (MLPerf ResNet-50: 2)
     end_factor: float = 0.0  # cosine/poly: final lr as a fraction of the scaled lr
@@ -157,13 +166,20 @@ class ScheduleConfig:
 
 @dataclass
 class SyntheticDataConfig:
-    # The generator's own defaults (largebatch.defaults), so a data preset without a
-    # synthetic block and largebatch-make-synthetic agree with conf/data/embedded.yaml.
-    classes: int = _defaults.DEFAULT_CLASSES
+    """The embedded data set (``data.root=null``), generated on first use.
+
+    The defaults are the generator's own (``largebatch.defaults``), so a data
+    preset without a ``synthetic`` block and ``largebatch-make-synthetic``
+    agree with ``conf/data/embedded.yaml``.
+    """
+
+    classes: int = _defaults.DEFAULT_CLASSES  # classes of the embedded data set
+    # [images] training images generated per class
     train_per_class: int = _defaults.DEFAULT_TRAIN_PER_CLASS
+    # [images] validation images generated per class
     val_per_class: int = _defaults.DEFAULT_VAL_PER_CLASS
-    image_size: int = _defaults.DEFAULT_IMAGE_SIZE  # generated JPEG side, pixels
-    seed: int = 0
+    image_size: int = _defaults.DEFAULT_IMAGE_SIZE  # [pixels] generated JPEG side
+    seed: int = 0  # seed of the generator (the same seed makes the same images)
 
 
 @dataclass
@@ -171,10 +187,11 @@ class DataConfig:
     # ImageFolder root with train/ and val/; null: the embedded data set. No default, so a
     # data preset that does not set it (data=imagenet) asks for it at compose time.
     root: Optional[str] = MISSING
-    loader: LoaderName = MISSING
-    image_size: int = MISSING  # training crop side, pixels
+    loader: LoaderName = MISSING  # the input pipeline (docs/input-pipelines.md)
+    image_size: int = MISSING  # [pixels] training crop side
     val_crop_ratio: float = MISSING  # val: resize shorter side to image_size/ratio, center crop
-    crop_scale: List[float] = MISSING  # RandomResizedCrop area range
+    # [fraction of the image's area] RandomResizedCrop's area range
+    crop_scale: List[float] = MISSING
     workers: int = MISSING  # DataLoader workers (or DALI threads) per process
     # Folder written by `largebatch-make-shards ROOT OUT` (WebDataset tars + DALI indexes):
     # read train/val from it with DALI's webdataset reader instead of data.root's files.
@@ -187,15 +204,16 @@ class DataConfig:
 
 @dataclass
 class PrecisionConfig:
-    name: PrecisionName = MISSING
+    name: PrecisionName = MISSING  # compute precision (autocast dtype)
     init_scale: float = 65536.0  # fp16 dynamic loss scaling: initial scale
-    growth_interval: int = 2000  # fp16: steps without overflow before the scale doubles
+    # [optimizer steps] fp16: steps without overflow before the scale doubles
+    growth_interval: int = 2000
 
 
 @dataclass
 class BackendConfig:
-    name: BackendName = MISSING
-    timeout_s: int = 1800  # collective timeout
+    name: BackendName = MISSING  # where the run computes and communicates
+    timeout_s: int = 1800  # [seconds] a collective waiting longer fails the run
     # CUDA only: cuDNN times its convolution algorithms on the first step of each shape and
     # keeps the fastest (fixed image size: a few slow first steps, then faster ones);
     # benchmarks/throughput.py measures with it on, so its numbers transfer to training.
@@ -211,16 +229,19 @@ class BNConfig:
 
 @dataclass
 class CommConfig:
-    algorithm: CommAlgorithm = MISSING
-    compress: CommCompress = MISSING
-    bucket_mb: float = MISSING  # DDP bucket (tensor fusion) size, MiB
-    ranks_per_node: Optional[int] = None  # None: torchrun's LOCAL_WORLD_SIZE
+    algorithm: CommAlgorithm = MISSING  # how gradients are all-reduced
+    compress: CommCompress = MISSING  # dtype gradients travel in (none: their own)
+    bucket_mb: float = MISSING  # [MiB] DDP bucket (tensor fusion) size
+    # ranks per node of the hierarchical and torus2d algorithms; null: torchrun's
+    # LOCAL_WORLD_SIZE
+    ranks_per_node: Optional[int] = None
 
 
 @dataclass
 class CheckpointConfig:
-    every_epochs: int = 1
-    every_steps: int = 0  # 0: only at epoch ends
+    every_epochs: int = 1  # [epochs] between checkpoints; 0: only at the end
+    # [optimizer steps] between checkpoints inside an epoch; 0: only at epoch ends
+    every_steps: int = 0
     keep: int = 3  # newest checkpoints kept on disk
 
 
@@ -228,19 +249,19 @@ class CheckpointConfig:
 class EmaConfig:
     """Weight EMA (timm ``ModelEmaV3``: parameters and BN buffers), see ``largebatch.engine.ema``."""
 
-    enabled: bool = False
+    enabled: bool = False  # keep an EMA of the weights and evaluate it too
     decay: float = 0.9999  # per EMA update; horizon ~ every / (1 - decay) optimizer steps
     # timm's decay of the n-th update (n = 1, 2, ...), k = n - 1 - update_after_step:
     # 0 while k <= 0 (a copy of the weights), then with warmup clamp(1 - (1 + k / warmup_gamma)
     # ** -warmup_power, min_decay, decay), without it decay.
     warmup: bool = False
-    warmup_gamma: float = 1.0
-    warmup_power: float = 0.6666666666666666  # timm's 2/3
-    min_decay: float = 0.0
+    warmup_gamma: float = 1.0  # warmup: the ramp's time scale, in updates
+    warmup_power: float = 0.6666666666666666  # warmup: the ramp's exponent (timm: 2/3)
+    min_decay: float = 0.0  # warmup: the decay is at least this
     # timm's update_after_step; -2 with warmup_gamma 9 and warmup_power 1 gives TensorFlow's
     # ExponentialMovingAverage(decay, num_updates=step): min(decay, (1 + n) / (10 + n)).
     update_after_step: int = 0
-    every: int = 1  # optimizer steps between EMA updates
+    every: int = 1  # [optimizer steps] between EMA updates
     # Which top-1 the run reports (best_top1) and times to target_top1; ema needs enabled=true.
     target: EmaTarget = EmaTarget.raw
 
@@ -255,13 +276,13 @@ class NoiseScaleConfig:
     # accumulation_steps >= 2 (first micro-batch vs the step); one process without accumulation
     # is measured only with probe_every
     enabled: bool = True
-    # EMA decay per measured step, in (0, 1): ~(1+beta)/(1-beta) = 199 measurements (with the
+    # EMA decay per measured step: ~(1+beta)/(1-beta) = 199 measurements (with the
     # probe, one every probe_every optimizer steps)
     beta: float = 0.99
     # one process without accumulation only: every N optimizer steps, the batch's two halves
     # run forward and backward once more (one extra backward per probe, about one step's
     # compute: a probe step took 1.2-1.5 steps on a 2-core CPU, N=10 cost 12-15%); 0 = no
-    # probe. Integer >= 0.
+    # probe
     probe_every: int = 0
 
 
@@ -288,25 +309,35 @@ class TrainConfig:
     ema: EmaConfig = field(default_factory=EmaConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
 
-    epochs: int = MISSING
-    global_batch_size: int = MISSING  # images per optimizer step, all devices together
-    base_batch_size: int = MISSING  # the batch optimizer.lr is given for
+    epochs: int = MISSING  # [epochs] passes over the training set
+    # [images] per optimizer step, all devices together
+    global_batch_size: int = MISSING
+    base_batch_size: int = MISSING  # [images] the batch optimizer.lr is given for
+    # how optimizer.lr grows with global_batch_size / base_batch_size
     lr_scaling: LRScaling = MISSING
     accumulation_steps: int = 1  # micro-batches per optimizer step
+    # weight of the uniform distribution mixed into the one-hot target
     label_smoothing: float = MISSING
-    seed: int = 0
-    eval_every: int = 1  # epochs between evaluations (the last epoch is always evaluated)
-    log_every: int = 20  # steps between loss read-backs / log lines
-    target_top1: Optional[float] = MISSING  # percent (null: none); time-to-accuracy is reported against it
-    stop_at_target: bool = False
-    max_steps: Optional[int] = None  # stop after this many optimizer steps (smoke runs)
+    seed: int = 0  # seeds the initial weights, the data order and augmentation
+    # [epochs] between evaluations (the last epoch is always evaluated)
+    eval_every: int = 1
+    # [optimizer steps] between loss read-backs / log lines
+    log_every: int = _defaults.LOG_EVERY
+    # [percent] null: none; time-to-accuracy is reported against it
+    target_top1: Optional[float] = MISSING
+    stop_at_target: bool = False  # end the run at the evaluation that reaches target_top1
+    # [optimizer steps] stop after this many (smoke runs); null: run every epoch
+    max_steps: Optional[int] = None
+    # a non-finite loss or gradient: stop the run, or skip the step
     non_finite: NonFinitePolicy = NonFinitePolicy.stop
-    max_skipped_steps: int = 10  # with non_finite=skip: give up after this many
-    output_root: str = MISSING  # a new run directory is made under it unless run_dir is set
-    run_dir: Optional[str] = None
+    # [optimizer steps] with non_finite=skip: give up after this many skipped steps
+    max_skipped_steps: int = _defaults.MAX_SKIPPED_STEPS
+    # a new run directory is made under it unless run_dir is set
+    output_root: str = MISSING
+    run_dir: Optional[str] = None  # the run's directory, exactly (null: under output_root)
     resume: Optional[str] = None  # null | auto | path to a checkpoint
     progress: bool = True  # tqdm progress bar on rank 0
-    tensorboard: bool = True
+    tensorboard: bool = True  # write TensorBoard event files in the run directory
 
 
 def register_schema() -> None:

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from largebatch.defaults import LOG_EVERY, MAX_SKIPPED_STEPS
 from largebatch.engine.nonfinite import NonFiniteGuard, NonFiniteLossError
 from largebatch.errors import UsageError
 
@@ -101,10 +102,10 @@ class StepSettings:
     accumulation_steps: int = 1
     label_smoothing: float = 0.0
     autocast_dtype: Optional[torch.dtype] = None
-    log_every: int = 20
+    log_every: int = LOG_EVERY
     max_steps: Optional[int] = None
     non_finite: str = "stop"
-    max_skipped_steps: int = 10
+    max_skipped_steps: int = MAX_SKIPPED_STEPS
     cuda_graph_steps: bool = False
 
     def __post_init__(self) -> None:
