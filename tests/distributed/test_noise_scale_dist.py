@@ -111,3 +111,60 @@ def test_wire_compression_changes_the_measurement_by_its_own_rounding_only(compr
     torch.testing.assert_close(got[:, 2], want[:, 2], rtol=rtol, atol=0)
     # and it is not the exact run's measurement (the compression shows): the test can fail
     assert not torch.equal(got[:, :2], want[:, :2])
+
+
+def _bn_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(4, 3))
+
+
+def _grouped_bn_pairs(rank: int, world_size: int) -> list[tuple[float, float]]:
+    """Rank ``rank`` of a grouped-BN model (BN over both ranks' images): the (|G_small|²,
+    |G_big|²) pairs its noise-scale hook hands the tracker, step by step."""
+    from largebatch.nn import convert_group_sync_batchnorm
+
+    backend = TorchDistributedBackend("cpu")
+    model = convert_group_sync_batchnorm(_bn_model(), group_size=2)
+    train_model = backend.wrap_model(model, tap_local_norm=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    plan = plan_noise_scale(world_size=2, accumulation_steps=1, per_device_batch=MICRO,
+                            local_norm_tap=backend.local_norm_tap)
+    hook = NoiseScaleHook(plan, beta=0.5, local_norm_tap=backend.local_norm_tap)
+    pairs: list[tuple[float, float]] = []
+    update = hook.tracker.update
+
+    def recording(small: torch.Tensor, b_small: float, big: torch.Tensor, b_big: float) -> None:
+        pairs.append((float(small), float(big)))
+        update(small, b_small, big, b_big)
+
+    hook.tracker.update = recording  # type: ignore[method-assign]
+    Trainer(model=train_model, optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+            train_loader=_batches()[rank::2], backend=backend,
+            settings=StepSettings(epochs=1, global_batch_size=2 * MICRO, log_every=2), hooks=[hook]).train()
+    return pairs
+
+
+def test_grouped_bn_the_reduced_gradient_measured_is_the_full_batchs() -> None:
+    """With BN over the group of both ranks (GroupSyncBatchNorm), what the ranks all-reduce is
+    the gradient of the whole batch under BN over all 8 images, as one process computes it:
+    the |G_big|² the tap's hook measures is that gradient's, step by step (the same
+    trajectory), on both ranks; each rank's |G_small|² is its own local gradient's."""
+    from largebatch.diagnostics.noise_scale import squared_norm
+
+    ranks = run_ranks(_grouped_bn_pairs, 2)
+    model = _bn_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    batches, full = _batches(), []
+    for step in range(STEPS):
+        images = torch.cat([batches[2 * step][0], batches[2 * step + 1][0]])
+        labels = torch.cat([batches[2 * step][1], batches[2 * step + 1][1]])
+        torch.nn.functional.cross_entropy(model(images), labels).backward()
+        full.append(float(squared_norm(p.grad for p in model.parameters())))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    big = [[b for _, b in r] for r in ranks]
+    assert len(big[0]) == STEPS and big[0] == pytest.approx(big[1], rel=1e-6)
+    assert big[0] == pytest.approx(full, rel=1e-4)
+    small = [[s for s, _ in r] for r in ranks]
+    assert small[0] != pytest.approx(small[1], rel=1e-3)  # each rank its own local gradient
