@@ -7,7 +7,7 @@ is micro-batch r's gradient, and the all-reduced gradient is the accumulated one
 norms; the |G|² estimate B_big|G_big|² - B_small|G_small|² cancels most of its terms, which
 magnifies that: measured 1.5e-5 at most; 1e-4 is allowed, far below the estimates' spread
 from step to step, which is of order 1).
-fp16-free, on gloo, for both the builtin flat all-reduce and a largebatch comm hook; with the
+fp16-free, on gloo, for the builtin flat all-reduce and the hierarchical and 2-D torus comm hooks; with the
 wire compressed (fp16, bf16), equal to within the compression's own rounding.
 """
 
@@ -70,7 +70,7 @@ def _with_algorithm(wrap, algorithm):  # type: ignore[no-untyped-def]
     return lambda model, **kw: wrap(model, algorithm=algorithm, ranks_per_node=1, **kw)
 
 
-@pytest.mark.parametrize("algorithm", ["flat", "hierarchical"])
+@pytest.mark.parametrize("algorithm", ["flat", "hierarchical", "torus2d"])
 def test_two_ranks_measure_what_two_micro_batches_measure(algorithm: str) -> None:
     ranks = run_ranks(_ranks, 2, algorithm)
     one = _train(_model(), TorchDistributedBackend("cpu"), _batches(), accumulation=2)
