@@ -204,3 +204,9 @@ def test_layout_lists_every_module_of_the_package() -> None:
     assert names
     missing = [n for n in names if not re.search(rf"^\| `largebatch/{re.escape(n)}` \|", layout, re.M)]
     assert not missing, f"docs/layout.md does not list {missing}"
+
+
+def test_the_benchmarks_page_names_every_script() -> None:
+    page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    missing = [p.name for p in sorted((ROOT / "benchmarks").glob("*.py")) if f"`{p.name}`" not in page]
+    assert not missing, f"docs/benchmarks.md does not name {missing}"
