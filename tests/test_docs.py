@@ -27,6 +27,10 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
     for page in PAGES:
         name = page.relative_to(ROOT / "docs").with_suffix("").as_posix()
         assert ("index.html" if name == "index" else f"{name}/index.html") in built, page
+    # the study's plot, added from benchmarks/results/ at build time, shown on its page
+    assert (tmp_path / "site" / "img" / "scaling_rule.png").read_bytes() == \
+        (ROOT / "benchmarks" / "results" / "scaling_rule.png").read_bytes()
+    assert 'src="../img/scaling_rule.png"' in (tmp_path / "site" / "scaling-rule" / "index.html").read_text()
     api = (tmp_path / "site" / "api" / "index.html").read_text()
     for name in ("LARS", "LAMB", "scale_lr", "GroupSyncBatchNorm", "LoaderSpec"):
         assert 'id="largebatch.' in api and name in api, name
