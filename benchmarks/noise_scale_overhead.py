@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch % (args.ranks * args.accumulation):
         p.error(f"--batch {args.batch} is not a multiple of ranks x accumulation ({args.ranks * args.accumulation})")
     if args.ranks > 1 and not args.worker:
-        forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
+        forwarded = list(argv if argv is not None else sys.argv[1:])
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ranks}",
                os.path.abspath(__file__), *forwarded, "--worker", "--accumulation", str(args.accumulation)]
         return subprocess.call(cmd)
