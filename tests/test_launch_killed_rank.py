@@ -7,6 +7,11 @@ signals (129, 143). That is a stop with nothing to save: 75. SIGKILL stays a fai
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -33,3 +38,29 @@ def test_a_rank_that_wrote_its_own_code_keeps_it(tmp_path: Path) -> None:
     (tmp_path / "exit-0-0").write_text("75\nlargebatch: preempted: ...\n")
     _report_killed(str(tmp_path), 0, 0, "SIGTERM")
     assert (tmp_path / "exit-0-0").read_text() == "75\nlargebatch: preempted: ...\n"
+
+
+@pytest.mark.parametrize("delay_s", [0.1, 0.5, 1.5])
+def test_a_stop_as_the_agent_starts_under_an_exit_folder_not_made_yet_is_75(tmp_path: Path, delay_s: float) -> None:
+    """launch/slurm.sbatch puts the exit codes in the run directory, which a new job's ranks make
+    later. The agent's early-stop handler wrote there without making it: the FileNotFoundError
+    rose inside whatever the main thread was importing; a traceback and exit 1, or (CI, a SIGTERM
+    0.1 s in) swallowed by an import's own except, and the job trained to the end, exit 0, no
+    requeue. Now: 75 and the code written, at every moment of the start."""
+    folder = tmp_path / "run" / ".exit-codes"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "largebatch.launch.torchrun", "--nproc-per-node=1", "-m", "largebatch.train",
+         f"run_dir={tmp_path / 'run'}", "debug=smoke"],
+        env={**os.environ, "LARGEBATCH_EXIT_DIR": str(folder)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    time.sleep(delay_s)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 75, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    code, line = (folder / "exit-0-0").read_text().splitlines()
+    assert code == "75" and "before the first step; nothing to save yet" in line

@@ -88,6 +88,19 @@ def _agent_class(directory: str) -> type:
     return _Agent
 
 
+def _write_code(directory: str, restart: int, rank: int, code: int, line: str) -> None:
+    """Write a rank's code and line for the launch script. The folder may not exist yet (under
+    ``launch/slurm.sbatch`` it is in a run directory the ranks have not made yet), and this runs
+    inside signal handlers: an exception here would surface in whatever the main thread was
+    doing (an import that swallows ``OSError``, say) and the stop would be lost, so nothing is
+    raised; the exit code itself still reaches the script."""
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        (Path(directory) / f"exit-{restart}-{rank}").write_text(f"{code}\n{line}\n")
+    except OSError:
+        pass
+
+
 def _report_killed(directory: str, restart: int, rank: int, signal_name: str) -> None:
     """The line and code of a rank a signal killed before it could write its own: 128 + signal,
     or 75 for a stop signal. A rank turns every stop signal into a save and exit 75 from its
@@ -101,11 +114,11 @@ def _report_killed(directory: str, restart: int, rank: int, signal_name: str) ->
     if number in _STOPS:
         line = (f"largebatch: preempted: {signal_name} reached rank {rank} as it started, before the first step; "
                 "nothing to save yet: rerun the same command (resume=auto)")
-        path.write_text(f"{_PREEMPTED}\n{line}\n")
+        _write_code(directory, restart, rank, _PREEMPTED, line)
         return
     line = (f"largebatch: error: rank {rank} was killed by {signal_name} (the out-of-memory killer or a kill -9?); "
             "the other ranks were stopped: continue from the last checkpoint with resume=auto and the same run_dir")
-    path.write_text(f"{128 + number}\n{line}\n")
+    _write_code(directory, restart, rank, 128 + number, line)
 
 
 def _once(handler: Callable[[int, Optional[FrameType]], None]) -> Callable[[int, Optional[FrameType]], None]:
@@ -126,7 +139,7 @@ def _report_early_stop(directory: str, sigval: int) -> None:
     """A stop signal before any rank could take it: exit 75, one line (nothing to save yet)."""
     name = signal.Signals(sigval).name
     line = f"largebatch: preempted: {name} before the first step; nothing to save yet: rerun the same command"
-    (Path(directory) / "exit-0-0").write_text(f"{_PREEMPTED}\n{line}\n")
+    _write_code(directory, 0, 0, _PREEMPTED, line)
 
 
 def _exit_early(directory: str, signum: int) -> None:
