@@ -1,0 +1,632 @@
+"""The scaling study, version 4: steps to a validation target against the batch, and whether the
+gradient noise scale measured in the same runs predicts where scaling stops.
+
+Question (Shallue et al. 2018, "Measuring the Effects of Data Parallelism on Neural Network
+Training", arXiv 1811.03600): up to which batch does doubling it halve the steps to a target?
+Their answer is a curve, steps-to-target S against batch B with the lr tuned per batch and no
+fixed epoch budget, in three regions: perfect scaling (S ~ 1/B), diminishing returns, maximal
+data parallelism (S flat). McCandlish, Kaplan, Amodei et al. 2018 ("An Empirical Model of
+Large-Batch Training", arXiv 1812.06162, eq. 2.11) model it as
+
+    S = S_min (1 + B_crit / B)
+
+and predict B_crit from the simple gradient noise scale B_simple = tr(Sigma) / |G|^2 measured
+during training, at the loss of the target (their section 3). This study fits S_min and B_crit
+per recipe (least squares on log S, a bootstrap over seeds for the interval) and compares
+B_crit with B_simple measured in the very runs that reach the target.
+
+Design:
+- data, model and BN as ``benchmarks/scaling_rule.py`` (the embedded generator's images, a
+  3-layer conv net with BN over groups of ``--bn-group`` images at every batch); train / val /
+  test splits; the target is on **val** (``--target``, top-1 %), and so is the lr choice;
+- recipes: ``sgd+warmup`` (Goyal et al.'s gradual warmup from lr x base/batch; plain SGD at the
+  base batch) and ``lars`` (its references' update, warmup from 0), each at a **constant lr
+  after the warmup**: with no epoch budget there is no decay to place (Shallue et al. sec. 4.1
+  found the same scaling curves with constant and decayed lrs); a run stops when val top-1
+  first reaches the target (checked ``--evals-per-epoch`` times per epoch) or at
+  ``--max-epochs`` (then "not reached");
+- the lr is tuned per batch on a sqrt(2) grid by mean log steps-to-target over the sweep seeds
+  (a lr where a sweep seed misses the target scores infinity); a grid whose best point is at an
+  edge grows that edge by sqrt(2); SGD's grid at k x the base batch is centred on k x the base's
+  chosen lr, LARS's on ``--lars-lr`` at every batch; the chosen lr then gets the other seeds;
+- the noise scale (``largebatch.diagnostics.noise_scale.GradientNoiseScale``, McCandlish et
+  al. appendix A.1): on ``--probes-per-epoch`` steps per epoch the batch's gradient is taken as
+  the mean of its two halves' (two backward passes of one forward; the halves are whole BN
+  groups, so each half's gradient is exactly the half-batch gradient and the step is the one
+  without a probe): B_small = B/2, B_big = B; averaged (EMA ``--noise-beta``) and read at each
+  evaluation; the row keeps B_simple at the evaluation that reached the target. Batches whose
+  halves are not whole BN groups (the base, 32 = one group) are not probed;
+- power first: ``--plan`` prints, before anything runs, the cost estimate and the smallest
+  ratio of steps between two batches the seeds can resolve (from the seed spread of the
+  fixed-budget study's steps to a test level, its rows being the only ones yet); the report
+  gives the same from this study's own rows.
+
+Running (resumable, as ``scaling_rule.py``: rows go to ``benchmarks/results/steps_to_target.jsonl``
+as they finish; parallel workers claim points with lock files; run at low priority beside other
+work, and stop it while the test suite runs):
+
+    python benchmarks/steps_to_target.py --plan                # cost and resolution, nothing run
+    nice -n 19 python benchmarks/steps_to_target.py --workers 1   # the study, then the report
+    python benchmarks/steps_to_target.py --render              # report from the rows: .md and .png
+    python benchmarks/steps_to_target.py --quick               # smoke test: tiny, temp folder
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the fixed-budget study's parts, a sibling script
+import scaling_rule as fixed  # noqa: E402
+
+from largebatch.diagnostics.noise_scale import GradientNoiseScale, squared_norm  # noqa: E402
+from largebatch.lr import build_lr_scheduler  # noqa: E402
+from largebatch.optim import build_optimizer  # noqa: E402
+
+RECIPES = {"sgd+warmup": ("sgd", "goyal"), "lars": ("lars", "zero")}
+SETUP = ("classes", "width", "train_per_class", "val_per_class", "test_per_class", "side", "crop", "bn_group",
+         "warmup_epochs", "target", "max_epochs", "evals_per_epoch", "probes_per_epoch", "noise_beta")
+SQRT2 = math.sqrt(2.0)
+# Region names (Shallue et al. sec. 4.1), by how much one doubling of B cuts the steps in the fitted
+# model, r(B) = (1 + B_crit/B) / (1 + B_crit/(2B)): perfect scaling while r >= 1.8 (B <= B_crit/8),
+# maximal data parallelism once r <= 1.1 (B >= 4.5 B_crit), diminishing returns between.
+PERFECT_RATIO, FLAT_RATIO = 1.8, 1.1
+
+
+# ---------------------------------------------------------------------------------------------
+# one training, until the target
+
+
+def eval_every(steps_per_epoch: int, per_epoch: int) -> int:
+    return max(1, round(steps_per_epoch / per_epoch))
+
+
+def probed(batch: int, bn_group: int) -> bool:
+    """Whether a batch's halves are whole BN groups (so each half's gradient is its own)."""
+    return batch >= 2 * bn_group and (batch // 2) % bn_group == 0
+
+
+def step_grads(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, probe: bool
+               ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """Forward and backward of one batch; the loss. With ``probe``: each half's gradient by its own
+    backward pass (one forward), ``.grad`` set to their mean (the full batch's mean gradient), and
+    (mean of the halves' squared norms, squared norm of their mean) returned for the tracker."""
+    out = model(x)
+    if not probe:
+        loss = F.cross_entropy(out, y)
+        loss.backward()
+        return loss.detach(), None
+    params = [p for p in model.parameters() if p.requires_grad]
+    h = len(y) // 2
+    halves = [F.cross_entropy(out[:h], y[:h]), F.cross_entropy(out[h:], y[h:])]
+    g1 = torch.autograd.grad(halves[0], params, retain_graph=True)
+    g2 = torch.autograd.grad(halves[1], params)
+    for p, a, b in zip(params, g1, g2):
+        p.grad = (a + b) / 2
+    small = (squared_norm(g1) + squared_norm(g2)) / 2
+    big = squared_norm([p.grad for p in params])
+    return ((halves[0] + halves[1]) / 2).detach(), (small, big)
+
+
+def train_one(job: dict[str, Any], data: dict[str, torch.Tensor], args: argparse.Namespace) -> dict[str, Any]:
+    """Train one point (recipe, batch, lr, seed) until val top-1 reaches the target."""
+    opt_name, warmup = RECIPES[job["recipe"]]
+    batch, lr = job["batch"], job["lr"]
+    n = len(data["train_y"])
+    torch.manual_seed(job["seed"])
+    gen = torch.Generator().manual_seed(job["seed"])
+    model = fixed.small_net(args.classes, args.width, args.bn_group)
+    options: dict[str, Any] = {"momentum": 0.9}
+    if opt_name == "lars":
+        options.update(trust_coefficient=0.001, lr_in_momentum=True)
+    opt = build_optimizer(opt_name, model, lr=lr, weight_decay=5e-4, exclude_bn_bias=True, **options)
+    spe = n // batch
+    start = {"goyal": args.base_batch / batch, "zero": 0.0}[warmup]
+    sched = build_lr_scheduler(opt, name="constant", steps_per_epoch=spe, epochs=args.max_epochs,
+                               warmup_epochs=0.0 if start == 1.0 else args.warmup_epochs, warmup_start_factor=start)
+    every = eval_every(spe, args.evals_per_epoch)
+    probe_every = eval_every(spe, args.probes_per_epoch)
+    can_probe = probed(batch, args.bn_group)
+    tracker = GradientNoiseScale(beta=args.noise_beta)
+    curve: list[list[float]] = []
+    noise: list[list[float]] = []
+    reached, diverged, step = False, False, 0
+    t0 = time.perf_counter()
+    while step < spe * args.max_epochs and not reached and not diverged:
+        perm = torch.randperm(n, generator=gen)
+        for s in range(spe):
+            idx = perm[s * batch: (s + 1) * batch]
+            probe = can_probe and step % probe_every == 0
+            loss, norms = step_grads(model, fixed.augment(data["train_x"][idx], args.crop, gen),
+                                     data["train_y"][idx], probe)
+            if norms is not None:
+                tracker.update(norms[0], batch / 2, norms[1], batch)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sched.step()
+            step += 1
+            if step % every == 0 or step == spe * args.max_epochs:
+                if not math.isfinite(loss.item()):
+                    diverged = True
+                    break
+                acc = fixed.accuracy(model, data["val_x"], data["val_y"], args.crop)
+                curve.append([step, round(acc, 2)])
+                if tracker.updates:
+                    noise.append([step, float(tracker.noise_scale()), float(tracker.grad_sq_norm()),
+                                  float(tracker.noise_trace())])
+                if acc >= args.target:
+                    reached = True
+                    break
+    test = 0.0 if diverged else fixed.accuracy(model, data["test_x"], data["test_y"], args.crop)
+    at_target = noise[-1][1] if reached and noise and noise[-1][0] == step else None
+    return {**job, "setup": args.setup, "steps_per_epoch": spe, "eval_every": every, "reached": reached,
+            "diverged": diverged, "steps": step, "examples": step * batch, "val_curve": curve,
+            "noise_curve": noise, "b_simple_at_target": at_target, "test": round(test, 2),
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+# ---------------------------------------------------------------------------------------------
+# the plan
+
+
+def key(j: dict[str, Any]) -> tuple:
+    return (j["recipe"], j["batch"], float(j["lr"]), j["seed"])
+
+
+def read_rows(path: Path) -> dict[tuple, dict[str, Any]]:
+    rows: dict[tuple, dict[str, Any]] = {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                rows.setdefault(key(r), r)
+    return rows
+
+
+def on_grid(centre: float, j: int) -> float:
+    """The j-th point of the sqrt(2) grid through ``centre`` (rounded, so rows' keys match)."""
+    return float(f"{centre * SQRT2 ** j:.6g}")
+
+
+def score(rows: dict, recipe: str, batch: int, lr: float, seeds: Sequence[int]) -> float | None:
+    """Mean log steps-to-target over ``seeds`` (inf where one misses it); None until all ran."""
+    rs = [rows.get((recipe, batch, float(lr), s)) for s in seeds]
+    if any(r is None for r in rs):
+        return None
+    return math.inf if any(not r["reached"] for r in rs) else statistics.mean(math.log(r["steps"]) for r in rs)
+
+
+def grid_of(rows: dict, recipe: str, batch: int, args: argparse.Namespace) -> list[float] | None:
+    """The cell's lr grid (None while SGD waits for the base batch's choice): three sqrt(2)-spaced
+    points around the centre, an edge grown while the best (least mean log steps) sits on it, the
+    low edge while no lr reaches the target (the usual failure of a too large lr)."""
+    if recipe == "lars":
+        centre = args.lars_lr
+    elif batch == args.base_batch:
+        centre = args.sgd_lr
+    else:
+        eta = chosen_lr(rows, recipe, args.base_batch, args)
+        if eta is None:
+            return None
+        centre = eta * batch / args.base_batch
+    lo, hi = -1, 1
+    for _ in range(args.max_grow):
+        grid = [on_grid(centre, j) for j in range(lo, hi + 1)]
+        scores = [score(rows, recipe, batch, lr, args.seeds[: args.sweep_seeds]) for lr in grid]
+        if any(s is None for s in scores):
+            break
+        best = min(range(len(grid)), key=lambda i: scores[i])
+        if math.isinf(scores[best]) or best == 0:
+            lo -= 1
+        elif best == len(grid) - 1:
+            hi += 1
+        else:
+            break
+    return [on_grid(centre, j) for j in range(lo, hi + 1)]
+
+
+def chosen_lr(rows: dict, recipe: str, batch: int, args: argparse.Namespace) -> float | None:
+    """The lr with the fewest mean log steps over the sweep seeds, once the grid is complete and
+    settled (its best inside it); None before, or when no lr of a fully grown grid reaches the target."""
+    grid = grid_of(rows, recipe, batch, args)
+    if grid is None:
+        return None
+    scores = [score(rows, recipe, batch, lr, args.seeds[: args.sweep_seeds]) for lr in grid]
+    if any(s is None for s in scores):
+        return None
+    best = min(range(len(grid)), key=lambda i: scores[i])
+    return None if math.isinf(scores[best]) else grid[best]
+
+
+def cells(args: argparse.Namespace) -> list[tuple[str, int]]:
+    return [(r, b) for b in args.batches for r in RECIPES]
+
+
+def plan(rows: dict, args: argparse.Namespace) -> tuple[list[dict[str, Any]], int]:
+    """(points runnable now and not yet trained, base batch first; cells still blocked)."""
+    jobs: list[dict[str, Any]] = []
+    blocked = 0
+    for recipe, batch in cells(args):
+        grid = grid_of(rows, recipe, batch, args)
+        if grid is None:
+            blocked += 1
+            continue
+        jobs += [{"recipe": recipe, "batch": batch, "lr": lr, "seed": s}
+                 for s in args.seeds[: args.sweep_seeds] for lr in grid]
+        lr = chosen_lr(rows, recipe, batch, args)
+        if lr is not None:
+            jobs += [{"recipe": recipe, "batch": batch, "lr": lr, "seed": s} for s in args.seeds[args.sweep_seeds:]]
+    seen: set[tuple] = set()
+    todo = []
+    for j in jobs:
+        if key(j) not in rows and key(j) not in seen:
+            seen.add(key(j))
+            todo.append(j)
+    return todo, blocked
+
+
+def worker(args: argparse.Namespace) -> int:
+    torch.set_num_threads(1)
+    rows_path = args.out.with_suffix(".jsonl")
+    claims = args.out.parent / (args.out.name + ".claims")
+    data = fixed.load_data(args)
+    while True:
+        todo, blocked = plan(read_rows(rows_path), args)
+        ran = False
+        for j in todo:
+            with fixed.claim(claims, {**j, "epochs": 0}) as mine:
+                if not mine:
+                    continue
+                if key(j) in read_rows(rows_path):
+                    break
+                row = train_one(j, data, args)
+                fixed.append_row(rows_path, row)
+                print(f"[{os.getpid()}] {row['recipe']} b={row['batch']} lr={row['lr']:g} seed={row['seed']}: "
+                      f"{'reached' if row['reached'] else 'missed'} at step {row['steps']} "
+                      f"B_simple {row['b_simple_at_target']} ({row['seconds']} s)", flush=True)
+                ran = True
+                break
+        if not ran:
+            if not todo:  # done, or the cells left wait on a base batch no lr of which reached the target
+                return 0
+            time.sleep(2)  # the rest is claimed by another worker
+
+
+# ---------------------------------------------------------------------------------------------
+# the model S = S_min (1 + B_crit / B), fitted; the resolution
+
+
+def fit_curve(batches: Sequence[float], steps: Sequence[float]) -> tuple[float, float]:
+    """Least-squares fit of log S = log S_min + log(1 + B_crit / B) over the points (B, S): (S_min, B_crit).
+
+    Log steps, since the seed spread of steps is roughly proportional to the steps. Both parameters
+    are fitted on the log scale (positive by construction); B_crit is bounded to [1e-3, 1e9] x the
+    batches' range, so a curve with no visible bend returns an edge, which the bootstrap shows."""
+    from scipy import optimize
+    b = np.asarray(batches, dtype=float)
+    ls = np.log(np.asarray(steps, dtype=float))
+
+    def resid(p: np.ndarray) -> np.ndarray:
+        return p[0] + np.log1p(np.exp(p[1]) / b) - ls
+
+    lo, hi = math.log(b.min() * 1e-3), math.log(b.max() * 1e9)
+    best = None
+    for guess in (b.min(), math.sqrt(b.min() * b.max()), b.max()):  # a few starts: the fit is not convex
+        p0 = np.array([ls.min(), math.log(guess)])
+        r = optimize.least_squares(resid, p0, bounds=([-np.inf, lo], [np.inf, hi]))
+        if best is None or r.cost < best.cost:
+            best = r
+    return float(math.exp(best.x[0])), float(math.exp(best.x[1]))
+
+
+def bootstrap_fit(by_batch: dict[int, list[float]], draws: int = 1000, seed: int = 0
+                  ) -> tuple[tuple[float, float], tuple[float, float]]:
+    """95% percentile intervals of (S_min, B_crit): seeds resampled with replacement within each batch."""
+    rng = np.random.default_rng(seed)
+    bs = sorted(by_batch)
+    smins, bcrits = [], []
+    for _ in range(draws):
+        xs, ys = [], []
+        for b in bs:
+            v = by_batch[b]
+            for s in rng.choice(v, size=len(v), replace=True):
+                xs.append(b)
+                ys.append(s)
+        s_min, b_crit = fit_curve(xs, ys)
+        smins.append(s_min)
+        bcrits.append(b_crit)
+    q = lambda v: (float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5)))  # noqa: E731
+    return q(smins), q(bcrits)
+
+
+def doubling_gain(batch: float, b_crit: float) -> float:
+    """How many times fewer steps twice the batch takes, in the fitted model."""
+    return (1 + b_crit / batch) / (1 + b_crit / (2 * batch))
+
+
+def region(batch: float, b_crit: float) -> str:
+    r = doubling_gain(batch, b_crit)
+    return "perfect scaling" if r >= PERFECT_RATIO else "maximal data parallelism" if r <= FLAT_RATIO \
+        else "diminishing returns"
+
+
+def resolvable_ratio(sd_log: float, n: int, alpha: float, power: float = 0.8) -> float:
+    """The smallest ratio of mean steps between two batches (n seeds each, seed spread ``sd_log``
+    of log steps) that a two-sided t test at ``alpha`` finds with probability ``power``."""
+    return math.exp(fixed.mde(sd_log, n, alpha, power))
+
+
+def prior_spread(path: Path, level: float = 95.0) -> tuple[float, int, int]:
+    """Seed spread of log steps to a test level in the fixed-budget study's rows (the only rows
+    before this study's own): pooled sd over the points with two or more seeds reaching it, its
+    degrees of freedom, and the points used."""
+    by: dict[tuple, list[float]] = {}
+    for r in fixed.read_rows(path).values():
+        if r["epochs"] == 48 and not r["diverged"] and (s := fixed.steps_to(r, level)):
+            by.setdefault((r["recipe"], r["batch"], float(r["lr"])), []).append(math.log(s))
+    sd, df = fixed.pooled_sd(list(by.values()))
+    return sd, df, sum(len(v) > 1 for v in by.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# the report
+
+
+def chosen_rows(rows: dict, recipe: str, batch: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    lr = chosen_lr(rows, recipe, batch, args)
+    return [] if lr is None else [r for s in args.seeds if (r := rows.get((recipe, batch, lr, s)))]
+
+
+def geo_ci(v: Sequence[float]) -> str:
+    m, lo, hi = fixed.mean_ci([math.log(x) for x in v])
+    return f"{math.exp(m):.0f} [{math.exp(lo):.0f}, {math.exp(hi):.0f}]" if len(v) > 1 else f"{v[0]:.0f}"
+
+
+def comparisons(args: argparse.Namespace) -> int:
+    """Tests the design makes: each batch against the next (per recipe): fixed before any row."""
+    return len(RECIPES) * (len(args.batches) - 1)
+
+
+def write_report(args: argparse.Namespace, rows: dict) -> str:
+    todo, blocked = plan(rows, args)
+    n = len(args.seeds)
+    m = comparisons(args)
+    alpha = 0.05 / m
+    n_train = args.classes * args.train_per_class
+    L = ["# The scaling study, version 4: steps to a target", "",
+         f"Rows: `{args.out.with_suffix('.jsonl').name}`; written by `benchmarks/steps_to_target.py --render` (the "
+         "design is in that module's docstring).", "",
+         f"{n_train} training images ({args.classes} classes of the embedded generator), conv net width {args.width}, "
+         f"BN over groups of {args.bn_group}; target **{args.target:g}% val top-1**, checked {args.evals_per_epoch} "
+         f"times per epoch, at most {args.max_epochs} epochs; constant lr after a {args.warmup_epochs:g}-epoch "
+         f"warmup; lr tuned per batch on a sqrt(2) grid; seeds {args.seeds} ({args.sweep_seeds} over each sweep).", ""]
+    if todo or blocked:
+        L += [f"**Pending: {len(todo)} trainings runnable now, {blocked} cell(s) waiting on others' rows.**", ""]
+    groups = [[math.log(r["steps"]) for r in chosen_rows(rows, rc, b, args) if r["reached"]] for rc, b in cells(args)]
+    sd, df = fixed.pooled_sd([g for g in groups if len(g) == n])
+    L += ["## What the rows can resolve", ""]
+    if df:
+        L += [f"Seed spread of log steps-to-target (pooled over the cells with all {n} seeds): {sd:.3f}. With {n} "
+              f"seeds per batch, comparing neighbouring batches ({m} tests, alpha 0.05/{m}, 80% power): a ratio of "
+              f"mean steps under **{resolvable_ratio(sd, n, alpha):.2f}x** is more likely missed than found.", ""]
+    else:
+        L += ["Seed spread: pending (no cell has all its seeds yet).", ""]
+    L += ["## Steps to the target", "",
+          "| recipe | batch | lr | steps (geometric mean, 95% interval) | examples | reached | B_simple at target |",
+          "|---|---|---|---|---|---|---|"]
+    fits: dict[str, dict[str, Any]] = {}
+    for recipe in RECIPES:
+        by_batch: dict[int, list[float]] = {}
+        for b in args.batches:
+            rs = chosen_rows(rows, recipe, b, args)
+            lr = chosen_lr(rows, recipe, b, args)
+            if not rs:
+                L.append(f"| {recipe} | {b} | {'pending' if lr is None else f'{lr:g}'} | pending | | | |")
+                continue
+            got = [r["steps"] for r in rs if r["reached"]]
+            noise = [r["b_simple_at_target"] for r in rs if r["b_simple_at_target"] is not None]
+            if got and len(got) == len(rs):
+                by_batch[b] = [float(s) for s in got]
+            L.append(f"| {recipe} | {b} | {lr:g} | {geo_ci(got) if got else 'not reached'} | "
+                     f"{statistics.mean(got) * b:,.0f} | {len(got)}/{len(rs)} | "
+                     f"{f'{statistics.median(noise):.0f} (n={len(noise)})' if noise else 'not probed'} |")
+        if len(by_batch) >= 3:
+            xs = [b for b in by_batch for _ in by_batch[b]]
+            ys = [s for b in by_batch for s in by_batch[b]]
+            s_min, b_crit = fit_curve(xs, ys)
+            (s_lo, s_hi), (b_lo, b_hi) = bootstrap_fit(by_batch)
+            noise = [r["b_simple_at_target"] for b in by_batch for r in chosen_rows(rows, recipe, b, args)
+                     if r["b_simple_at_target"] is not None]
+            fits[recipe] = {"s_min": s_min, "b_crit": b_crit, "s": (s_lo, s_hi), "b": (b_lo, b_hi),
+                            "noise": noise, "batches": sorted(by_batch)}
+    L.append("")
+    L += ["## The fit S = S_min (1 + B_crit / B) and the noise scale", ""]
+    if not fits:
+        L += ["No fit yet: it needs three batches with every seed at the target.", ""]
+    for recipe, f in fits.items():
+        top = f"{f['b'][1]:.0f}" if f["b"][1] <= 16 * max(f["batches"]) else "unbounded: no bend within these batches"
+        L += [f"**{recipe}**: S_min {f['s_min']:.0f} steps [{f['s'][0]:.0f}, {f['s'][1]:.0f}], B_crit "
+              f"**{f['b_crit']:.0f}** [{f['b'][0]:.0f}, {top}] images (95% bootstrap over seeds, "
+              f"batches {f['batches']}). Regions: " +
+              ", ".join(f"{b}: {region(b, f['b_crit'])}" for b in f["batches"]) + "."]
+        if f["noise"]:
+            med = statistics.median(f["noise"])
+            inside = f["b"][0] <= med <= f["b"][1]
+            L += [f"B_simple at the target (median of {len(f['noise'])} runs): **{med:.0f}**, "
+                  f"{med / f['b_crit']:.2f} x the fitted B_crit: "
+                  + ("inside B_crit's interval: the noise scale predicts the bend here." if inside else
+                     "outside B_crit's interval: the noise scale does not predict the bend within it.")]
+        L.append("")
+    L += [f"Regions as named above: perfect scaling where doubling the batch cuts the steps by {PERFECT_RATIO}x or "
+          f"more in the fitted model (B <= B_crit/8), maximal data parallelism where by {FLAT_RATIO}x or less "
+          "(B >= 4.5 B_crit), diminishing returns between.", ""]
+    return "\n".join(L)
+
+
+def plot(args: argparse.Namespace, rows: dict) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot", file=sys.stderr)
+        return
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for recipe in RECIPES:
+        pts = {b: [r["steps"] for r in chosen_rows(rows, recipe, b, args) if r["reached"]] for b in args.batches}
+        pts = {b: v for b, v in pts.items() if v}
+        if not pts:
+            continue
+        bs = sorted(pts)
+        gm = [math.exp(statistics.mean(math.log(s) for s in pts[b])) for b in bs]
+        line = ax.plot(bs, gm, marker="o", label=recipe)[0]
+        if len(bs) >= 3:
+            s_min, b_crit = fit_curve([b for b in bs for _ in pts[b]], [s for b in bs for s in pts[b]])
+            xs = np.geomspace(bs[0], bs[-1], 50)
+            ax.plot(xs, s_min * (1 + b_crit / xs), ls="--", color=line.get_color(), alpha=0.7,
+                    label=f"{recipe} fit, B_crit {b_crit:.0f}")
+        ax.plot(bs, [gm[0] * bs[0] / b for b in bs], ls=":", color="grey", alpha=0.6)
+    ax.set_xscale("log", base=2)
+    if ax.get_lines():
+        ax.set_yscale("log")
+    ax.set_xlabel("global batch size")
+    ax.set_ylabel(f"steps to {args.target:g}% val top-1")
+    ax.set_title("steps to target (dotted: perfect scaling)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(args.out.with_suffix(".png"), dpi=80)
+    plt.close(fig)
+
+
+def estimate(args: argparse.Namespace) -> str:
+    """The cost and resolution before running, from the fixed-budget study's rows."""
+    prior = Path(__file__).parent / "results" / "scaling_rule.jsonl"
+    rows = fixed.read_rows(prior)
+    per_epoch = [r["seconds"] / r["epochs"] for r in rows.values() if r["epochs"] == 48]
+    to95 = [fixed.steps_to(r, 95.0) / r["steps_per_epoch"] for r in rows.values()
+            if r["epochs"] == 48 and fixed.steps_to(r, 95.0)]
+    if not per_epoch or not to95:
+        return f"no rows in {prior} to estimate from"
+    # an evaluation (forward of the val split) costs ~0.1 of a training epoch (forward and backward of
+    # train); the probes' second backward, ~0.1 more on average over the batches
+    epoch_s = statistics.median(per_epoch) * (1 + 0.1 * args.evals_per_epoch + 0.1)
+    epochs = statistics.median(to95)
+    per_cell = 3 * args.sweep_seeds + (len(args.seeds) - args.sweep_seeds)  # a settled 3-point grid
+    runs = len(cells(args)) * per_cell
+    minutes = runs * epochs * epoch_s / 60
+    sd, df, pts = prior_spread(prior)
+    m = comparisons(args)
+    return (f"cost: {len(cells(args))} cells x ~{per_cell} trainings (3-point grids; each grown edge adds "
+            f"{args.sweep_seeds}) = ~{runs} trainings x ~{epochs:.0f} epochs x {epoch_s:.1f} s = ~{minutes:.0f} "
+            f"core-minutes ({minutes / 60:.1f} h of one core)\n"
+            f"resolution (from {pts} points of the fixed-budget study, steps to 95% test): seed spread of log steps "
+            f"{sd:.3f} ({df} df); with {len(args.seeds)} seeds per batch and {m} neighbour comparisons (alpha "
+            f"0.05/{m}, 80% power) a ratio of steps under {resolvable_ratio(sd, len(args.seeds), 0.05 / m):.2f}x is "
+            "not resolved: the curve's bend (perfect scaling 2x per doubling, flat 1x) is.")
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workers", type=int, default=1, help="parallel training processes, one thread each")
+    p.add_argument("--render", action="store_true", help="no training: the report from the rows file")
+    p.add_argument("--plan", action="store_true", help="no training: cost and resolution estimates")
+    p.add_argument("--quick", action="store_true", help="smoke test: tiny data, temp folder")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--batches", type=int, nargs="+", default=[32, 64, 128, 256, 512, 1024, 2048],
+                   help="global batches (powers of two); the smallest is the base")
+    p.add_argument("--target", type=float, default=95.0, help="val top-1 (%%) every run trains to")
+    p.add_argument("--max-epochs", type=int, default=64, help="a run that has not reached the target stops here")
+    p.add_argument("--evals-per-epoch", type=int, default=2)
+    p.add_argument("--probes-per-epoch", type=int, default=8, help="noise-scale probes (two half-batch backwards)")
+    p.add_argument("--noise-beta", type=float, default=0.9, help="EMA decay per probe of the noise scale's terms")
+    p.add_argument("--warmup-epochs", type=float, default=1.0)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    p.add_argument("--sweep-seeds", type=int, default=2)
+    p.add_argument("--sgd-lr", type=float, default=0.1, help="centre of the base batch's SGD grid")
+    p.add_argument("--lars-lr", type=float, default=8.0, help="centre of LARS's grid at every batch")
+    p.add_argument("--max-grow", type=int, default=6, help="how many times a sweep may grow an edge")
+    p.add_argument("--bn-group", type=int, default=32)
+    p.add_argument("--width", type=int, default=32)
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--train-per-class", type=int, default=1024)
+    p.add_argument("--val-per-class", type=int, default=300)
+    p.add_argument("--test-per-class", type=int, default=300)
+    p.add_argument("--side", type=int, default=20)
+    p.add_argument("--crop", type=int, default=16)
+    p.add_argument("--out", type=Path, default=None,
+                   help="rows/report/plot path without suffix (default benchmarks/results/steps_to_target)")
+    args = p.parse_args(argv)
+    quick = {"train_per_class": 32, "val_per_class": 16, "test_per_class": 8, "batches": [16, 32, 64], "bn_group": 8,
+             "warmup_epochs": 0.5, "max_epochs": 6, "target": 30.0, "seeds": [0, 1, 2], "max_grow": 1,
+             "probes_per_epoch": 4}
+    for name, value in quick.items():  # --quick shrinks what the command line leaves at its default
+        if args.quick and getattr(args, name) == p.get_default(name):
+            setattr(args, name, value)
+    if args.out is None:
+        args.out = (Path(tempfile.gettempdir()) / "steps_to_target_quick" if args.quick
+                    else Path(__file__).parent / "results" / "steps_to_target")
+    args.base_batch = min(args.batches)
+    if not 1 <= args.sweep_seeds <= len(args.seeds):
+        p.error("--sweep-seeds must be between 1 and the number of --seeds")
+    n = args.classes * args.train_per_class
+    bad = [b for b in args.batches if n % b or b % args.bn_group or b & (b - 1)]
+    if bad:
+        p.error(f"batches {bad}: each must be a power of two dividing the {n} training images and a multiple of "
+                f"--bn-group {args.bn_group}")
+    args.setup = {k: getattr(args, k) for k in SETUP}
+    args.setup["base_batch"] = args.base_batch
+    rows_path = args.out.with_suffix(".jsonl")
+    if rows_path.exists():
+        for line in rows_path.read_text(encoding="utf-8").splitlines():
+            if line.startswith("{") and (other := json.loads(line).get("setup")) != args.setup:
+                diff = ", ".join(f"{k} {(other or {}).get(k)} (not {v})" for k, v in args.setup.items()
+                                 if (other or {}).get(k) != v)
+                p.error(f"{rows_path} holds rows of another setup: {diff}; pass those options, or --out for a new "
+                        "rows file")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    if args.worker:
+        return worker(args)
+    if args.plan:
+        print(estimate(args), flush=True)
+        return 0
+    if not args.render:
+        cmd = [sys.executable, __file__, "--worker", *(argv if argv is not None else sys.argv[1:])]
+        procs = [subprocess.Popen(cmd) for _ in range(args.workers)]
+        try:
+            codes = [pr.wait() for pr in procs]
+        except KeyboardInterrupt:
+            for pr in procs:
+                pr.wait()
+            print("stopped: run the same command again to go on", file=sys.stderr)
+            return 130
+        if any(codes):
+            return max(codes)
+    rows = read_rows(args.out.with_suffix(".jsonl"))
+    report = write_report(args, rows)
+    args.out.with_suffix(".md").write_text(report + "\n", encoding="utf-8")
+    plot(args, rows)
+    print(report, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

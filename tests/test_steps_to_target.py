@@ -1,0 +1,137 @@
+"""benchmarks/steps_to_target.py (the scaling study's steps-to-target experiment): its probe takes
+each half's own gradient without changing the step, its fit recovers S_min and B_crit from noisy
+points, its lr grid grows where the best point sits on an edge, and a tiny study runs end to end,
+resumes without retraining and writes its report and plot."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("scipy", reason="the study's statistics use scipy (the [dev] and [report] extras)")
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "steps_to_target.py"
+
+
+@pytest.fixture(scope="module")
+def study() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("steps_to_target", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["steps_to_target"] = module
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    yield module
+    sys.modules.pop("steps_to_target", None)
+
+
+def _grads(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_a_probed_step_has_the_full_batch_gradient_and_each_half_its_own(study: ModuleType) -> None:
+    torch.manual_seed(0)
+    model = study.fixed.small_net(10, 8, 4)
+    x, y = torch.randn(16, 3, 8, 8), torch.randint(0, 10, (16,))
+    _, none = study.step_grads(model, x, y, probe=False)
+    full = _grads(model)
+    model.zero_grad(set_to_none=True)
+    _, norms = study.step_grads(model, x, y, probe=True)
+    assert none is None and norms is not None
+    for a, b in zip(_grads(model), full):  # the step a probe leaves is the step without it
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    halves = []
+    for part in (slice(0, 8), slice(8, 16)):  # whole BN groups: a half's gradient is its own batch's
+        model.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x[part]), y[part]).backward()
+        halves.append(_grads(model))
+    small = sum(sum(g.square().sum() for g in h) for h in halves) / 2
+    big = sum(((a + b) / 2).square().sum() for a, b in zip(*halves))
+    torch.testing.assert_close(norms[0], small, rtol=1e-5, atol=0)
+    torch.testing.assert_close(norms[1], big, rtol=1e-5, atol=0)
+
+
+def test_only_batches_of_whole_bn_groups_per_half_are_probed(study: ModuleType) -> None:
+    assert [b for b in (16, 32, 64, 96, 128) if study.probed(b, 32)] == [64, 128]
+
+
+def test_the_fit_recovers_s_min_and_b_crit_and_its_interval_holds_them(study: ModuleType) -> None:
+    rng = np.random.default_rng(1)
+    s_min, b_crit = 400.0, 300.0
+    by = {b: list(s_min * (1 + b_crit / b) * np.exp(rng.normal(0, 0.08, 5))) for b in (32, 64, 128, 256, 512, 1024, 2048)}
+    got_s, got_b = study.fit_curve([b for b in by for _ in by[b]], [s for b in by for s in by[b]])
+    assert abs(got_s / s_min - 1) < 0.1 and abs(got_b / b_crit - 1) < 0.2
+    (s_lo, s_hi), (b_lo, b_hi) = study.bootstrap_fit(by, draws=200)
+    assert s_lo < s_min < s_hi and b_lo < b_crit < b_hi
+    # regions by the fitted model's gain per doubling
+    assert study.region(32, 300) == "perfect scaling" and study.region(2048, 300) == "maximal data parallelism"
+    assert study.region(256, 300) == "diminishing returns"
+    assert study.doubling_gain(1e-6, 300) == pytest.approx(2.0) and study.doubling_gain(1e9, 300) == pytest.approx(1.0)
+
+
+def _args(study: ModuleType, tmp_path: Path, *extra: str):
+    return study.parse(["--quick", "--out", str(tmp_path / "s"), *extra])
+
+
+def _row(batch: int, lr: float, seed: int, steps: int, reached: bool = True, recipe: str = "sgd+warmup") -> dict:
+    return {"recipe": recipe, "batch": batch, "lr": lr, "seed": seed, "steps": steps, "reached": reached}
+
+
+def test_the_lr_grid_grows_the_edge_its_best_point_sits_on_and_settles(study: ModuleType, tmp_path: Path) -> None:
+    args = _args(study, tmp_path, "--max-grow", "4")
+    base, c = args.base_batch, args.sgd_lr
+    grid = study.grid_of({}, "sgd+warmup", base, args)
+    assert grid == [study.on_grid(c, j) for j in (-1, 0, 1)]
+    assert study.grid_of({}, "sgd+warmup", 2 * base, args) is None  # waits on the base's choice
+    rows = {}
+    for seed in args.seeds[: args.sweep_seeds]:  # fewer steps the larger the lr: the top edge grows
+        for j, steps in zip((-1, 0, 1, 2, 3), (90, 70, 50, 40, 60)):
+            r = _row(base, study.on_grid(c, j), seed, steps)
+            rows[study.key(r)] = r
+    assert study.grid_of(rows, "sgd+warmup", base, args) == [study.on_grid(c, j) for j in (-1, 0, 1, 2, 3)]
+    assert study.chosen_lr(rows, "sgd+warmup", base, args) == study.on_grid(c, 2)
+    # the next batch's grid is centred on k x the chosen lr (the linear rule), its cell now runnable
+    assert study.grid_of(rows, "sgd+warmup", 2 * base, args)[1] == pytest.approx(2 * study.on_grid(c, 2), rel=1e-5)
+    todo, _ = study.plan(rows, args)
+    assert {(j["lr"], j["seed"]) for j in todo if (j["recipe"], j["batch"]) == ("sgd+warmup", base)} == \
+        {(study.on_grid(c, 2), s) for s in args.seeds[args.sweep_seeds:]}
+
+
+def test_a_grid_where_no_lr_reaches_the_target_grows_downward(study: ModuleType, tmp_path: Path) -> None:
+    args = _args(study, tmp_path, "--max-grow", "2")
+    base, c = args.base_batch, args.sgd_lr
+    rows = {}
+    for seed in args.seeds[: args.sweep_seeds]:
+        for j in (-2, -1, 0, 1):
+            r = _row(base, study.on_grid(c, j), seed, 999, reached=False)
+            rows[study.key(r)] = r
+    assert study.grid_of(rows, "sgd+warmup", base, args)[0] == study.on_grid(c, -3)
+    assert study.chosen_lr(rows, "sgd+warmup", base, args) is None
+
+
+def test_a_tiny_study_runs_resumes_and_reports(study: ModuleType, tmp_path: Path) -> None:
+    argv = ["--quick", "--out", str(tmp_path / "s"), "--batches", "16", "32", "--seeds", "0", "1", "--sweep-seeds", "1",
+            "--workers", "2"]
+    assert study.main(argv) == 0
+    rows = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
+    args = study.parse(argv)
+    assert not study.plan(study.read_rows(tmp_path / "s.jsonl"), args)[0]  # nothing left to train
+    assert {(r["recipe"], r["batch"]) for r in rows} == set(study.cells(args))
+    probed = [r for r in rows if study.probed(r["batch"], args.bn_group) and r["reached"]]
+    assert probed and all(r["b_simple_at_target"] is not None and r["noise_curve"] for r in probed)
+    assert all(r["steps"] == r["val_curve"][-1][0] for r in rows if r["reached"])
+    assert all(r["val_curve"][-1][1] >= args.target for r in rows if r["reached"])
+    assert study.main(argv) == 0  # resumed: no point trained twice
+    assert len((tmp_path / "s.jsonl").read_text().splitlines()) == len(rows)
+    report = (tmp_path / "s.md").read_text()
+    assert "Pending" not in report and "| sgd+warmup | 16 |" in report and "| lars | 32 |" in report, report
+    assert (tmp_path / "s.png").stat().st_size > 0
+    # a rows file of another setup is refused (argparse's one line, exit 2)
+    with pytest.raises(SystemExit) as refused:
+        study.main([*argv, "--target", "31"])
+    assert refused.value.code == 2
