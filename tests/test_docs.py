@@ -214,3 +214,58 @@ def test_the_benchmarks_page_names_every_script() -> None:
     page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     missing = [p.name for p in sorted((ROOT / "benchmarks").glob("*.py")) if f"`{p.name}`" not in page]
     assert not missing, f"docs/benchmarks.md does not name {missing}"
+
+
+MAX_WORDS = 120
+HTML_COMMENT = re.compile(r"^\s*<!--.*-->\s*$")
+
+
+def _text_blocks(text: str) -> list[tuple[int, str]]:
+    """(first line, text) of the prose blocks of a page: paragraphs, each list item on its own,
+    an admonition's body. Fenced and indented code blocks, tables, headings and HTML comments
+    are not prose and end the block before them."""
+    code = {n for n, _ in _example_lines(text)}
+    out: list[tuple[int, str]] = []
+    cur: list[str] = []
+    start, fence = 0, False
+
+    def flush() -> None:
+        if cur:
+            out.append((start, " ".join(cur)))
+            cur.clear()
+
+    for n, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if s.startswith("```"):
+            flush()
+            fence = not fence
+            continue
+        if fence or n in code or not s or s.startswith(("|", "#", "!!!")) or HTML_COMMENT.match(line):
+            flush()
+            continue
+        if LIST_ITEM.match(line):
+            flush()
+            s = LIST_ITEM.sub("", line).strip()
+        if not cur:
+            start = n
+        cur.append(s)
+    flush()
+    return out
+
+
+def _words(block: str) -> int:
+    """Words as a reader sees them: a link counts by its text, not its address."""
+    return len(re.sub(r"\]\([^)]*\)", "]", block).split())
+
+
+def test_no_wall_of_text() -> None:
+    """No paragraph or list item of the site or the README runs over 120 words: a longer one
+    is split into paragraphs, a list or a table."""
+    long = [f"{path.relative_to(ROOT)}:{n}: {_words(block)} words" for path in [README, *PAGES]
+            for n, block in _text_blocks(path.read_text(encoding="utf-8")) if _words(block) > MAX_WORDS]
+    assert not long, "\n".join(long)
+    para = " ".join(["word"] * 121)
+    item = " ".join(["word"] * 70)
+    sample = (f"intro\n\n{para[:300]}\n{para[300:]}\n\n```bash\n{para}\n```\n\n| {para} |\n\n"
+              f"- {item}\n  {item}\n- {item}\n- [{item}]({'x/' * 60})\n\n!!! note\n    {item}\n\n<!-- {para} -->\n")
+    assert [(n, _words(b)) for n, b in _text_blocks(sample)] == [(1, 1), (3, 121), (12, 140), (14, 70), (15, 70), (18, 70)]
