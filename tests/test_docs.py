@@ -123,10 +123,11 @@ def test_a_name_in_a_table_breaks_at_its_dots_only() -> None:
     spec = importlib.util.spec_from_file_location("mkdocs_table_code", ROOT / "scripts" / "mkdocs_table_code.py")
     hook = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hook)  # type: ignore[union-attr]
-    html = ('<p>a.b</p><td><code>optimizer.lr</code> 23.74% ± 0.09, '
-            '<a href="x/y.html" title="a.b">largebatch.optim</a></td>')
-    assert hook.add_breaks(html) == ('<p>a.b</p><td><code>optimizer.<wbr>lr</code> 23.74% ± 0.09, '
-                                     '<a href="x/y.html" title="a.b">largebatch.<wbr>optim</a></td>')
+    html = ('<p>a.b</p><td><code>optimizer.lr</code> 23.74% ± 0.09, <code>0.6666666666666666</code> '
+            'f(1) Average(decay, <a href="x/y.html" title="a.b">largebatch.optim</a></td>')
+    assert hook.add_breaks(html) == (
+        '<p>a.b</p><td><code>optimizer.<wbr>lr</code> 23.74% ± 0.09, <code>0.<wbr>66666666<wbr>66666666</code> '
+        'f(1) Average(<wbr>decay, <a href="x/y.html" title="a.b">largebatch.<wbr>optim</a></td>')
     css = (ROOT / "docs" / "stylesheets" / "extra.css").read_text()
     assert re.search(r"\.md-typeset td code \{[^}]*word-break: keep-all", css)
     assert "scripts/mkdocs_table_code.py" in (ROOT / "mkdocs.yml").read_text()
