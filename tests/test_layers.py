@@ -38,7 +38,7 @@ LAYER_OF_UNIT = {
     "engine": ENGINE, "backends": ENGINE,
     "nn": BLOCKS, "optim": BLOCKS, "lr": BLOCKS, "comm": BLOCKS, "data": BLOCKS,
     "diagnostics": BLOCKS, "models": BLOCKS,
-    "errors": GROUND, "defaults": GROUND, "": GROUND,
+    "errors": GROUND, "defaults": GROUND, "lazy": GROUND, "": GROUND,
 }
 
 # Imports that break the rules today, each removed by a named structure stage (LAYOUT.md).
@@ -213,3 +213,36 @@ def test_a_new_circle_is_found() -> None:
     graph = {k: set(v) for k, v in _without_allowed(read_imports()).items()}
     graph["largebatch.errors"].add("largebatch.cli")  # cli -> errors exists: now a circle
     assert any({"largebatch.cli", "largebatch.errors"} <= set(group) for group in cycles(graph))
+
+
+@pytest.mark.parametrize("package", ["data", "data/pipelines"])
+def test_a_lazy_package_lists_each_name_once_for_readers_and_once_for_run_time_alike(package: str) -> None:
+    """``largebatch.lazy``: a package's ``if TYPE_CHECKING:`` imports (what static tools see) and its
+    ``lazy_exports`` map (what run time loads) name the same names from the same modules."""
+    path = PACKAGE / package / "__init__.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    prefix = "largebatch." + package.replace("/", ".") + "."
+    seen: dict[str, str] = {}
+    mapped: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for imp in node.body:
+                assert isinstance(imp, ast.ImportFrom) and imp.module.startswith(prefix), ast.dump(imp)
+                seen.update({a.name: imp.module[len(prefix):] for a in imp.names})
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "lazy_exports":
+            mapped = ast.literal_eval(node.args[1])
+    assert seen and seen == mapped
+
+
+def test_a_lazy_package_loads_its_modules_on_first_use_only() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, largebatch.data as d, largebatch.data.pipelines as p; "
+            "assert 'largebatch.data.samplers' not in sys.modules and 'torch' not in sys.modules; "
+            "assert d.ShardedSampler.__module__ == 'largebatch.data.samplers'; "
+            "assert 'ShardedSampler' in dir(d) and 'build_dali_loaders' in p.__all__; "
+            "import largebatch.data as again; assert again.LoaderSpec is d.LoaderSpec\n"
+            "try:\n    d.no_such_name\nexcept AttributeError as e:\n    assert 'no_such_name' in str(e)\n"
+            "else:\n    raise SystemExit('no AttributeError')")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

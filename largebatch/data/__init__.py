@@ -31,11 +31,28 @@ import X``; each loads its module on first use (PEP 562).
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING
 
-# name -> the module under largebatch.data that defines it
-_EXPORTS = {
+from largebatch.lazy import lazy_exports
+
+if TYPE_CHECKING:  # the names, as static tools and readers see them ("X as X": a re-export)
+    from largebatch.data.augment import IMAGENET_DEFAULT_MEAN as IMAGENET_DEFAULT_MEAN
+    from largebatch.data.augment import IMAGENET_DEFAULT_STD as IMAGENET_DEFAULT_STD
+    from largebatch.data.augment import build_train_transform as build_train_transform
+    from largebatch.data.augment import build_val_transform as build_val_transform
+    from largebatch.data.contract import LoaderSpec as LoaderSpec
+    from largebatch.data.pipelines.torchvision import DataError as DataError
+    from largebatch.data.pipelines.torchvision import RobustImageFolder as RobustImageFolder
+    from largebatch.data.pipelines.torchvision import SkipCountingLoader as SkipCountingLoader
+    from largebatch.data.pipelines.torchvision import build_loaders as build_loaders
+    from largebatch.data.samplers import ExactShardSampler as ExactShardSampler
+    from largebatch.data.samplers import ShardedSampler as ShardedSampler
+    from largebatch.data.synthetic import default_dataset_root as default_dataset_root
+    from largebatch.data.synthetic import ensure_synthetic as ensure_synthetic
+    from largebatch.data.synthetic import make_synthetic_imagenet as make_synthetic_imagenet
+
+# name -> the module under largebatch.data that defines it (the imports above, for run time)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "IMAGENET_DEFAULT_MEAN": "augment",
     "IMAGENET_DEFAULT_STD": "augment",
     "LoaderSpec": "contract",
@@ -50,17 +67,4 @@ _EXPORTS = {
     "default_dataset_root": "synthetic",
     "ensure_synthetic": "synthetic",
     "make_synthetic_imagenet": "synthetic",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"{__name__}.{module}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+})

@@ -17,25 +17,19 @@ first use (PEP 562), so importing this package loads none of them.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING
 
-_EXPORTS = {
+from largebatch.lazy import lazy_exports
+
+if TYPE_CHECKING:  # the names, as static tools and readers see them ("X as X": a re-export)
+    from largebatch.data.pipelines.dali_files import build_dali_loaders as build_dali_loaders
+    from largebatch.data.pipelines.dali_shards import build_dali_shard_loaders as build_dali_shard_loaders
+    from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders as build_nvjpeg_loaders
+    from largebatch.data.pipelines.torchvision import build_loaders as build_loaders
+
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "build_loaders": "torchvision",
     "build_nvjpeg_loaders": "nvjpeg",
     "build_dali_loaders": "dali_files",
     "build_dali_shard_loaders": "dali_shards",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"{__name__}.{module}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+})
