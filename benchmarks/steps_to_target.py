@@ -36,6 +36,11 @@ Design:
   without a probe): B_small = B/2, B_big = B; averaged (EMA ``--noise-beta``) and read at each
   evaluation; the row keeps B_simple at the evaluation that reached the target. Batches whose
   halves are not whole BN groups (the base, 32 = one group) are not probed;
+- a sweep run stops early, as "not reached", once it has taken ``--cap-factor`` (4) times the
+  fewest steps a run of its cell has reached the target in so far: a too large (or small) lr
+  would otherwise train to ``--max-epochs`` and cost 2-3 hits; it cannot change which lr is
+  chosen unless a seed of the best lr needs 4x another run's steps (the row keeps its cap). The
+  chosen lr's other seeds run uncapped;
 - power first: ``--plan`` prints, before anything runs, the cost estimate and the smallest
   ratio of steps between two batches the seeds can resolve (from the seed spread of the
   fixed-budget study's steps to a test level, its rows being the only ones yet); the report
@@ -144,8 +149,9 @@ def train_one(job: dict[str, Any], data: dict[str, torch.Tensor], args: argparse
     curve: list[list[float]] = []
     noise: list[list[float]] = []
     reached, diverged, step = False, False, 0
+    last = min(spe * args.max_epochs, job.get("cap") or spe * args.max_epochs)
     t0 = time.perf_counter()
-    while step < spe * args.max_epochs and not reached and not diverged:
+    while step < last and not reached and not diverged:
         perm = torch.randperm(n, generator=gen)
         for s in range(spe):
             idx = perm[s * batch: (s + 1) * batch]
@@ -158,7 +164,7 @@ def train_one(job: dict[str, Any], data: dict[str, torch.Tensor], args: argparse
             opt.zero_grad(set_to_none=True)
             sched.step()
             step += 1
-            if step % every == 0 or step == spe * args.max_epochs:
+            if step % every == 0 or step == last:
                 if not math.isfinite(loss.item()):
                     diverged = True
                     break
@@ -169,6 +175,7 @@ def train_one(job: dict[str, Any], data: dict[str, torch.Tensor], args: argparse
                                   float(tracker.noise_trace())])
                 if acc >= args.target:
                     reached = True
+                if reached or step == last:
                     break
     test = 0.0 if diverged else fixed.accuracy(model, data["test_x"], data["test_y"], args.crop)
     at_target = noise[-1][1] if reached and noise and noise[-1][0] == step else None
@@ -278,6 +285,16 @@ def plan(rows: dict, args: argparse.Namespace) -> tuple[list[dict[str, Any]], in
     return todo, blocked
 
 
+def cap_of(rows: dict, job: dict[str, Any], args: argparse.Namespace) -> int | None:
+    """A sweep run's step cap: ``--cap-factor`` x the fewest steps any run of its cell reached the
+    target in; None (no cap) before one has, and for the chosen lr's other seeds."""
+    if job["seed"] not in args.seeds[: args.sweep_seeds]:
+        return None
+    hits = [r["steps"] for r in rows.values() if (r["recipe"], r["batch"]) == (job["recipe"], job["batch"])
+            and r["reached"]]
+    return math.ceil(args.cap_factor * min(hits)) if hits else None
+
+
 def worker(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     rows_path = args.out.with_suffix(".jsonl")
@@ -292,7 +309,7 @@ def worker(args: argparse.Namespace) -> int:
                     continue
                 if key(j) in read_rows(rows_path):
                     break
-                row = train_one(j, data, args)
+                row = train_one({**j, "cap": cap_of(read_rows(rows_path), j, args)}, data, args)
                 fixed.append_row(rows_path, row)
                 print(f"[{os.getpid()}] {row['recipe']} b={row['batch']} lr={row['lr']:g} seed={row['seed']}: "
                       f"{'reached' if row['reached'] else 'missed'} at step {row['steps']} "
@@ -551,6 +568,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", type=float, default=95.0, help="val top-1 (%%) every run trains to")
     p.add_argument("--max-epochs", type=int, default=64, help="a run that has not reached the target stops here")
     p.add_argument("--evals-per-epoch", type=int, default=2)
+    p.add_argument("--cap-factor", type=float, default=4.0,
+                   help="a sweep run stops after this many times its cell's fewest steps to the target")
     p.add_argument("--probes-per-epoch", type=int, default=8, help="noise-scale probes (two half-batch backwards)")
     p.add_argument("--noise-beta", type=float, default=0.9, help="EMA decay per probe of the noise scale's terms")
     p.add_argument("--warmup-epochs", type=float, default=1.0)

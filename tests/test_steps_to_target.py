@@ -135,3 +135,20 @@ def test_a_tiny_study_runs_resumes_and_reports(study: ModuleType, tmp_path: Path
     with pytest.raises(SystemExit) as refused:
         study.main([*argv, "--target", "31"])
     assert refused.value.code == 2
+
+
+def test_a_sweep_run_is_capped_at_a_multiple_of_its_cells_fewest_steps(study: ModuleType, tmp_path: Path) -> None:
+    args = _args(study, tmp_path)
+    base = args.base_batch
+    job = {"recipe": "sgd+warmup", "batch": base, "lr": 0.05, "seed": args.seeds[0]}
+    assert study.cap_of({}, job, args) is None  # no run of the cell has reached the target yet
+    rows = {}
+    for r in (_row(base, 0.1, 0, 30), _row(base, 0.2, 0, 20), _row(base, 0.4, 0, 5, reached=False),
+              _row(2 * base, 0.2, 0, 3), _row(base, 0.1, 0, 2, recipe="lars")):
+        rows[study.key(r)] = r
+    assert study.cap_of(rows, job, args) == 4 * 20  # its own cell's reached runs only
+    assert study.cap_of(rows, {**job, "seed": args.seeds[-1]}, args) is None  # the chosen lr's other seeds: uncapped
+    data = study.fixed.load_data(args)
+    row = study.train_one({**job, "lr": 1e-6, "cap": 7}, data, args)  # an lr far too small: stopped at its cap
+    assert (row["steps"], row["reached"], row["cap"]) == (7, False, 7)
+    assert row["val_curve"][-1][0] == 7
