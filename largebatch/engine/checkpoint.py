@@ -29,7 +29,6 @@ naming it (the new checkpoint is already written, and the run goes on).
 from __future__ import annotations
 
 import contextlib
-import enum
 import errno as errno_codes
 import hashlib
 import logging
@@ -65,7 +64,6 @@ __all__ = [
     "restore_rng_state",
     "save_checkpoint",
     "set_aside_newer",
-    "to_plain",
 ]
 
 log = logging.getLogger(__name__)
@@ -88,29 +86,6 @@ _usable_files: set[tuple[str, int, int]] = set()
 
 def checkpoint_name(epoch: int, step: int) -> str:
     return f"ckpt-e{epoch:04d}-s{step:09d}.pt"
-
-
-def to_plain(value: Any) -> Any:
-    """``value`` with Enums turned into their values and paths into strings (recursively).
-
-    What ``torch.load(weights_only=True)`` can read back: tensors, dicts, lists, tuples,
-    numbers, strings, None.
-    """
-    if isinstance(value, enum.Enum):
-        return to_plain(value.value)
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if isinstance(value, dict):
-        return {to_plain(k): to_plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [to_plain(v) for v in value]
-    if isinstance(value, tuple):  # a namedtuple becomes a plain tuple
-        return tuple(to_plain(v) for v in value)
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(value.copy())
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
 
 
 @contextlib.contextmanager

@@ -34,15 +34,19 @@ run needs to continue from it.
 
 from __future__ import annotations
 
+import enum
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
+import torch
+
 from largebatch import __version__
-from largebatch.engine.checkpoint import to_plain
 from largebatch.errors import CheckpointError
 
-__all__ = ["FORMAT", "RUN_PARTS", "RunCheckpoint", "RunIdentity"]
+__all__ = ["FORMAT", "RUN_PARTS", "RunCheckpoint", "RunIdentity", "to_plain"]
 
 FORMAT = 2
 
@@ -50,6 +54,29 @@ FORMAT = 2
 RUN_PARTS = ("optimizer", "scheduler", "train_state", "rng")
 
 _SHAPE = ("world_size", "global_batch_size", "accumulation_steps", "steps_per_epoch")
+
+
+def to_plain(value: Any) -> Any:
+    """``value`` with Enums turned into their values and paths into strings (recursively).
+
+    What ``torch.load(weights_only=True)`` can read back: tensors, dicts, lists, tuples,
+    numbers, strings, None.
+    """
+    if isinstance(value, enum.Enum):
+        return to_plain(value.value)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, dict):
+        return {to_plain(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_plain(v) for v in value]
+    if isinstance(value, tuple):  # a namedtuple becomes a plain tuple
+        return tuple(to_plain(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value.copy())
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
 
 
 @dataclass(frozen=True)
