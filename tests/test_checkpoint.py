@@ -15,14 +15,13 @@ import pytest
 import torch
 
 from largebatch.engine.checkpoint import (
-    capture_rng_state,
     checkpoint_name,
     is_readable,
     list_checkpoints,
     load_latest,
-    restore_rng_state,
     save_checkpoint,
 )
+from largebatch.engine.rng_state import capture_rng_state, restore_rng_state
 
 
 def test_save_keeps_newest_and_orders_by_step(tmp_path: Path) -> None:

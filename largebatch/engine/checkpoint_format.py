@@ -11,7 +11,8 @@ reads it back, from this format or an older one. Its parts:
 ``scaler``          the fp16 loss scaler's ``state_dict()``, or None
 ``train_state``     the loop state (``largebatch.engine.loop.TrainState``: epoch, step, data
                     position, skipped steps, evaluations, training time)
-``rng``             Python, NumPy, torch and CUDA generator states
+``rng``             Python, NumPy, torch and device generator states
+                    (:mod:`largebatch.engine.rng_state` captures and restores them)
 ``ema``             the weight EMA's module state (``ema.enabled``), else absent
 ``noise_scale``     the gradient noise scale's averages (``GradientNoiseScale.state_dict``),
                     where the run measured it, else absent (older files: absent)

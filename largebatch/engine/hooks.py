@@ -13,11 +13,12 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from largebatch.engine.checkpoint import CheckpointSaveError, capture_rng_state, checkpoint_name, save_checkpoint
+from largebatch.engine.checkpoint import CheckpointSaveError, checkpoint_name, save_checkpoint
 from largebatch.engine.checkpoint_format import RunCheckpoint, RunIdentity
 from largebatch.engine.compile import unwrap_model
 from largebatch.engine.evaluate import evaluate
 from largebatch.engine.loop import Hook
+from largebatch.engine.rng_state import capture_rng_state
 from largebatch.engine.run_files import AppendLog, record_failure, run_file_error
 
 __all__ = [

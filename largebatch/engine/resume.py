@@ -41,12 +41,12 @@ from largebatch.engine.checkpoint import (
     list_checkpoints,
     load_checkpoint,
     load_latest,
-    restore_rng_state,
     set_aside_newer,
 )
 from largebatch.engine.checkpoint_format import RunCheckpoint
 from largebatch.engine.compile import strip_compile_prefixes
 from largebatch.engine.ema import load_ema_state
+from largebatch.engine.rng_state import restore_rng_state
 
 __all__ = ["RUN_KEYS", "SCHEDULE_KEYS", "ResumeCheck", "RunParts", "check_fits", "check_same_run", "find_checkpoint",
            "resume_run", "schedule_changes", "set_aside_abandoned"]
