@@ -21,9 +21,10 @@ steps later as a non-finite loss. Checkpoints written before checksums load unve
 one log line.
 
 ``load_latest`` walks the checkpoints newest first and skips (and reports) one that cannot be
-read or fails its checksum. Pruning (``keep``) counts readable checkpoints only, so damaged files never push a good
-one out, and the only good one is never deleted. A file pruning cannot delete is a warning
-naming it (the new checkpoint is already written, and the run goes on).
+read or fails its checksum.
+
+Which checkpoints stay (``checkpoint.keep``, cleanup of killed writes, a rollback's set-aside)
+is :mod:`largebatch.engine.checkpoint_retention`'s call.
 """
 
 from __future__ import annotations
@@ -39,13 +40,12 @@ import signal
 import struct
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import IO, Any, Iterator, Optional, cast
 
 import torch
 
-from largebatch.errors import STOP_SIGNALS, CheckpointError, CheckpointSaveError, os_error_text
+from largebatch.errors import STOP_SIGNALS, CheckpointError, CheckpointSaveError
 
 __all__ = [
     "CheckpointError",
@@ -57,15 +57,15 @@ __all__ = [
     "list_checkpoints",
     "load_checkpoint",
     "load_latest",
-    "remove_orphaned_temp_files",
     "save_checkpoint",
-    "set_aside_newer",
+    "TEMP_GLOB",
 ]
 
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)\.pt$")
-_TEMP_GLOB = ".ckpt-*.tmp"
+# what the temporary file of a write (save_checkpoint) matches until it is renamed into place
+TEMP_GLOB = ".ckpt-*.tmp"
 
 # The zip comment that carries the checksum: a fixed marker and the hex SHA-256 of the bytes
 # torch.save wrote (whose end-of-central-directory record says "no comment").
@@ -75,9 +75,6 @@ _EOCD_SIGNATURE = b"PK\x05\x06"
 _EOCD_SIZE = 22  # the record without its comment; its last 2 bytes are the comment length
 _HASH_CHUNK = 8 << 20
 _unverified_reported: set[str] = set()
-# Files this process found usable when pruning, by (path, size, mtime): each is hashed once,
-# not at every save (ResNet-50's 98 MiB state: ~70 ms of SHA-256 per file).
-_usable_files: set[tuple[str, int, int]] = set()
 
 
 def checkpoint_name(epoch: int, step: int) -> str:
@@ -190,10 +187,11 @@ def verify_checksum(path: str | os.PathLike) -> Optional[bool]:
     return True
 
 
-def save_checkpoint(state: dict[str, Any], directory: str | os.PathLike, name: str, *, keep: int = 0) -> Path:
-    """Atomically write ``state`` to ``directory/name``; keep the newest ``keep`` readable (0: all).
+def save_checkpoint(state: dict[str, Any], directory: str | os.PathLike, name: str) -> Path:
+    """Atomically write ``state`` to ``directory/name`` (with its checksum); the path written.
 
-    Raises :class:`CheckpointSaveError` when the write fails with an OSError.
+    Raises :class:`CheckpointSaveError` when the write fails with an OSError. Which earlier
+    checkpoints stay is :func:`largebatch.engine.checkpoint_retention.prune_checkpoints`'s call.
     """
     directory = Path(directory)
     final = directory / name
@@ -228,8 +226,6 @@ def save_checkpoint(state: dict[str, Any], directory: str | os.PathLike, name: s
         finally:
             if tmp is not None:
                 Path(tmp).unlink(missing_ok=True)
-        if keep > 0:
-            _prune(directory, keep, written=final)
     return final
 
 
@@ -244,64 +240,6 @@ def _what_is_left(directory: Path) -> str:
         return "start the run again: no earlier checkpoint: this run has none to resume from"
     return (f"resume with resume=auto: the {len(earlier)} earlier checkpoint(s) are intact "
             f"(newest: {earlier[-1].name})")
-
-
-def _usable(path: Path, *, written: bool = False) -> bool:
-    """Readable and its bytes match its checksum (or it carries none): what pruning may count as
-    kept. A bit-flipped file still opens as a zip, and resume=auto would skip it."""
-    try:
-        st = path.stat()
-    except OSError:
-        return False
-    key = (os.fspath(path), st.st_size, st.st_mtime_ns)
-    if key in _usable_files:
-        return True
-    if not written:
-        try:
-            verify_checksum(path)
-        except (CheckpointError, OSError):
-            return False
-        if not is_readable(path):
-            return False
-    _usable_files.add(key)
-    return True
-
-
-def _prune(directory: Path, keep: int, *, written: Path) -> None:
-    """Keep the newest ``keep`` usable checkpoints; damaged ones never count as kept."""
-    kept = 0
-    for path in reversed(list_checkpoints(directory)):
-        readable = _usable(path, written=path == written)
-        if readable and kept < keep:
-            kept += 1
-            continue
-        if readable or kept >= keep:  # older than every kept one (or beyond keep)
-            try:
-                path.unlink(missing_ok=True)
-            except OSError as e:
-                # The new checkpoint is written: a file left behind costs disk space, not the run.
-                log.warning("cannot delete old checkpoint %s (checkpoint.keep=%d): %s; it stays: "
-                            "delete it yourself, the run goes on", path, keep, os_error_text(e, path))
-                continue
-            if not readable:
-                log.warning("removed damaged checkpoint %s (older than the %d kept)", path, keep)
-
-
-def remove_orphaned_temp_files(directory: str | os.PathLike) -> tuple[int, int]:
-    """Delete the temporary files of checkpoint writes that were killed: ``(files, bytes)``.
-
-    Call only while no other process writes to ``directory`` (the run-directory lock).
-    """
-    directory = Path(directory)
-    if not directory.is_dir():
-        return 0, 0
-    files = size = 0
-    for path in directory.glob(_TEMP_GLOB):
-        with contextlib.suppress(OSError):
-            size += path.stat().st_size
-            path.unlink()
-            files += 1
-    return files, size
 
 
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
@@ -321,32 +259,6 @@ def checkpoint_step(path: str | os.PathLike) -> int:
     """The step in a checkpoint's file name (-1 for a name ``checkpoint_name`` never makes)."""
     m = _NAME.match(Path(path).name)
     return int(m.group(2)) if m else -1
-
-
-def set_aside_newer(directory: str | os.PathLike, step: int) -> Optional[tuple[Path, list[Path]]]:
-    """Move the checkpoints of ``directory`` past ``step`` into ``abandoned-<time>/`` there.
-
-    Returns ``(folder, moved files)``, or None when no checkpoint is newer than ``step``.
-    Call only while no other process writes to ``directory`` (the run-directory lock).
-    """
-    directory = Path(directory)
-    newer = [p for p in list_checkpoints(directory) if checkpoint_step(p) > step]
-    if not newer:
-        return None
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    folder, n = directory / f"abandoned-{stamp}", 1
-    while folder.exists():
-        n += 1
-        folder = directory / f"abandoned-{stamp}-{n}"
-    folder.mkdir()
-    for path in newer:
-        os.rename(path, folder / path.name)
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return folder, newer
 
 
 def _torch_load(path: str | os.PathLike, **kwargs: Any) -> Any:

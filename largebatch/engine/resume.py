@@ -41,9 +41,9 @@ from largebatch.engine.checkpoint import (
     list_checkpoints,
     load_checkpoint,
     load_latest,
-    set_aside_newer,
 )
 from largebatch.engine.checkpoint_format import RunCheckpoint
+from largebatch.engine.checkpoint_retention import set_aside_newer
 from largebatch.engine.compile import strip_compile_prefixes
 from largebatch.engine.ema import load_ema_state
 from largebatch.engine.rng_state import restore_rng_state
