@@ -18,10 +18,10 @@ from largebatch.engine.checkpoint import (
     checkpoint_name,
     is_readable,
     list_checkpoints,
-    load_latest,
     save_checkpoint,
 )
 from largebatch.engine.checkpoint_retention import prune_checkpoints
+from largebatch.engine.resume import load_latest
 from largebatch.engine.rng_state import capture_rng_state, restore_rng_state
 
 

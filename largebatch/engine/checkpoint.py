@@ -20,9 +20,6 @@ whose digest differs: a flipped bit in a tensor would otherwise load silently an
 steps later as a non-finite loss. Checkpoints written before checksums load unverified, with
 one log line.
 
-``load_latest`` walks the checkpoints newest first and skips (and reports) one that cannot be
-read or fails its checksum.
-
 Which checkpoints stay (``checkpoint.keep``, cleanup of killed writes, a rollback's set-aside)
 is :mod:`largebatch.engine.checkpoint_retention`'s call.
 """
@@ -56,7 +53,6 @@ __all__ = [
     "verify_checksum",
     "list_checkpoints",
     "load_checkpoint",
-    "load_latest",
     "save_checkpoint",
     "TEMP_GLOB",
 ]
@@ -305,26 +301,3 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         log.warning("checkpoint %s carries no checksum (written before largebatch stored one); "
                     "loaded without verifying its bytes", path)
     return state
-
-
-def load_latest(directory: str | os.PathLike) -> Optional[tuple[Path, dict[str, Any]]]:
-    """The newest readable checkpoint of ``directory`` (damaged newer ones are reported).
-
-    None when there is no checkpoint file; ``CheckpointError`` when there are some but none
-    can be read (resuming "from scratch" would silently throw the run away).
-    """
-    paths = list_checkpoints(directory)
-    newest_error = ""
-    for path in reversed(paths):
-        try:
-            return path, load_checkpoint(path)
-        except CheckpointError as e:
-            newest_error = newest_error or str(e)
-            log.warning("%s; falling back to the previous checkpoint", e)
-    if paths:
-        raise CheckpointError(
-            f"none of the {len(paths)} checkpoint(s) in {directory} can be read (newest: "
-            f"{newest_error}); resume from a good file with resume=<path>, or start a new run "
-            f"with another run_dir"
-        )
-    return None
