@@ -1,4 +1,9 @@
-"""Checkpoints that are complete or absent, and that hold data only.
+"""How a checkpoint's bytes reach disk and come back: complete or absent, data only, checked.
+
+The checkpoint rooms: what is saved is :mod:`largebatch.engine.checkpoint_format` (and
+:mod:`largebatch.engine.rng_state`); this module names the files and writes and reads their
+bytes; which files are kept is :mod:`largebatch.engine.checkpoint_retention`; a run resumes
+through :mod:`largebatch.engine.resume`.
 
 A checkpoint is written to a temporary file in the same directory, flushed and fsynced, then
 renamed over its final name (an atomic rename on POSIX) and the directory fsynced, so a run
@@ -19,9 +24,6 @@ written, in the zip comment of the file (so the file stays a plain zip archive t
 whose digest differs: a flipped bit in a tensor would otherwise load silently and surface
 steps later as a non-finite loss. Checkpoints written before checksums load unverified, with
 one log line.
-
-Which checkpoints stay (``checkpoint.keep``, cleanup of killed writes, a rollback's set-aside)
-is :mod:`largebatch.engine.checkpoint_retention`'s call.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """What a checkpoint holds: one versioned record, written and read here only.
 
-A checkpoint file (``largebatch.engine.checkpoint`` writes and verifies the bytes) holds one
-flat dict of plain values, :meth:`RunCheckpoint.to_state`; :meth:`RunCheckpoint.from_state`
+Saved by :mod:`largebatch.engine.checkpoint` (the bytes, atomic and checksummed), kept by
+:mod:`largebatch.engine.checkpoint_retention`, resumed by :mod:`largebatch.engine.resume`.
+
+A checkpoint file holds one flat dict of plain values, :meth:`RunCheckpoint.to_state`; :meth:`RunCheckpoint.from_state`
 reads it back, from this format or an older one. Its parts:
 
 ==================  ==========================================================================

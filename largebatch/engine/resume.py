@@ -1,5 +1,10 @@
 """Resuming a run: find the checkpoint, check that it fits the run, load it.
 
+The last of the checkpoint rooms: the record is :mod:`largebatch.engine.checkpoint_format`,
+saved (and loaded, verified) by :mod:`largebatch.engine.checkpoint`, kept by
+:mod:`largebatch.engine.checkpoint_retention`; the generators come back through
+:mod:`largebatch.engine.rng_state`.
+
 Rank 0 chooses the checkpoint and every rank loads the same file. ``resume=auto`` takes the
 newest readable one (:func:`load_latest`: newest first, a file that cannot be read or fails
 its checksum is reported and skipped). A checkpoint fits when it
