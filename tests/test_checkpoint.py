@@ -15,19 +15,20 @@ import pytest
 import torch
 
 from largebatch.engine.checkpoint import (
-    capture_rng_state,
     checkpoint_name,
     is_readable,
     list_checkpoints,
-    load_latest,
-    restore_rng_state,
     save_checkpoint,
 )
+from largebatch.engine.checkpoint_retention import prune_checkpoints
+from largebatch.engine.resume import load_latest
+from largebatch.engine.rng_state import capture_rng_state, restore_rng_state
 
 
 def test_save_keeps_newest_and_orders_by_step(tmp_path: Path) -> None:
     for step in (5, 10, 15, 20):
-        save_checkpoint({"model": {"step": step}}, tmp_path, checkpoint_name(step // 5, step), keep=2)
+        written = save_checkpoint({"model": {"step": step}}, tmp_path, checkpoint_name(step // 5, step))
+        prune_checkpoints(tmp_path, 2, written=written)
     names = [p.name for p in list_checkpoints(tmp_path)]
     assert names == [checkpoint_name(3, 15), checkpoint_name(4, 20)]
     assert not list(tmp_path.glob("*.tmp"))
@@ -120,7 +121,8 @@ def test_pruning_counts_only_readable_checkpoints(tmp_path: Path) -> None:
     for step in (10, 11, 12):  # damaged "newest" checkpoints of an abandoned attempt
         p = save_checkpoint({"model": {"w": torch.zeros(3)}}, tmp_path, checkpoint_name(1, step))
         p.write_bytes(p.read_bytes()[:40])
-    written = save_checkpoint({"model": {"w": torch.full((3,), 2.0)}}, tmp_path, checkpoint_name(0, 2), keep=1)
+    written = save_checkpoint({"model": {"w": torch.full((3,), 2.0)}}, tmp_path, checkpoint_name(0, 2))
+    prune_checkpoints(tmp_path, 1, written=written)
     names = [p.name for p in list_checkpoints(tmp_path)]
     assert written.name in names and checkpoint_name(0, 1) not in names  # the older valid one went
     path, state = load_latest(tmp_path)
@@ -136,18 +138,20 @@ def test_pruning_does_not_count_a_bit_flipped_checkpoint_as_kept(tmp_path: Path)
     damaged = save_checkpoint({"model": {"w": torch.zeros(1 << 16)}}, tmp_path, checkpoint_name(0, 2))
     _flip_one_bit(damaged)
     assert is_readable(damaged)  # torch.load still opens it
-    written = save_checkpoint({"model": {"w": torch.full((1 << 16,), 3.0)}}, tmp_path, checkpoint_name(0, 3), keep=2)
+    written = save_checkpoint({"model": {"w": torch.full((1 << 16,), 3.0)}}, tmp_path, checkpoint_name(0, 3))
+    prune_checkpoints(tmp_path, 2, written=written)
     names = [p.name for p in list_checkpoints(tmp_path)]
     assert names == [good.name, damaged.name, written.name], names  # good kept: the damaged one is no keeper
     path, state = load_latest(tmp_path)
     assert path == written
     # The next save keeps 3 and 4; the damaged file, now older than every kept one, goes too.
-    save_checkpoint({"model": {"w": torch.ones(1 << 16)}}, tmp_path, checkpoint_name(0, 4), keep=2)
+    newest = save_checkpoint({"model": {"w": torch.ones(1 << 16)}}, tmp_path, checkpoint_name(0, 4))
+    prune_checkpoints(tmp_path, 2, written=newest)
     assert [p.name for p in list_checkpoints(tmp_path)] == [written.name, checkpoint_name(0, 4)]
 
 
 def test_orphaned_temp_files_are_removed(tmp_path: Path) -> None:
-    from largebatch.engine.checkpoint import remove_orphaned_temp_files
+    from largebatch.engine.checkpoint_retention import remove_orphaned_temp_files
 
     keep = save_checkpoint({"model": {}}, tmp_path, checkpoint_name(0, 1))
     for i in range(5):
@@ -193,7 +197,7 @@ from largebatch.engine.checkpoint import CheckpointSaveError, save_checkpoint, c
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # files of at most 1 MiB
 try:
-    save_checkpoint({"model": {"w": torch.randn(1 << 20)}}, sys.argv[1], checkpoint_name(2, 20), keep=1)
+    save_checkpoint({"model": {"w": torch.randn(1 << 20)}}, sys.argv[1], checkpoint_name(2, 20))
 except CheckpointSaveError as e:
     print(e.errno, e.path.name, str(e), sep="|", flush=True)
 """
@@ -238,8 +242,9 @@ def test_a_checkpoint_pruning_cannot_delete_is_a_warning_and_the_save_goes_on(
         unlink(self, missing_ok=missing_ok)
 
     monkeypatch.setattr(Path, "unlink", refuse)
-    with caplog.at_level(logging.WARNING, logger="largebatch.engine.checkpoint"):
-        written = save_checkpoint({"model": {"step": 3}}, tmp_path, checkpoint_name(0, 3), keep=1)
+    written = save_checkpoint({"model": {"step": 3}}, tmp_path, checkpoint_name(0, 3))
+    with caplog.at_level(logging.WARNING, logger="largebatch.engine.checkpoint_retention"):
+        prune_checkpoints(tmp_path, 1, written=written)
     assert [p.name for p in list_checkpoints(tmp_path)] == [first.name, written.name]  # the second went
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and f"cannot delete old checkpoint {first}" in warnings[0], warnings

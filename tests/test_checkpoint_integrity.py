@@ -17,9 +17,9 @@ from largebatch.engine.checkpoint import (
     checkpoint_name,
     list_checkpoints,
     load_checkpoint,
-    load_latest,
     save_checkpoint,
 )
+from largebatch.engine.resume import load_latest
 from tests.smoke import EXACT
 
 

@@ -28,7 +28,7 @@ def _one_rank_on_gpu_0(monkeypatch: pytest.MonkeyPatch) -> tuple[_StandInGenerat
 
 
 def test_fewer_ranks_than_the_writer_take_rank_k_mod_writers(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
-    from largebatch.engine.checkpoint import capture_rng_state, restore_rng_state
+    from largebatch.engine.rng_state import capture_rng_state, restore_rng_state
 
     cuda, backend = _one_rank_on_gpu_0(monkeypatch)
     writers = [torch.Generator().manual_seed(s).get_state() for s in (5, 6)]
@@ -39,7 +39,7 @@ def test_fewer_ranks_than_the_writer_take_rank_k_mod_writers(monkeypatch: pytest
 
 
 def test_a_checkpoint_of_the_old_form_restores_rank_0s_gpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    from largebatch.engine.checkpoint import capture_rng_state, restore_rng_state
+    from largebatch.engine.rng_state import capture_rng_state, restore_rng_state
 
     cuda, backend = _one_rank_on_gpu_0(monkeypatch)
     old = [torch.Generator().manual_seed(s).get_state() for s in (5, 6)]  # rank 0's get_rng_state_all()
@@ -48,7 +48,7 @@ def test_a_checkpoint_of_the_old_form_restores_rank_0s_gpu_only(monkeypatch: pyt
 
 
 def test_a_cuda_rank_captures_its_own_gpus_generator_and_resumes_from_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from largebatch.engine.checkpoint import capture_rng_state, restore_rng_state
+    from largebatch.engine.rng_state import capture_rng_state, restore_rng_state
 
     cuda, backend = _one_rank_on_gpu_0(monkeypatch)
     cuda.draw(0, 3)  # GPU 0's generator has moved on from the seed

@@ -33,6 +33,8 @@ MYPY_PATHS = [
     "largebatch/data/pipelines/dali_graph.py",
     "largebatch/engine/loop.py",
     "largebatch/engine/checkpoint.py",
+    "largebatch/engine/checkpoint_retention.py",
+    "largebatch/engine/rng_state.py",
     "largebatch/nn/sync_bn.py",
     "largebatch/comm/ddp_hooks.py",
     "largebatch/data/contract.py",

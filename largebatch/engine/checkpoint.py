@@ -1,4 +1,9 @@
-"""Checkpoints that are complete or absent, and that hold data only.
+"""How a checkpoint's bytes reach disk and come back: complete or absent, data only, checked.
+
+The checkpoint rooms: what is saved is :mod:`largebatch.engine.checkpoint_format` (and
+:mod:`largebatch.engine.rng_state`); this module names the files and writes and reads their
+bytes; which files are kept is :mod:`largebatch.engine.checkpoint_retention`; a run resumes
+through :mod:`largebatch.engine.resume`.
 
 A checkpoint is written to a temporary file in the same directory, flushed and fsynced, then
 renamed over its final name (an atomic rename on POSIX) and the directory fsynced, so a run
@@ -19,59 +24,46 @@ written, in the zip comment of the file (so the file stays a plain zip archive t
 whose digest differs: a flipped bit in a tensor would otherwise load silently and surface
 steps later as a non-finite loss. Checkpoints written before checksums load unverified, with
 one log line.
-
-``load_latest`` walks the checkpoints newest first and skips (and reports) one that cannot be
-read or fails its checksum. Pruning (``keep``) counts readable checkpoints only, so damaged files never push a good
-one out, and the only good one is never deleted. A file pruning cannot delete is a warning
-naming it (the new checkpoint is already written, and the run goes on).
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
 import errno as errno_codes
 import hashlib
 import logging
 import os
 import pickle
-import random
 import re
 import signal
 import struct
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import IO, Any, Iterator, Optional, cast
 
-import numpy as np
 import torch
 
-from largebatch.errors import STOP_SIGNALS, CheckpointError, CheckpointSaveError, os_error_text
+from largebatch.errors import STOP_SIGNALS, CheckpointError, CheckpointSaveError
 
 __all__ = [
     "CheckpointError",
     "CheckpointSaveError",
-    "capture_rng_state",
     "checkpoint_name",
     "checkpoint_step",
     "is_readable",
     "verify_checksum",
     "list_checkpoints",
     "load_checkpoint",
-    "load_latest",
-    "remove_orphaned_temp_files",
-    "restore_rng_state",
     "save_checkpoint",
-    "set_aside_newer",
-    "to_plain",
+    "TEMP_GLOB",
 ]
 
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)\.pt$")
-_TEMP_GLOB = ".ckpt-*.tmp"
+# what the temporary file of a write (save_checkpoint) matches until it is renamed into place
+TEMP_GLOB = ".ckpt-*.tmp"
 
 # The zip comment that carries the checksum: a fixed marker and the hex SHA-256 of the bytes
 # torch.save wrote (whose end-of-central-directory record says "no comment").
@@ -81,36 +73,10 @@ _EOCD_SIGNATURE = b"PK\x05\x06"
 _EOCD_SIZE = 22  # the record without its comment; its last 2 bytes are the comment length
 _HASH_CHUNK = 8 << 20
 _unverified_reported: set[str] = set()
-# Files this process found usable when pruning, by (path, size, mtime): each is hashed once,
-# not at every save (ResNet-50's 98 MiB state: ~70 ms of SHA-256 per file).
-_usable_files: set[tuple[str, int, int]] = set()
 
 
 def checkpoint_name(epoch: int, step: int) -> str:
     return f"ckpt-e{epoch:04d}-s{step:09d}.pt"
-
-
-def to_plain(value: Any) -> Any:
-    """``value`` with Enums turned into their values and paths into strings (recursively).
-
-    What ``torch.load(weights_only=True)`` can read back: tensors, dicts, lists, tuples,
-    numbers, strings, None.
-    """
-    if isinstance(value, enum.Enum):
-        return to_plain(value.value)
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if isinstance(value, dict):
-        return {to_plain(k): to_plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [to_plain(v) for v in value]
-    if isinstance(value, tuple):  # a namedtuple becomes a plain tuple
-        return tuple(to_plain(v) for v in value)
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(value.copy())
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
 
 
 @contextlib.contextmanager
@@ -219,10 +185,11 @@ def verify_checksum(path: str | os.PathLike) -> Optional[bool]:
     return True
 
 
-def save_checkpoint(state: dict[str, Any], directory: str | os.PathLike, name: str, *, keep: int = 0) -> Path:
-    """Atomically write ``state`` to ``directory/name``; keep the newest ``keep`` readable (0: all).
+def save_checkpoint(state: dict[str, Any], directory: str | os.PathLike, name: str) -> Path:
+    """Atomically write ``state`` to ``directory/name`` (with its checksum); the path written.
 
-    Raises :class:`CheckpointSaveError` when the write fails with an OSError.
+    Raises :class:`CheckpointSaveError` when the write fails with an OSError. Which earlier
+    checkpoints stay is :func:`largebatch.engine.checkpoint_retention.prune_checkpoints`'s call.
     """
     directory = Path(directory)
     final = directory / name
@@ -257,8 +224,6 @@ def save_checkpoint(state: dict[str, Any], directory: str | os.PathLike, name: s
         finally:
             if tmp is not None:
                 Path(tmp).unlink(missing_ok=True)
-        if keep > 0:
-            _prune(directory, keep, written=final)
     return final
 
 
@@ -273,64 +238,6 @@ def _what_is_left(directory: Path) -> str:
         return "start the run again: no earlier checkpoint: this run has none to resume from"
     return (f"resume with resume=auto: the {len(earlier)} earlier checkpoint(s) are intact "
             f"(newest: {earlier[-1].name})")
-
-
-def _usable(path: Path, *, written: bool = False) -> bool:
-    """Readable and its bytes match its checksum (or it carries none): what pruning may count as
-    kept. A bit-flipped file still opens as a zip, and resume=auto would skip it."""
-    try:
-        st = path.stat()
-    except OSError:
-        return False
-    key = (os.fspath(path), st.st_size, st.st_mtime_ns)
-    if key in _usable_files:
-        return True
-    if not written:
-        try:
-            verify_checksum(path)
-        except (CheckpointError, OSError):
-            return False
-        if not is_readable(path):
-            return False
-    _usable_files.add(key)
-    return True
-
-
-def _prune(directory: Path, keep: int, *, written: Path) -> None:
-    """Keep the newest ``keep`` usable checkpoints; damaged ones never count as kept."""
-    kept = 0
-    for path in reversed(list_checkpoints(directory)):
-        readable = _usable(path, written=path == written)
-        if readable and kept < keep:
-            kept += 1
-            continue
-        if readable or kept >= keep:  # older than every kept one (or beyond keep)
-            try:
-                path.unlink(missing_ok=True)
-            except OSError as e:
-                # The new checkpoint is written: a file left behind costs disk space, not the run.
-                log.warning("cannot delete old checkpoint %s (checkpoint.keep=%d): %s; it stays: "
-                            "delete it yourself, the run goes on", path, keep, os_error_text(e, path))
-                continue
-            if not readable:
-                log.warning("removed damaged checkpoint %s (older than the %d kept)", path, keep)
-
-
-def remove_orphaned_temp_files(directory: str | os.PathLike) -> tuple[int, int]:
-    """Delete the temporary files of checkpoint writes that were killed: ``(files, bytes)``.
-
-    Call only while no other process writes to ``directory`` (the run-directory lock).
-    """
-    directory = Path(directory)
-    if not directory.is_dir():
-        return 0, 0
-    files = size = 0
-    for path in directory.glob(_TEMP_GLOB):
-        with contextlib.suppress(OSError):
-            size += path.stat().st_size
-            path.unlink()
-            files += 1
-    return files, size
 
 
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
@@ -350,32 +257,6 @@ def checkpoint_step(path: str | os.PathLike) -> int:
     """The step in a checkpoint's file name (-1 for a name ``checkpoint_name`` never makes)."""
     m = _NAME.match(Path(path).name)
     return int(m.group(2)) if m else -1
-
-
-def set_aside_newer(directory: str | os.PathLike, step: int) -> Optional[tuple[Path, list[Path]]]:
-    """Move the checkpoints of ``directory`` past ``step`` into ``abandoned-<time>/`` there.
-
-    Returns ``(folder, moved files)``, or None when no checkpoint is newer than ``step``.
-    Call only while no other process writes to ``directory`` (the run-directory lock).
-    """
-    directory = Path(directory)
-    newer = [p for p in list_checkpoints(directory) if checkpoint_step(p) > step]
-    if not newer:
-        return None
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    folder, n = directory / f"abandoned-{stamp}", 1
-    while folder.exists():
-        n += 1
-        folder = directory / f"abandoned-{stamp}-{n}"
-    folder.mkdir()
-    for path in newer:
-        os.rename(path, folder / path.name)
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return folder, newer
 
 
 def _torch_load(path: str | os.PathLike, **kwargs: Any) -> Any:
@@ -422,81 +303,3 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         log.warning("checkpoint %s carries no checksum (written before largebatch stored one); "
                     "loaded without verifying its bytes", path)
     return state
-
-
-def load_latest(directory: str | os.PathLike) -> Optional[tuple[Path, dict[str, Any]]]:
-    """The newest readable checkpoint of ``directory`` (damaged newer ones are reported).
-
-    None when there is no checkpoint file; ``CheckpointError`` when there are some but none
-    can be read (resuming "from scratch" would silently throw the run away).
-    """
-    paths = list_checkpoints(directory)
-    newest_error = ""
-    for path in reversed(paths):
-        try:
-            return path, load_checkpoint(path)
-        except CheckpointError as e:
-            newest_error = newest_error or str(e)
-            log.warning("%s; falling back to the previous checkpoint", e)
-    if paths:
-        raise CheckpointError(
-            f"none of the {len(paths)} checkpoint(s) in {directory} can be read (newest: "
-            f"{newest_error}); resume from a good file with resume=<path>, or start a new run "
-            f"with another run_dir"
-        )
-    return None
-
-
-def capture_rng_state(backend: Any = None) -> dict[str, Any]:
-    """Python, NumPy and torch CPU generator states, and every rank's device generator, as plain data.
-
-    A collective where the backend has a device generator (CUDA): every rank must call it.
-    The host generators are rank 0's, which are every rank's (every rank seeds the same and
-    draws from them in step); a device generator is each rank's own (``device``: one state per
-    rank, in rank order), since rank k's dropout draws from its own GPU's generator. NumPy's
-    key array is stored as a tensor, Python's state as a tuple of ints: what
-    ``torch.load(weights_only=True)`` reads back.
-    """
-    # the dict form holds what the legacy tuple (kind, keys, pos, has_gauss, cached) holds;
-    # numpy's stubs type the tuple form as a dict-or-tuple union
-    np_state = np.random.get_state(legacy=False)
-    mt19937 = np_state["state"]
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": {"kind": np_state["bit_generator"], "keys": torch.from_numpy(mt19937["key"].astype(np.int64)),
-                  "pos": int(mt19937["pos"]), "has_gauss": int(np_state["has_gauss"]),
-                  "cached_gaussian": float(np_state["gauss"])},
-        "torch": torch.get_rng_state(),
-    }
-    device = backend.device_rng_state() if backend is not None else None
-    if device is not None:
-        state["device"] = backend.all_gather_object(device.cpu())  # gpu-only
-    return state
-
-
-def restore_rng_state(state: dict[str, Any], backend: Any = None) -> None:
-    """Restore what :func:`capture_rng_state` captured; each rank takes its own device state.
-
-    At another world size than the writer's, rank k takes state ``k % writers`` (the run is
-    not the same run then; a warning says so). Checkpoints written before device states were
-    kept per rank hold rank 0's list of all its devices (``cuda``): rank 0 takes its device's
-    entry, the others keep their seeded generators (the list never held their states).
-    """
-    random.setstate(state["python"])
-    npst = state["numpy"]
-    np.random.set_state((npst["kind"], npst["keys"].numpy().astype(np.uint32), npst["pos"],
-                         npst["has_gauss"], npst["cached_gaussian"]))
-    torch.set_rng_state(state["torch"])
-    if backend is None or backend.device_rng_state() is None:
-        return
-    if "device" in state:  # gpu-only
-        states = state["device"]  # gpu-only
-        if len(states) != backend.world_size and backend.is_main:  # gpu-only
-            log.warning("the checkpoint holds the device generators of %d ranks, this run has %d: "  # gpu-only
-                        "rank k takes rank k %% %d's; dropout draws differ from the writer's run",
-                        len(states), backend.world_size, len(states))
-        backend.set_device_rng_state(states[backend.rank % len(states)])  # gpu-only
-    elif "cuda" in state and backend.rank == 0 and backend.device.index is not None:  # gpu-only
-        legacy = state["cuda"]  # gpu-only
-        if backend.device.index < len(legacy):  # gpu-only
-            backend.set_device_rng_state(legacy[backend.device.index])  # gpu-only

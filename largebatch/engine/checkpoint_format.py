@@ -1,7 +1,9 @@
 """What a checkpoint holds: one versioned record, written and read here only.
 
-A checkpoint file (``largebatch.engine.checkpoint`` writes and verifies the bytes) holds one
-flat dict of plain values, :meth:`RunCheckpoint.to_state`; :meth:`RunCheckpoint.from_state`
+Saved by :mod:`largebatch.engine.checkpoint` (the bytes, atomic and checksummed), kept by
+:mod:`largebatch.engine.checkpoint_retention`, resumed by :mod:`largebatch.engine.resume`.
+
+A checkpoint file holds one flat dict of plain values, :meth:`RunCheckpoint.to_state`; :meth:`RunCheckpoint.from_state`
 reads it back, from this format or an older one. Its parts:
 
 ==================  ==========================================================================
@@ -11,7 +13,8 @@ reads it back, from this format or an older one. Its parts:
 ``scaler``          the fp16 loss scaler's ``state_dict()``, or None
 ``train_state``     the loop state (``largebatch.engine.loop.TrainState``: epoch, step, data
                     position, skipped steps, evaluations, training time)
-``rng``             Python, NumPy, torch and CUDA generator states
+``rng``             Python, NumPy, torch and device generator states
+                    (:mod:`largebatch.engine.rng_state` captures and restores them)
 ``ema``             the weight EMA's module state (``ema.enabled``), else absent
 ``noise_scale``     the gradient noise scale's averages (``GradientNoiseScale.state_dict``),
                     where the run measured it, else absent (older files: absent)
@@ -34,15 +37,19 @@ run needs to continue from it.
 
 from __future__ import annotations
 
+import enum
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
+import torch
+
 from largebatch import __version__
-from largebatch.engine.checkpoint import to_plain
 from largebatch.errors import CheckpointError
 
-__all__ = ["FORMAT", "RUN_PARTS", "RunCheckpoint", "RunIdentity"]
+__all__ = ["FORMAT", "RUN_PARTS", "RunCheckpoint", "RunIdentity", "to_plain"]
 
 FORMAT = 2
 
@@ -50,6 +57,29 @@ FORMAT = 2
 RUN_PARTS = ("optimizer", "scheduler", "train_state", "rng")
 
 _SHAPE = ("world_size", "global_batch_size", "accumulation_steps", "steps_per_epoch")
+
+
+def to_plain(value: Any) -> Any:
+    """``value`` with Enums turned into their values and paths into strings (recursively).
+
+    What ``torch.load(weights_only=True)`` can read back: tensors, dicts, lists, tuples,
+    numbers, strings, None.
+    """
+    if isinstance(value, enum.Enum):
+        return to_plain(value.value)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, dict):
+        return {to_plain(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_plain(v) for v in value]
+    if isinstance(value, tuple):  # a namedtuple becomes a plain tuple
+        return tuple(to_plain(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value.copy())
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
 
 
 @dataclass(frozen=True)

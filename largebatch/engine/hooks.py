@@ -13,11 +13,13 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from largebatch.engine.checkpoint import CheckpointSaveError, capture_rng_state, checkpoint_name, save_checkpoint
+from largebatch.engine.checkpoint import CheckpointSaveError, checkpoint_name, save_checkpoint
 from largebatch.engine.checkpoint_format import RunCheckpoint, RunIdentity
+from largebatch.engine.checkpoint_retention import prune_checkpoints
 from largebatch.engine.compile import unwrap_model
 from largebatch.engine.evaluate import evaluate
 from largebatch.engine.loop import Hook
+from largebatch.engine.rng_state import capture_rng_state
 from largebatch.engine.run_files import AppendLog, record_failure, run_file_error
 
 __all__ = [
@@ -414,10 +416,10 @@ class CheckpointHook(Hook):
         failure: Optional[tuple[str, str, Optional[int]]] = None
         if t.backend.is_main:
             try:
-                path = save_checkpoint(
-                    self.state(rng), self.directory, checkpoint_name(t.state.epoch, t.state.step), keep=self.keep
-                )
+                path = save_checkpoint(self.state(rng), self.directory, checkpoint_name(t.state.epoch, t.state.step))
                 log.debug("saved %s", path)
+                if self.keep > 0:
+                    prune_checkpoints(self.directory, self.keep, written=path)
             except CheckpointSaveError as e:
                 failure = (str(e), str(e.path), e.errno)
         # Doubles as the barrier: no rank goes on before rank 0 has written (or failed).

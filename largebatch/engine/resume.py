@@ -1,6 +1,13 @@
 """Resuming a run: find the checkpoint, check that it fits the run, load it.
 
-Rank 0 chooses the checkpoint and every rank loads the same file. A checkpoint fits when it
+The last of the checkpoint rooms: the record is :mod:`largebatch.engine.checkpoint_format`,
+saved (and loaded, verified) by :mod:`largebatch.engine.checkpoint`, kept by
+:mod:`largebatch.engine.checkpoint_retention`; the generators come back through
+:mod:`largebatch.engine.rng_state`.
+
+Rank 0 chooses the checkpoint and every rank loads the same file. ``resume=auto`` takes the
+newest readable one (:func:`load_latest`: newest first, a file that cannot be read or fails
+its checksum is reported and skipped). A checkpoint fits when it
 was made with the same model, optimizer, global batch and epoch length; anything else stops
 with one line naming what differs (a silent resume with another optimizer would apply state
 meant for another update rule). ``resume=auto`` with checkpoint files present but none
@@ -29,6 +36,7 @@ checkpoint resumed from for one of them.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -40,16 +48,15 @@ from largebatch.engine.checkpoint import (
     checkpoint_step,
     list_checkpoints,
     load_checkpoint,
-    load_latest,
-    restore_rng_state,
-    set_aside_newer,
 )
 from largebatch.engine.checkpoint_format import RunCheckpoint
+from largebatch.engine.checkpoint_retention import set_aside_newer
 from largebatch.engine.compile import strip_compile_prefixes
 from largebatch.engine.ema import load_ema_state
+from largebatch.engine.rng_state import restore_rng_state
 
 __all__ = ["RUN_KEYS", "SCHEDULE_KEYS", "ResumeCheck", "RunParts", "check_fits", "check_same_run", "find_checkpoint",
-           "resume_run", "schedule_changes", "set_aside_abandoned"]
+           "load_latest", "resume_run", "schedule_changes", "set_aside_abandoned"]
 
 # config keys (or key prefixes) the learning-rate schedule is computed from
 SCHEDULE_KEYS = ("epochs", "schedule.", "optimizer.lr", "base_batch_size", "lr_scaling")
@@ -92,6 +99,29 @@ class RunParts:
     state: Any
     ema: Any = None
     noise_scale: Any = None  # a GradientNoiseScale (the run measures it), or None
+
+
+def load_latest(directory: str | os.PathLike) -> Optional[tuple[Path, dict[str, Any]]]:
+    """The newest readable checkpoint of ``directory`` (damaged newer ones are reported).
+
+    None when there is no checkpoint file; ``CheckpointError`` when there are some but none
+    can be read (resuming "from scratch" would silently throw the run away).
+    """
+    paths = list_checkpoints(directory)
+    newest_error = ""
+    for path in reversed(paths):
+        try:
+            return path, load_checkpoint(path)
+        except CheckpointError as e:
+            newest_error = newest_error or str(e)
+            log.warning("%s; falling back to the previous checkpoint", e)
+    if paths:
+        raise CheckpointError(
+            f"none of the {len(paths)} checkpoint(s) in {directory} can be read (newest: "
+            f"{newest_error}); resume from a good file with resume=<path>, or start a new run "
+            f"with another run_dir"
+        )
+    return None
 
 
 def find_checkpoint(resume: str, ckpt_dir: Path, backend: Any) -> Optional[Path]:

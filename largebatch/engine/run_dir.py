@@ -171,7 +171,7 @@ def make_run_dir(
     """Rank 0 creates and locks the run directory and removes orphaned checkpoint temp files;
     every rank gets the same path. Raises :class:`RunDirError` (unwritable, or locked)."""
     # imported here: largebatch-report reads the lock (live_owner) without loading torch
-    from largebatch.engine.checkpoint import remove_orphaned_temp_files
+    from largebatch.engine.checkpoint_retention import remove_orphaned_temp_files
 
     path: Optional[str] = None
     error: Optional[str] = None

@@ -51,13 +51,9 @@ class _StandInGenerators:
 
 def _save_and_resume(rank: int, world: int, directory: str) -> dict[str, Any]:
     from largebatch.backends.torch_dist import TorchDistributedBackend
-    from largebatch.engine.checkpoint import (
-        capture_rng_state,
-        checkpoint_name,
-        load_latest,
-        restore_rng_state,
-        save_checkpoint,
-    )
+    from largebatch.engine.checkpoint import checkpoint_name, save_checkpoint
+    from largebatch.engine.resume import load_latest
+    from largebatch.engine.rng_state import capture_rng_state, restore_rng_state
 
     cuda = _StandInGenerators(seed=0)  # torch.manual_seed seeds every GPU alike
     cuda.install()
