@@ -187,3 +187,29 @@ def test_persistent_workers_follow_the_schedule_bit_for_bit(tmp_path: Path) -> N
     assert main([*workers, f"run_dir={run}", "resume=auto", "max_steps=null"]) == 0
     a, b = _weights(in_process, 12), _weights(run, 12)
     assert [k for k in a if not torch.equal(a[k], b[k])] == []
+
+
+def test_a_resume_with_another_resolution_schedule_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = tmp_path / "run"
+    assert main(smoke(*STEPS, f"run_dir={run}", "max_steps=2")) == 0
+    capsys.readouterr()
+    other = smoke(*STEPS, "data.resolution.steps=[[0,16],[1,32]]", f"run_dir={run}", "resume=auto")
+    assert main(other) != 0
+    err = capsys.readouterr().err.strip()
+    assert "belongs to another run" in err and "data.resolution.steps=[[0, 16], [1, 32]]" in err and "\n" not in err
+
+
+def test_a_checkpoint_from_before_the_setting_resumes_with_it_off(tmp_path: Path) -> None:
+    """A checkpoint's config without data.resolution trained at data.image_size every epoch."""
+    from largebatch.config import compose_config
+    from largebatch.engine.resume import check_same_run
+    from omegaconf import OmegaConf
+
+    now = OmegaConf.to_container(compose_config(["debug=smoke"]), resolve=True)
+    old = json.loads(json.dumps(now, default=str))
+    old["data"].pop("resolution")
+    now = json.loads(json.dumps(now, default=lambda e: e.value))
+    check_same_run(old, now, tmp_path / "ckpt.pt")  # no error
+    now["data"]["resolution"]["schedule"] = "steps"
+    with pytest.raises(Exception, match="data.resolution.schedule=None"):
+        check_same_run(old, now, tmp_path / "ckpt.pt")
