@@ -82,6 +82,7 @@ def _data(cfg: Any, backend: Any, plan: BatchPlan, dtype: Optional[torch.dtype],
         crop_scale=tuple(data.crop_scale), val_crop_ratio=data.val_crop_ratio, rank=backend.rank,
         world_size=backend.world_size, device=device, dtype=dtype or torch.float32, channels_last=channels_last,
         shuffle_buffer=data.shuffle_buffer, accumulation_steps=plan.accumulation_steps,
+        train_sizes=_resolution(cfg), val_image_size=data.resolution.eval_size,
     )
     try:
         train, val, num_classes = build_run_loaders(root, spec, loader=data.loader, shards=data.shards,
@@ -89,6 +90,16 @@ def _data(cfg: Any, backend: Any, plan: BatchPlan, dtype: Optional[torch.dtype],
     except TooFewSamplesError as err:
         raise batch_too_large(plan, num_samples=err.num_samples) from None
     return root, train, val, num_classes
+
+
+def _resolution(cfg: Any) -> Optional[Any]:
+    """``data.resolution``'s training schedule (a ``ResolutionSchedule``), None when off."""
+    from largebatch.resolution import ResolutionSchedule
+
+    res = cfg.data.resolution
+    return ResolutionSchedule.of(getattr(res.schedule, "value", res.schedule), steps=[list(p) for p in res.steps], start_epoch=res.start_epoch,
+                                 end_epoch=res.end_epoch, start_size=res.start_size, end_size=res.end_size,
+                                 multiple=res.multiple, image_size=cfg.data.image_size, epochs=cfg.epochs)
 
 
 def _check_model_name(name: str) -> None:
@@ -307,7 +318,7 @@ def _hooks(cfg: Any, backend: Any, run_dir: Path, val_loader: Any, identity: Any
         evaluation=EvalSettings(every=cfg.eval_every, target_top1=cfg.target_top1, stop_at_target=cfg.stop_at_target,
                                 channels_last=channels_last, top1_of=cfg.ema.target),
         checkpointing=CheckpointSettings(every_epochs=ckpt.every_epochs, every_steps=ckpt.every_steps, keep=ckpt.keep),
-        logging=LogSettings(progress=cfg.progress, tensorboard=cfg.tensorboard),
+        logging=LogSettings(progress=cfg.progress, tensorboard=cfg.tensorboard, train_sizes=_resolution(cfg)),
         optional=optional,
     )
 

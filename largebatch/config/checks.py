@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from largebatch.defaults import COMPILE_MODES, CUDA_GRAPH_MODES, MAX_CLASSES, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, parse_compile_mode
 from largebatch.errors import ConfigError, UsageError
+from largebatch.resolution import ResolutionSchedule
 
 __all__ = ["canonicalise_choices", "check_ranges", "value_ranges"]
 
@@ -96,6 +97,16 @@ _CROP_SCALE = "[min, max] with 0 < min <= max <= 1 (area fractions)"
 _BETAS = "two numbers in [0, 1)"
 _MIN_DECAY = "<= ema.decay"
 _GROUP_SIZE = "-1 (the whole world) or an integer >= 1"
+# data.resolution: checked together by ResolutionSchedule.of (its messages name the key)
+_RESOLUTION = {
+    "data.resolution.steps": "schedule=steps: [[epoch, pixels], ...], epochs ascending from 0 and < epochs",
+    "data.resolution.start_epoch": "schedule=ramp: an integer >= 0",
+    "data.resolution.end_epoch": "schedule=ramp: an integer > start_epoch and <= epochs",
+    "data.resolution.start_size": "schedule=ramp: null or an integer >= multiple",
+    "data.resolution.end_size": "schedule=ramp: null or an integer >= multiple",
+    "data.resolution.multiple": "schedule=ramp: an integer >= 1",
+    "data.resolution.eval_size": "null or an integer >= 1",
+}
 
 
 def value_ranges() -> dict[str, str]:
@@ -103,7 +114,7 @@ def value_ranges() -> dict[str, str]:
     ranges = {key: must for key, (_, must) in _RULES.items()}
     ranges.update({"data.crop_scale": _CROP_SCALE, "optimizer.betas": _BETAS,
                    "ema.min_decay": f"{ranges['ema.min_decay']}, {_MIN_DECAY}",
-                   "bn.group_size": _GROUP_SIZE,
+                   "bn.group_size": _GROUP_SIZE, **_RESOLUTION,
                    "model.compile": ", ".join(f"`{m}`" for m in COMPILE_MODES)
                    + "; `true`, `false`: `default`, `none`"})
     return ranges
@@ -145,6 +156,24 @@ def check_ranges(cfg: Any) -> None:
     group = _get(cfg, "bn.group_size")
     if group != -1 and not (isinstance(group, int) and group >= 1):
         _fail("bn.group_size", group, _GROUP_SIZE)
+    _check_resolution(cfg)
+
+
+def _check_resolution(cfg: Any) -> None:
+    """``data.resolution``: the schedule (:meth:`ResolutionSchedule.of` names the bad key) and
+    ``eval_size``."""
+    res = _get(cfg, "data.resolution")
+    eval_size = res["eval_size"]
+    if eval_size is not None and not (_num(eval_size) and eval_size >= 1):
+        _fail("data.resolution.eval_size", eval_size, _RESOLUTION["data.resolution.eval_size"])
+    kind = getattr(res["schedule"], "value", res["schedule"])
+    if kind == "none" and len(res["steps"]):
+        raise ConfigError(f"data.resolution.steps={list(map(list, res['steps']))} is set but "
+                          "data.resolution.schedule=none: set data.resolution.schedule=steps to use it")
+    ResolutionSchedule.of(kind, steps=list(res["steps"]), start_epoch=res["start_epoch"],
+                          end_epoch=res["end_epoch"], start_size=res["start_size"], end_size=res["end_size"],
+                          multiple=res["multiple"], image_size=_get(cfg, "data.image_size"),
+                          epochs=_get(cfg, "epochs"))
 
 
 def canonicalise_choices(cfg: Any) -> None:

@@ -38,6 +38,7 @@ __all__ = [
     "NoiseScaleConfig",
     "OptimizerConfig",
     "PrecisionConfig",
+    "ResolutionConfig",
     "ScheduleConfig",
     "SyntheticDataConfig",
     "TrainConfig",
@@ -82,6 +83,12 @@ class LoaderName(str, Enum):
     dali = "dali"
     nvjpeg = "nvjpeg"  # workers read bytes; torchvision's nvJPEG decodes and augments on the GPU
     auto = "auto"  # DALI where installed (and the data checked); else nvjpeg on CUDA, torchvision elsewhere
+
+
+class ResolutionKind(str, Enum):
+    none = "none"  # every epoch at data.image_size
+    steps = "steps"  # data.resolution.steps: [[epoch, pixels], ...] (fast.ai, DAWNBench 2018)
+    ramp = "ramp"  # linear from start_size to end_size between two epochs (FFCV)
 
 
 class CommAlgorithm(str, Enum):
@@ -183,6 +190,26 @@ class SyntheticDataConfig:
 
 
 @dataclass
+class ResolutionConfig:
+    """Progressive resizing: the training crop side per epoch (``largebatch.data.resolution``),
+    and the evaluation side. Epochs count from 0. Read by ``data.loader=torchvision``."""
+
+    # none: every epoch at data.image_size; steps: data.resolution.steps; ramp: linear between
+    # start_epoch and end_epoch, rounded to a multiple of `multiple`
+    schedule: ResolutionKind = ResolutionKind.none
+    # steps only: [[epoch, pixels], ...], epochs ascending from 0: from that epoch on, that side
+    steps: List[List[int]] = field(default_factory=list)
+    start_epoch: int = 0  # [epochs] ramp: start_size up to this epoch
+    end_epoch: int = 0  # [epochs] ramp: end_size from this epoch on
+    start_size: Optional[int] = None  # [pixels] ramp: the first side; null: data.image_size
+    end_size: Optional[int] = None  # [pixels] ramp: the last side; null: data.image_size
+    multiple: int = 32  # [pixels] ramp: sides in between rounded to a multiple of this
+    # [pixels] evaluation crop side (centre crop of the image resized to eval_size /
+    # data.val_crop_ratio); null: data.image_size
+    eval_size: Optional[int] = None
+
+
+@dataclass
 class DataConfig:
     # ImageFolder root with train/ and val/; null: the embedded data set. No default, so a
     # data preset that does not set it (data=imagenet) asks for it at compose time.
@@ -200,6 +227,7 @@ class DataConfig:
     # this many decoded-size samples per rank; 1: the packed order, shuffled per archive only)
     shuffle_buffer: int = _defaults.SHUFFLE_BUFFER
     synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
+    resolution: ResolutionConfig = field(default_factory=ResolutionConfig)
 
 
 @dataclass

@@ -155,6 +155,12 @@ def _agree_on_dali(requested: str, root: Path, backend: Any, fallback: str) -> D
     return decision._replace(file_lists=lists)
 
 
+def _torchvision_only(what: str) -> str:
+    return (f"data.resolution (progressive resizing, an evaluation side of its own) is read by the torchvision "
+            f"loader only, not with {what}: set data.loader=torchvision, or data.resolution.schedule=none "
+            f"and data.resolution.eval_size=null")
+
+
 def build_run_loaders(
     root: Path, spec: LoaderSpec, *, loader: str, shards: Optional[str], backend: Any
 ) -> tuple[Loader, Loader, int]:
@@ -171,6 +177,8 @@ def build_run_loaders(
         backend: the run's backend (``is_main``, ``broadcast_object``).
     """
     decode = "mixed (GPU)" if spec.on_gpu else "CPU"
+    if spec.resized and (shards or loader in ("dali", "nvjpeg")):
+        raise DataError(_torchvision_only(f"data.shards={shards}" if shards else f"data.loader={loader}"))
     if shards:
         from largebatch.data.pipelines.dali_graph import require_dali
         from largebatch.data.pipelines.dali_shards import build_dali_shard_loaders
@@ -189,6 +197,8 @@ def build_run_loaders(
     fallback = "nvjpeg" if loader == "nvjpeg" or (loader == "auto" and spec.on_gpu) else "torchvision"
     decision = DaliDecision(False) if loader in ("torchvision", "nvjpeg") else _agree_on_dali(
         loader, root, backend, fallback)
+    if spec.resized and (decision.use_dali or fallback == "nvjpeg"):
+        raise DataError(_torchvision_only(f"data.loader={loader} (reading with {'DALI' if decision.use_dali else 'nvjpeg'})"))
     if not decision.use_dali and fallback == "nvjpeg":
         from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 
@@ -201,6 +211,9 @@ def build_run_loaders(
 
         if backend.is_main:
             log.info("input pipeline: torchvision DataLoader, %d worker(s) per rank", spec.workers)
+            if spec.resized:
+                log.info("resolution: training crops %s; evaluation crops %d px",
+                         spec.train_sizes.describe() if spec.train_sizes else f"{spec.image_size} px", spec.val_size)
         return build_loaders(root, spec)
     from largebatch.data.pipelines.dali_files import build_dali_loaders
 

@@ -50,6 +50,7 @@ from largebatch.data.samplers import ExactShardSampler, ShardedSampler
 from largebatch.data.worker_signals import shutdown_workers, stop_signals_blocked
 from largebatch.defaults import SHUFFLE_BUFFER
 from largebatch.errors import DataError
+from largebatch.resolution import ResolutionSchedule
 
 __all__ = ["Loader", "LoaderSpec", "LoaderView", "UnreadableTally"]
 
@@ -90,6 +91,9 @@ class LoaderSpec:
 
     Args:
         image_size: side of the training crop and of the val centre crop, pixels.
+        train_sizes: progressive resizing: the training crop side per epoch
+            (:class:`~largebatch.resolution.ResolutionSchedule`); None: ``image_size`` every epoch.
+        val_image_size: the val centre crop side, pixels; None: ``image_size``.
         batch_size: per-device training batch (the global batch is this x world size).
         workers: DataLoader worker processes per rank (torchvision, nvjpeg); DALI's CPU threads.
         seed: seed of the epoch permutation and of the augmentation.
@@ -125,6 +129,8 @@ class LoaderSpec:
     channels_last: bool = False
     shuffle_buffer: int = SHUFFLE_BUFFER
     accumulation_steps: int = 1
+    train_sizes: Optional[ResolutionSchedule] = None
+    val_image_size: Optional[int] = None
 
     def __post_init__(self) -> None:  # accept "cpu"/"cuda:0" and a list crop_scale (the config's)
         object.__setattr__(self, "device", torch.device(self.device))
@@ -138,6 +144,20 @@ class LoaderSpec:
         """The crop geometry the tensor path draws (nvjpeg), from ``image_size``, ``crop_scale``
         and ``val_crop_ratio``; the other values are the recipe's constants."""
         return CropRecipe(self.image_size, crop_scale=self.crop_scale, val_crop_ratio=self.val_crop_ratio)
+
+    def train_size_at(self, epoch: int) -> int:
+        """The training crop side of epoch ``epoch`` (from 0), pixels."""
+        return self.image_size if self.train_sizes is None else self.train_sizes.size_at(epoch)
+
+    @property
+    def val_size(self) -> int:
+        """The val centre crop side, pixels."""
+        return self.image_size if self.val_image_size is None else self.val_image_size
+
+    @property
+    def resized(self) -> bool:
+        """Progressive resizing or an evaluation side of its own (``data.resolution``)."""
+        return self.train_sizes is not None or self.val_image_size is not None
 
     @property
     def on_gpu(self) -> bool:

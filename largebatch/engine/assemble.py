@@ -44,10 +44,13 @@ class RunHooks:
 class LogSettings:
     """What rank 0 shows and writes besides the checkpoints: a tqdm bar (``progress``) and
     TensorBoard scalars (``tensorboard``); metrics.jsonl, mlperf_log.jsonl and summary.json
-    always."""
+    always. ``train_sizes``: progressive resizing's schedule (anything with ``size_at(epoch)``,
+    a :class:`~largebatch.resolution.ResolutionSchedule`): each epoch's training crop side goes
+    into the run log when it changes and into metrics.jsonl's epoch record; None: a fixed side."""
 
     progress: bool = True
     tensorboard: bool = True
+    train_sizes: Optional[Any] = None
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,10 @@ def build_run_hooks(
         logging: the progress bar and TensorBoard.
         optional: the weight EMA's and the noise scale's hooks, where the run has them.
     """
+    sizes = logging.train_sizes
     hooks: list[Hook] = [H.DataOrderHook(), H.ProgressHook(enabled=is_main and logging.progress)]
+    if sizes is not None and is_main:
+        hooks.append(H.ResolutionLogHook(sizes))
     ema, noise_scale = optional.ema, optional.noise_scale
     hooks += [h for h in (ema, noise_scale) if h is not None]
     preemption = PreemptionHook(check_every=agree_every)
@@ -116,7 +122,7 @@ def build_run_hooks(
     if is_main:
         if logging.tensorboard:
             hooks.append(H.TensorBoardHook(run_dir / "tensorboard"))
-        hooks.append(H.JsonlHook(run_dir / "metrics.jsonl"))
+        hooks.append(H.JsonlHook(run_dir / "metrics.jsonl", train_sizes=sizes))
     summary = H.SummaryHook(run_dir / "summary.json" if is_main else None, target_top1=evaluation.target_top1,
                             extra=dict(resolved), noise_scale=noise_scale)
     hooks.append(summary)

@@ -30,6 +30,7 @@ __all__ = [
     "EvalSettings",
     "JsonlHook",
     "ProgressHook",
+    "ResolutionLogHook",
     "SummaryHook",
     "TensorBoardHook",
     "target_check",
@@ -109,6 +110,25 @@ class ProgressHook(Hook):
 
     def after_train(self) -> None:
         self.after_epoch()
+
+
+class ResolutionLogHook(Hook):
+    """Progressive resizing: one log line when an epoch's training crop side differs from the
+    previous epoch's (and for the first epoch this process trains, a resumed one included).
+
+    ``sizes`` has ``size_at(epoch)`` (a :class:`~largebatch.resolution.ResolutionSchedule`)."""
+
+    def __init__(self, sizes: Any) -> None:
+        self.sizes = sizes
+        self._last: Optional[int] = None
+
+    def before_epoch(self) -> None:
+        t = self.trainer
+        size = self.sizes.size_at(t.state.epoch)
+        if size != self._last:
+            was = f" (was {self._last} px)" if self._last is not None else ""
+            log.info("epoch %d/%d: training crops of %d px%s", t.state.epoch + 1, t.settings.epochs, size, was)
+        self._last = size
 
 
 class _ScalarWriter(Hook):
@@ -222,9 +242,10 @@ class TensorBoardHook(_ScalarWriter):
 class JsonlHook(_ScalarWriter):
     """``metrics.jsonl``: one JSON object a line for train logs, evaluations and the summary."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, *, train_sizes: Any = None) -> None:
         self.path = Path(path)
         self.file = AppendLog(self.path, "the metrics file")
+        self.train_sizes = train_sizes  # progressive resizing: the epoch record's image_size
 
     def write(self, kind: str, **fields: Any) -> None:
         s = self.trainer.state
@@ -238,8 +259,13 @@ class JsonlHook(_ScalarWriter):
     def after_eval(self, metrics: dict[str, float]) -> None:
         self.write("eval", **metrics)
 
+    def before_epoch(self) -> None:
+        super().before_epoch()
+        self._epoch = self.trainer.state.epoch  # the epoch trained (state.epoch moves on at its end)
+
     def after_epoch(self) -> None:
-        self.write("epoch", epoch_time_s=round(self.epoch_time(), 3))
+        extra = {} if self.train_sizes is None else {"image_size": self.train_sizes.size_at(self._epoch)}
+        self.write("epoch", epoch_time_s=round(self.epoch_time(), 3), **extra)
 
     def after_train(self) -> None:
         record_failure(self.trainer, self.file.close())

@@ -63,7 +63,7 @@ SCHEDULE_KEYS = ("epochs", "schedule.", "optimizer.lr", "base_batch_size", "lr_s
 
 # config keys (or key prefixes) a checkpoint must share with the run resuming it
 RUN_KEYS = ("seed", "model.", "optimizer.", "label_smoothing", "bn.", "data.synthetic.",
-            "data.image_size", "data.crop_scale", "data.val_crop_ratio")
+            "data.image_size", "data.crop_scale", "data.val_crop_ratio", "data.resolution.")
 # ... except these: how the same computation runs (and the schedule keys, SCHEDULE_KEYS)
 _HOW_KEYS = ("optimizer.foreach", "model.compile", "model.channels_last")
 
@@ -218,9 +218,22 @@ def schedule_changes(saved: Optional[dict[str, Any]], current: Optional[dict[str
     return [f"{k} {a} -> {b}" for k, a, b in _differences(saved, current, SCHEDULE_KEYS)]
 
 
+def _resolution_off_if_absent(saved: Optional[dict[str, Any]], current: Optional[dict[str, Any]]
+                              ) -> Optional[dict[str, Any]]:
+    """A checkpoint made before ``data.resolution`` existed trained every epoch at
+    ``data.image_size``: the same as this run's resolution settings when they are off."""
+    data_saved, data_now = (saved or {}).get("data"), (current or {}).get("data")
+    if not (isinstance(data_saved, dict) and isinstance(data_now, dict)) or "resolution" in data_saved:
+        return saved
+    res = data_now.get("resolution") or {}
+    if res.get("schedule") == "none" and res.get("eval_size") is None:
+        return {**(saved or {}), "data": {**data_saved, "resolution": res}}
+    return saved
+
+
 def check_same_run(saved: Optional[dict[str, Any]], current: Optional[dict[str, Any]], path: Path) -> None:
     """Refuse a checkpoint whose config differs from this run's in a :data:`RUN_KEYS` key."""
-    differ = _differences(saved, current, RUN_KEYS, skip=SCHEDULE_KEYS + _HOW_KEYS)
+    differ = _differences(_resolution_off_if_absent(saved, current), current, RUN_KEYS, skip=SCHEDULE_KEYS + _HOW_KEYS)
     if differ:
         was = ", ".join(f"{k}={a}" for k, a, _ in differ)
         now = ", ".join(f"{k}={b}" for k, _, b in differ)

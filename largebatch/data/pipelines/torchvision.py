@@ -24,6 +24,10 @@ Batch contract of :func:`build_loaders`:
 * Train batches keep their full size ``batch_size`` (fixed shapes: no XLA recompile, no
   uneven DDP step): a skipped image's slot is refilled with a readable image of the same
   batch. If every image of a batch is unreadable, ``DataError`` is raised.
+* Progressive resizing (``spec.train_sizes``): the training crop side is a function of the
+  epoch (:class:`~largebatch.resolution.ResolutionSchedule`), which each sample key carries
+  from the sampler to the worker (``(index, epoch)``), so persistent workers need no rebuild
+  and a run resumed inside an epoch gets the same side. Val crops are ``spec.val_size``.
 * Val batches drop skipped images (so nothing is counted twice); a batch that loses every
   image is not yielded. A rank whose exact part is empty yields no batch at all.
 """
@@ -47,9 +51,11 @@ from largebatch.data.images import Unreadable, check_same_classes, list_folder, 
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler, sample_seed
 from largebatch.data.worker_signals import ignoring_stop_signals
 from largebatch.errors import DataError
+from largebatch.resolution import ResolutionSchedule
 
 __all__ = [
     "DataError",
+    "EpochTransforms",
     "RobustImageFolder",
     "SkipCountingLoader",
     "build_loaders",
@@ -62,6 +68,21 @@ logger = logging.getLogger(__name__)
 # data set
 
 
+class EpochTransforms:
+    """The training transform of each epoch (progressive resizing): :func:`build_train_transform`
+    at ``schedule.size_at(epoch)``, built once per side in each process that uses it."""
+
+    def __init__(self, schedule: ResolutionSchedule, *, scale: Sequence[float]) -> None:
+        self.schedule, self.scale = schedule, tuple(scale)
+        self._by_size: dict[int, Callable] = {}
+
+    def at(self, epoch: int) -> Callable:
+        size = self.schedule.size_at(epoch)
+        if size not in self._by_size:
+            self._by_size[size] = build_train_transform(size, scale=self.scale)
+        return self._by_size[size]
+
+
 class RobustImageFolder(ImageFolder):
     """ImageFolder that decodes every image to RGB and skips unreadable files.
 
@@ -70,15 +91,20 @@ class RobustImageFolder(ImageFolder):
     removes it and reports it. ``dataset[(i, epoch)]`` (what ``ShardedSampler(with_epoch=
     True)`` yields) runs the transform under a torch generator seeded by
     :func:`sample_seed` ``(seed, epoch, i)``, so the augmentation does not depend on the
-    process or the order in which samples are decoded. Raises :class:`DataError` for a
+    process or the order in which samples are decoded; with ``epoch_transforms`` (progressive
+    resizing) the transform itself is the epoch's. Raises :class:`DataError` for a
     missing root or a class folder without images, instead of torchvision's generic errors.
     """
 
-    def __init__(self, root: str | os.PathLike, transform: Callable | None = None, *, seed: int = 0) -> None:
+    def __init__(self, root: str | os.PathLike, transform: Callable | None = None, *, seed: int = 0,
+                 epoch_transforms: EpochTransforms | None = None) -> None:
         self._listing: tuple[list[str], list[tuple[str, int]]] | None = None
+        if epoch_transforms is not None and transform is None:
+            transform = epoch_transforms.at(0)  # a key without an epoch: epoch 0's side
         super().__init__(os.fspath(root), transform=transform, loader=load_rgb, allow_empty=True)
         self._reported: set[str] = set()
         self.seed = seed
+        self.epoch_transforms = epoch_transforms
 
     def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
         """torchvision's hook for the classes: :func:`list_folder` lists and checks the tree."""
@@ -111,9 +137,10 @@ class RobustImageFolder(ImageFolder):
                 # The transforms draw from torch's global generator: seed a private copy of
                 # it for this sample (fork_rng restores the caller's stream afterwards).
                 # (Only the CPU generator: torch.manual_seed also seeds every accelerator, ~1 ms.)
+                transform = self.transform if self.epoch_transforms is None else self.epoch_transforms.at(epoch)
                 with torch.random.fork_rng(devices=[]):
                     torch.default_generator.manual_seed(sample_seed(self.seed, epoch, index))
-                    image = self.transform(image)
+                    image = transform(image)
         return image, target
 
 
@@ -192,17 +219,22 @@ def build_loaders(root: str | os.PathLike, spec: LoaderSpec) -> tuple[SkipCounti
             epoch via ``set_epoch``), evaluation with :class:`ExactShardSampler` (every image
             once over all ranks). Each training sample's crop and flip come from a generator
             seeded by (``spec.seed``, epoch, sample index), independent of rank, worker count
-            and stop point. Batches stay on the host, pinned for a CUDA ``spec.device``.
+            and stop point; its side is ``spec.train_size_at(epoch)``, the val crops'
+            ``spec.val_size``. Batches stay on the host, pinned for a CUDA ``spec.device``.
 
     Returns ``(train_loader, val_loader, num_classes)``; see the module docstring for the
     batch and skip contract.
     """
     root = os.fspath(root)
-    train_set = RobustImageFolder(
-        split_folder(root, "train"), build_train_transform(spec.image_size, scale=spec.crop_scale), seed=spec.seed
-    )
+    if spec.train_sizes is None:
+        train_set = RobustImageFolder(
+            split_folder(root, "train"), build_train_transform(spec.image_size, scale=spec.crop_scale), seed=spec.seed
+        )
+    else:
+        train_set = RobustImageFolder(split_folder(root, "train"), seed=spec.seed,
+                                      epoch_transforms=EpochTransforms(spec.train_sizes, scale=spec.crop_scale))
     val_set = RobustImageFolder(
-        split_folder(root, "val"), build_val_transform(spec.image_size, crop_ratio=spec.val_crop_ratio)
+        split_folder(root, "val"), build_val_transform(spec.val_size, crop_ratio=spec.val_crop_ratio)
     )
     check_same_classes(train_set.root, train_set.classes, val_set.root, val_set.classes)
     train_sampler = ShardedSampler(len(train_set), rank=spec.rank, world_size=spec.world_size,
