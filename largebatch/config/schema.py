@@ -191,7 +191,7 @@ class SyntheticDataConfig:
 
 @dataclass
 class ResolutionConfig:
-    """Progressive resizing: the training crop side per epoch (``largebatch.data.resolution``),
+    """Progressive resizing: the training crop side per epoch (``largebatch.resolution``),
     and the evaluation side. Epochs count from 0. Read by ``data.loader=torchvision``."""
 
     # none: every epoch at data.image_size; steps: data.resolution.steps; ramp: linear between
