@@ -12,7 +12,8 @@ from PIL import Image
 
 from largebatch.data.augment import build_train_transform, build_val_transform
 from largebatch.data.contract import LoaderSpec
-from largebatch.data.pipelines.torchvision import RobustImageFolder, build_loaders, collate_skipping
+from largebatch.data.image_folder import RobustImageFolder
+from largebatch.data.pipelines.torchvision import build_loaders, collate_skipping
 from largebatch.data.images import Unreadable, load_rgb
 from largebatch.data.synthetic import make_synthetic_imagenet, oddity_positions
 from largebatch.errors import DataError

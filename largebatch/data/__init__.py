@@ -15,6 +15,8 @@ module                 what it holds
                        (DataLoader-backed loaders), ``UnreadableTally``
 ``images``             listing and checking image folders (every loader and the data
                        check), decoding one file, DALI file lists
+``image_folder``       an image folder as a data set (``RobustImageFolder``): unreadable
+                       files skipped, augmentation seeded per sample, per-epoch sides
 ``augment``            the ImageNet augmentation: PIL transforms and tensor ops, one recipe
 ``samplers``           ``ShardedSampler`` (training), ``ExactShardSampler`` (evaluation)
 ``background``         an iterator run a few items ahead in a thread
@@ -42,7 +44,7 @@ if TYPE_CHECKING:  # the names, as static tools and readers see them ("X as X": 
     from largebatch.data.augment import build_val_transform as build_val_transform
     from largebatch.data.contract import LoaderSpec as LoaderSpec
     from largebatch.data.pipelines.torchvision import DataError as DataError
-    from largebatch.data.pipelines.torchvision import RobustImageFolder as RobustImageFolder
+    from largebatch.data.image_folder import RobustImageFolder as RobustImageFolder
     from largebatch.data.pipelines.torchvision import SkipCountingLoader as SkipCountingLoader
     from largebatch.data.pipelines.torchvision import build_loaders as build_loaders
     from largebatch.data.samplers import ExactShardSampler as ExactShardSampler
@@ -57,7 +59,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "IMAGENET_DEFAULT_STD": "augment",
     "LoaderSpec": "contract",
     "DataError": "pipelines.torchvision",
-    "RobustImageFolder": "pipelines.torchvision",
+    "RobustImageFolder": "image_folder",
     "SkipCountingLoader": "pipelines.torchvision",
     "build_loaders": "pipelines.torchvision",
     "build_train_transform": "augment",

@@ -55,7 +55,7 @@ from largebatch.data.augment import (
 )
 from largebatch.data.background import in_background
 from largebatch.data.contract import LoaderSpec, LoaderView, UnreadableTally
-from largebatch.data.pipelines.torchvision import RobustImageFolder
+from largebatch.data.image_folder import RobustImageFolder
 from largebatch.data.images import (
     EXIF_ORIENTATION,
     check_same_classes,
