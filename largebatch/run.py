@@ -24,10 +24,10 @@ import logging
 import os
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence, cast
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, cast
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from largebatch import __version__
 from largebatch.engine.batch_plan import BatchPlan, batch_too_large, plan_batches
@@ -35,7 +35,10 @@ from largebatch.engine.run_log import log_into_run_dir, setup_logging
 from largebatch.errors import Preempted, TooFewSamplesError
 
 if TYPE_CHECKING:
+    from largebatch.backends.base import Backend
+    from largebatch.config.schema import TrainConfig
     from largebatch.data.contract import Loader
+    from largebatch.resolution import ResolutionSchedule
 
 __all__ = ["run"]
 
@@ -51,7 +54,7 @@ def _resume_setting(resume: Optional[str]) -> Optional[str]:
     return resume
 
 
-def _channels_last(cfg: Any, backend: Any) -> bool:
+def _channels_last(cfg: TrainConfig, backend: Backend) -> bool:
     """``model.channels_last``; unset: on CUDA devices (NHWC convolutions use the tensor cores).
     Called once per run; the model, the loaders (``LoaderSpec``) and the hooks get the answer."""
     if cfg.model.channels_last is None:
@@ -59,7 +62,7 @@ def _channels_last(cfg: Any, backend: Any) -> bool:
     return bool(cfg.model.channels_last)
 
 
-def _data(cfg: Any, backend: Any, plan: BatchPlan, dtype: Optional[torch.dtype],
+def _data(cfg: TrainConfig, backend: Backend, plan: BatchPlan, dtype: Optional[torch.dtype],
           channels_last: bool) -> tuple[Path, Loader, Loader, int]:
     """The data folder and this rank's loaders (``largebatch.data.build``), from one ``LoaderSpec``."""
     from largebatch.data.build import build_run_loaders, resolve_data_root
@@ -79,7 +82,8 @@ def _data(cfg: Any, backend: Any, plan: BatchPlan, dtype: Optional[torch.dtype],
         device = torch.device("cpu")
     spec = LoaderSpec(
         image_size=data.image_size, batch_size=plan.per_device, workers=data.workers, seed=cfg.seed,
-        crop_scale=tuple(data.crop_scale), val_crop_ratio=data.val_crop_ratio, rank=backend.rank,
+        crop_scale=cast(tuple[float, float], tuple(data.crop_scale)),  # a pair: check_ranges
+        val_crop_ratio=data.val_crop_ratio, rank=backend.rank,
         world_size=backend.world_size, device=device, dtype=dtype or torch.float32, channels_last=channels_last,
         shuffle_buffer=data.shuffle_buffer, accumulation_steps=plan.accumulation_steps,
         train_sizes=_resolution(cfg), val_image_size=data.resolution.eval_size,
@@ -92,7 +96,7 @@ def _data(cfg: Any, backend: Any, plan: BatchPlan, dtype: Optional[torch.dtype],
     return root, train, val, num_classes
 
 
-def _resolution(cfg: Any) -> Optional[Any]:
+def _resolution(cfg: TrainConfig) -> Optional[ResolutionSchedule]:
     """``data.resolution``'s training schedule (a ``ResolutionSchedule``), None when off."""
     from largebatch.resolution import ResolutionSchedule
 
@@ -120,7 +124,7 @@ def _check_model_name(name: str) -> None:
                          f"(model={presets[-1]})") from None
 
 
-def _model(cfg: Any, backend: Any, num_classes: int, channels_last: bool) -> Any:
+def _model(cfg: TrainConfig, backend: Backend, num_classes: int, channels_last: bool) -> Any:
     """The timm model on the device, with grouped BN (``bn.group_size``) across ranks."""
     from largebatch.models import build_model
     from largebatch.nn import convert_group_sync_batchnorm
@@ -134,7 +138,7 @@ def _model(cfg: Any, backend: Any, num_classes: int, channels_last: bool) -> Any
     return model
 
 
-def _train_model(cfg: Any, backend: Any, model: Any) -> Any:
+def _train_model(cfg: TrainConfig, backend: Backend, model: Any) -> Any:
     """The model as the loop calls it: DDP with the comm hook (tapped for the noise scale's local
     gradient norm, ``diagnostics.noise_scale.enabled``), then ``torch.compile`` (``model.compile``)."""
     from largebatch.engine.compile import compile_model
@@ -146,7 +150,7 @@ def _train_model(cfg: Any, backend: Any, model: Any) -> Any:
     return compile_model(train_model, cfg.model.compile)
 
 
-def _step_settings(cfg: Any, backend: Any, plan: BatchPlan, autocast_dtype: Optional[torch.dtype]) -> Any:
+def _step_settings(cfg: TrainConfig, backend: Backend, plan: BatchPlan, autocast_dtype: Optional[torch.dtype]) -> Any:
     """How the loop runs a step (``largebatch.engine.loop.StepSettings``) from the config."""
     from largebatch.engine.compile import uses_cuda_graphs
     from largebatch.engine.loop import StepSettings
@@ -168,7 +172,7 @@ def _optimizer_options(opt: Any) -> dict[str, Any]:
     return out
 
 
-def _optimizer(cfg: Any, model: Any, lr: float) -> Any:
+def _optimizer(cfg: TrainConfig, model: Any, lr: float) -> Any:
     from largebatch.optim import build_optimizer
 
     opt = cfg.optimizer
@@ -176,7 +180,7 @@ def _optimizer(cfg: Any, model: Any, lr: float) -> Any:
                            exclude_bn_bias=opt.exclude_bn_bias, **_optimizer_options(opt))
 
 
-def _scheduler(cfg: Any, optimizer: Any, steps_per_epoch: int, lr: float) -> Any:
+def _scheduler(cfg: TrainConfig, optimizer: Any, steps_per_epoch: int, lr: float) -> Any:
     """Warmup + decay; ``warmup_start=base_lr`` and ``end_lr`` resolved against the scaled ``lr``."""
     from largebatch.lr import build_lr_scheduler, schedule_factors
 
@@ -192,7 +196,7 @@ def _scheduler(cfg: Any, optimizer: Any, steps_per_epoch: int, lr: float) -> Any
     )
 
 
-def _resolved(cfg: Any, backend: Any, plan: BatchPlan, **facts: Any) -> dict[str, Any]:
+def _resolved(cfg: TrainConfig, backend: Backend, plan: BatchPlan, **facts: Any) -> dict[str, Any]:
     """What the run resolved (summary.json, checkpoints): sizes, lr, precision, paths."""
     steps_per_epoch = facts["steps_per_epoch"]
     return {
@@ -223,7 +227,7 @@ def _resolved(cfg: Any, backend: Any, plan: BatchPlan, **facts: Any) -> dict[str
     }
 
 
-def _announce(resolved: dict[str, Any], run_dir: Path, raw_cfg: Any) -> None:
+def _announce(resolved: dict[str, Any], run_dir: Path, raw_cfg: Optional[DictConfig]) -> None:
     """Rank 0: write config.yaml and log the batch and lr arithmetic once."""
     if raw_cfg is not None:
         path = run_dir / "config.yaml"
@@ -259,7 +263,7 @@ def _warn_long_warmup(epochs: int, resolved: dict[str, Any]) -> None:
         )
 
 
-def _ema(cfg: Any, model: Any) -> Any:
+def _ema(cfg: TrainConfig, model: Any) -> Any:
     """The weight EMA's hook (``ema.enabled``; ``largebatch.engine.ema.EmaSettings``), or None."""
     from largebatch.engine.ema import EmaSettings
 
@@ -270,7 +274,7 @@ def _ema(cfg: Any, model: Any) -> Any:
                        min_decay=e.min_decay, update_after_step=e.update_after_step, every=e.every).hook(model)
 
 
-def _noise_scale(cfg: Any, backend: Any, plan: BatchPlan) -> Any:
+def _noise_scale(cfg: TrainConfig, backend: Backend, plan: BatchPlan) -> Any:
     """The gradient noise scale's hook (``diagnostics.noise_scale``), or None when disabled; after
     ``_train_model`` (which taps the local gradient norm: DDP's buckets, or XLA's ``.grad``)."""
     from largebatch.engine.noise_scale_hook import NoiseScaleHook, NoiseScalePlan, plan_noise_scale
@@ -302,7 +306,7 @@ def _noise_scale(cfg: Any, backend: Any, plan: BatchPlan) -> Any:
     return NoiseScaleHook(where, beta=ns.beta, local_norm_tap=tap)
 
 
-def _hooks(cfg: Any, backend: Any, run_dir: Path, val_loader: Any, identity: Any, optional: Any) -> Any:
+def _hooks(cfg: TrainConfig, backend: Backend, run_dir: Path, val_loader: Iterable, identity: Any, optional: Any) -> Any:
     """The run's hooks (``largebatch.engine.assemble``), their settings read from the config."""
     from largebatch.engine.assemble import LogSettings, build_run_hooks
     from largebatch.engine.hooks import CheckpointSettings, EvalSettings
@@ -343,7 +347,7 @@ def _train(trainer: Any, hooks: Any, run_dir: Path, loaders: Sequence[Loader], i
     return hooks.summary.summary
 
 
-def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
+def run(cfg: TrainConfig, raw_cfg: Optional[DictConfig] = None) -> dict[str, Any]:
     """Run one training job described by a ``TrainConfig`` (choices as plain strings); return its summary."""
     from largebatch.backends import build_backend
 
@@ -361,7 +365,7 @@ def run(cfg: Any, raw_cfg: Any = None) -> dict[str, Any]:
         backend.shutdown()
 
 
-def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
+def _run_job(cfg: TrainConfig, raw_cfg: Optional[DictConfig], backend: Backend) -> dict[str, Any]:
     """The job on a started backend; everything it builds is released when it returns."""
     from largebatch.engine.assemble import OptionalHooks
     from largebatch.engine.checkpoint_format import RunIdentity
@@ -426,7 +430,8 @@ def _run_job(cfg: Any, raw_cfg: Any, backend: Any) -> dict[str, Any]:
         hooks = _hooks(cfg, backend, run_dir, val_loader, identity, OptionalHooks(ema=ema, noise_scale=noise_scale))
         trainer = Trainer(
             model=train_model, optimizer=optimizer, scheduler=scheduler,
-            train_loader=backend.wrap_loader(train_loader, channels_last=channels_last),
+            # the device wrapper forwards the Loader's members (set_epoch, skipped, ...)
+            train_loader=cast("Loader", backend.wrap_loader(train_loader, channels_last=channels_last)),
             backend=backend, settings=_step_settings(cfg, backend, plan, precision.autocast_dtype), scaler=scaler,
             hooks=hooks.hooks, state=state,
         )

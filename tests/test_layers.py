@@ -17,6 +17,14 @@ bottom:
 config and the library share (the embedded set's sizes, the compile modes) are in the ground
 (``defaults``), so the config reads nothing of the library. Nothing but ``train`` imports ``cli``. ``ALLOWED_UPWARD`` names the
 imports that break these rules today; the structure stages that remove them shrink it.
+
+Types across layers: an annotation may name a type of another layer (``engine/`` naming
+``backends.base.Backend``, ``run`` naming ``config.schema.TrainConfig``) through an import under
+``if TYPE_CHECKING:``. With ``from __future__ import annotations`` such an annotation is never
+evaluated, so the import is no run-time dependency: the direction rules above read run-time
+imports only, and exempt the ``TYPE_CHECKING`` ones. Those still may not close a circle (the
+circle test reads both kinds: a reader, a type checker and ``shared/tools/import_cycles.py`` see
+them), and run-time imports keep every rule.
 """
 
 from __future__ import annotations
@@ -45,8 +53,8 @@ LAYER_OF_UNIT = {
 ALLOWED_UPWARD: set[tuple[str, str]] = set()
 
 
-def _module_name(path: Path) -> str:
-    parts = ["largebatch", *path.relative_to(PACKAGE).with_suffix("").parts]
+def _module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = ["largebatch", *path.relative_to(package).with_suffix("").parts]
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -60,12 +68,27 @@ def _resolve(node: ast.ImportFrom, current: str, is_package: bool) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def read_imports(package: Path = PACKAGE) -> dict[str, set[str]]:
-    """Module -> the project modules it imports (function-level imports included)."""
-    modules = {_module_name(p): p for p in package.rglob("*.py")}
+def _is_type_checking(test: ast.expr) -> bool:
+    """``TYPE_CHECKING`` or ``typing.TYPE_CHECKING``, the test of an ``if`` whose body only static tools run."""
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def read_imports(package: Path = PACKAGE, *, type_checking: bool = False) -> dict[str, set[str]]:
+    """Module -> the project modules it imports at run time (function-level imports included);
+    ``type_checking=True``: also those imported only under ``if TYPE_CHECKING:``."""
+    modules = {_module_name(p, package): p for p in package.rglob("*.py")}
     graph: dict[str, set[str]] = defaultdict(set)
     for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        type_only = {
+            id(sub)
+            for node in ast.walk(tree) if isinstance(node, ast.If) and _is_type_checking(node.test)
+            for stmt in node.body for sub in ast.walk(stmt)
+        }
+        for node in ast.walk(tree):
+            if id(node) in type_only and not type_checking:
+                continue
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -157,13 +180,17 @@ def test_every_module_has_a_layer() -> None:
     assert not unplaced, f"add these to LAYER_OF_UNIT (and LAYOUT.md's table): {unplaced}"
 
 
-def test_imports_point_down() -> None:
-    graph = read_imports()
-    broken = [
+def broken_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of ``graph`` that breaks a rule (and is not in ``ALLOWED_UPWARD``), with why."""
+    return [
         f"{m} -> {t}: {why}"
         for m, targets in sorted(graph.items()) for t in sorted(targets)
         if (m, t) not in ALLOWED_UPWARD and (why := rule_broken(m, t))
     ]
+
+
+def test_imports_point_down() -> None:
+    broken = broken_imports(read_imports())
     assert not broken, "\n".join(broken)
 
 
@@ -174,7 +201,7 @@ def test_the_allow_list_holds_only_imports_that_still_exist_and_break_a_rule() -
 
 
 def test_no_import_circle() -> None:
-    found = cycles(_without_allowed(read_imports()))
+    found = cycles(_without_allowed(read_imports(type_checking=True)))  # TYPE_CHECKING imports too
     assert not found, f"import circles: {found}"
 
 
@@ -246,3 +273,52 @@ def test_a_lazy_package_loads_its_modules_on_first_use_only() -> None:
             "try:\n    d.no_such_name\nexcept AttributeError as e:\n    assert 'no_such_name' in str(e)\n"
             "else:\n    raise SystemExit('no AttributeError')")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def _fake_package(root: Path, files: dict[str, str]) -> Path:
+    package = root / "largebatch"
+    for rel, text in {"__init__.py": "", **files}.items():
+        path = package / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (path.parent / "__init__.py").touch()
+        path.write_text(text, encoding="utf-8")
+    return package
+
+
+_TYPING_HEAD = "from __future__ import annotations\nfrom typing import TYPE_CHECKING\nimport typing\n"
+
+
+@pytest.mark.parametrize(
+    ("importer", "source", "caught"),
+    [
+        # engine/ and backends/ do not import each other ... at run time
+        ("engine/loop.py", "from largebatch.backends.base import Backend\n", True),
+        ("engine/loop.py", "def f():\n    from largebatch.backends import base\n", True),
+        ("engine/loop.py", "if TYPE_CHECKING:\n    from largebatch.backends.base import Backend\n", False),
+        ("engine/loop.py", "if typing.TYPE_CHECKING:\n    import largebatch.backends.base\n", False),
+        ("engine/loop.py", "if TYPE_CHECKING:\n    pass\nelse:\n    from largebatch.backends.base import Backend\n", True),
+        # config is read only by the edge ... at run time
+        ("engine/loop.py", "from largebatch.config.schema import TrainConfig\n", True),
+        ("engine/loop.py", "if TYPE_CHECKING:\n    from largebatch.config.schema import TrainConfig\n", False),
+    ],
+)
+def test_a_type_checking_import_is_exempt_from_the_direction_rules_and_a_run_time_one_is_not(
+    tmp_path: Path, importer: str, source: str, caught: bool
+) -> None:
+    package = _fake_package(tmp_path, {importer: _TYPING_HEAD + source, "backends/base.py": "",
+                                       "config/schema.py": ""})
+    assert bool(broken_imports(read_imports(package))) is caught
+    # a reader and a type checker still see the import
+    assert read_imports(package, type_checking=True)["largebatch.engine.loop"] & {
+        "largebatch.backends.base", "largebatch.backends", "largebatch.config.schema"}
+
+
+def test_a_type_checking_import_that_closes_a_circle_is_found(tmp_path: Path) -> None:
+    package = _fake_package(tmp_path, {
+        "engine/loop.py": "from largebatch.data.contract import Loader\n",  # down: allowed
+        "data/contract.py": _TYPING_HEAD + "if TYPE_CHECKING:\n    from largebatch.engine.loop import Trainer\n",
+    })
+    assert not broken_imports(read_imports(package))
+    assert not cycles(read_imports(package))
+    assert {"largebatch.data.contract", "largebatch.engine.loop"} <= set(
+        sum(cycles(read_imports(package, type_checking=True)), []))

@@ -7,11 +7,16 @@ fixed yet are in ``MYPY_BASELINE``, one per line as ``path: code: message`` (no 
 so an edit elsewhere in a file does not change them); a new finding fails the gate, and so
 does a baseline line that no longer occurs, so the baseline only shrinks.
 
+Typed where it matters (issue 55): no parameter or attribute named ``cfg`` (``raw_cfg``, ...) or
+``backend`` is annotated ``Any`` in ``largebatch/``; ``TrainConfig``, ``Backend`` and the ``Loader``
+Protocol are named instead (from another layer under ``if TYPE_CHECKING:``, ``tests/test_layers.py``).
+
 Regenerate the baseline (after a merge, say) with ``python tests/test_static.py --write-baseline``.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import re
@@ -134,6 +139,48 @@ def test_parse_mypy_reads_errors_and_skips_notes() -> None:
         'largebatch/a.py: union-attr: Item "None" of "Work | None" has no attribute "get_future"': 2,
         'tests/gpu/t.py: attr-defined: "NvjpegLoader" has no attribute "std"': 1,
     })
+
+
+# -- typed where it matters ---------------------------------------------------------------------
+def _is_any(annotation: ast.expr) -> bool:
+    """``Any``, ``typing.Any``, ``"Any"``, or ``Optional[Any]``."""
+    text = ast.unparse(annotation).strip("'\"")
+    return text in ("Any", "typing.Any", "Optional[Any]", "Any | None", "None | Any")
+
+
+def untyped_config_and_backend(source: str, path: str = "<source>") -> list[str]:
+    """``path:line name: Any`` for each parameter or attribute named ``cfg``/``*_cfg`` or ``backend``
+    annotated ``Any``."""
+    found = []
+    for node in ast.walk(ast.parse(source, path)):
+        named: list[tuple[str, ast.expr | None, int]] = []
+        if isinstance(node, ast.arg):
+            named = [(node.arg, node.annotation, node.lineno)]
+        elif isinstance(node, ast.AnnAssign):
+            target = node.target
+            name = target.id if isinstance(target, ast.Name) else getattr(target, "attr", "")
+            named = [(name, node.annotation, node.lineno)]
+        for name, annotation, line in named:
+            if (name in ("cfg", "backend") or name.endswith("_cfg")) and annotation and _is_any(annotation):
+                found.append(f"{path}:{line} {name}: {ast.unparse(annotation)}")
+    return found
+
+
+def test_no_config_or_backend_is_annotated_any() -> None:
+    found = [hit for p in sorted((ROOT / "largebatch").rglob("*.py"))
+             for hit in untyped_config_and_backend(p.read_text(encoding="utf-8"), str(p.relative_to(ROOT)))]
+    assert not found, (
+        "name the type (TrainConfig, Backend; another layer's under `if TYPE_CHECKING:`), or pass the "
+        "few config fields the function reads:\n" + "\n".join(found)
+    )
+
+
+def test_the_any_check_finds_each_form() -> None:
+    source = ("from typing import Any, Optional\n"
+              "def f(cfg: Any, raw_cfg: Optional[Any] = None, *, backend: 'Any' = None) -> None: ...\n"
+              "class C:\n    backend: Any\n    def g(self, backend: Backend, cfg: TrainConfig, other: Any) -> Any: ...\n")
+    assert sorted(hit.split(" ", 1)[1] for hit in untyped_config_and_backend(source)) == [
+        "backend: 'Any'", "backend: Any", "cfg: Any", "raw_cfg: Optional[Any]"]
 
 
 if __name__ == "__main__":

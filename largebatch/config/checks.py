@@ -9,7 +9,7 @@ aliases (``model.compile=true``) are written back in their canonical form.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, MutableMapping
 
 from largebatch.defaults import COMPILE_MODES, CUDA_GRAPH_MODES, MAX_CLASSES, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, parse_compile_mode
 from largebatch.errors import ConfigError, UsageError
@@ -120,8 +120,8 @@ def value_ranges() -> dict[str, str]:
     return ranges
 
 
-def _get(cfg: Any, key: str) -> Any:
-    node = cfg
+def _get(cfg: Mapping[str, Any], key: str) -> Any:
+    node: Any = cfg
     for part in key.split("."):
         node = node[part]
     return node
@@ -131,7 +131,7 @@ def _fail(key: str, value: Any, must: str) -> None:
     raise ConfigError(f"{key}={value} is out of range: it must be {must}; set {key}= to such a value")
 
 
-def check_ranges(cfg: Any) -> None:
+def check_ranges(cfg: Mapping[str, Any]) -> None:
     """Raise ``ConfigError`` naming the first key whose value is out of its range.
 
     ``cfg`` is the composed config (a DictConfig or anything indexable by key parts).
@@ -159,7 +159,7 @@ def check_ranges(cfg: Any) -> None:
     _check_resolution(cfg)
 
 
-def _check_resolution(cfg: Any) -> None:
+def _check_resolution(cfg: Mapping[str, Any]) -> None:
     """``data.resolution``: the schedule (:meth:`ResolutionSchedule.of` names the bad key) and
     ``eval_size``."""
     res = _get(cfg, "data.resolution")
@@ -176,7 +176,7 @@ def _check_resolution(cfg: Any) -> None:
                           epochs=_get(cfg, "epochs"))
 
 
-def canonicalise_choices(cfg: Any) -> None:
+def canonicalise_choices(cfg: MutableMapping[str, Any]) -> None:
     """Check the string-valued choices the schema cannot type as Enums and write each back in
     its canonical form (``model.compile``: ``true``/``false`` -> ``default``/``none``).
 

@@ -24,11 +24,12 @@ import errno as errno_codes
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Optional
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional
 
 from largebatch.errors import DataError, WriteError
 
 if TYPE_CHECKING:
+    from largebatch.backends.base import Backend
     from largebatch.data.contract import Loader, LoaderSpec
 
 __all__ = ["DaliDecision", "build_run_loaders", "cache_write_error", "dali_decision", "ensure_checked",
@@ -47,7 +48,7 @@ class DaliDecision(NamedTuple):
 
 
 def resolve_data_root(
-    root: Optional[str], *, synthetic: Mapping[str, int], loader: str, workers: int, backend: Any
+    root: Optional[str], *, synthetic: Mapping[str, int], loader: str, workers: int, backend: Backend
 ) -> Path:
     """``root``, or the embedded synthetic set made by rank 0 (every rank gets its path).
 
@@ -138,7 +139,7 @@ def dali_decision(requested: str, root: Path, fallback: str = "torchvision") -> 
     return DaliDecision(True, file_lists=lists)
 
 
-def _agree_on_dali(requested: str, root: Path, backend: Any, fallback: str) -> DaliDecision:
+def _agree_on_dali(requested: str, root: Path, backend: Backend, fallback: str) -> DaliDecision:
     """Rank 0 decides; every rank gets the decision (file lists found on its own disk)."""
     decision = dali_decision(requested, root, fallback) if backend.is_main else DaliDecision(False)
     decision = DaliDecision(*backend.broadcast_object(tuple(decision)))
@@ -162,7 +163,7 @@ def _torchvision_only(what: str) -> str:
 
 
 def build_run_loaders(
-    root: Path, spec: LoaderSpec, *, loader: str, shards: Optional[str], backend: Any
+    root: Path, spec: LoaderSpec, *, loader: str, shards: Optional[str], backend: Backend
 ) -> tuple[Loader, Loader, int]:
     """This rank's ``(train_loader, val_loader, num_classes)``: loaders of the contract
     (:class:`~largebatch.data.contract.Loader`), whichever pipeline reads.

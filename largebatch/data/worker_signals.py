@@ -37,9 +37,12 @@ import multiprocessing
 import os
 import signal
 from types import FrameType
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from largebatch.errors import STOP_SIGNALS  # SIGTERM, SIGINT, SIGHUP
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
 
 __all__ = ["STOP_SIGNALS", "ignoring_stop_signals", "shutdown_workers", "stop_signals_blocked"]
 
@@ -99,7 +102,7 @@ def stop_signals_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def shutdown_workers(loader: Any) -> None:
+def shutdown_workers(loader: DataLoader) -> None:
     """End the worker processes of ``loader`` (a ``DataLoader``) now, in well under a second.
 
     Why not leave it to torch: a DataLoader with persistent workers keeps their iterator and

@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -44,6 +44,9 @@ from torch import nn
 from largebatch.engine.compile import unwrap_model
 from largebatch.engine.evaluate import copy_from_rank0
 from largebatch.engine.loop import Hook
+
+if TYPE_CHECKING:
+    from largebatch.backends.base import Backend
 
 __all__ = ["EmaHook", "EmaSettings", "build_model_ema", "load_ema_state", "sync_from_rank0"]
 
@@ -139,7 +142,7 @@ def _has_generator(device: torch.device) -> bool:
     return True
 
 
-def sync_from_rank0(ema: Any, backend: Any) -> None:
+def sync_from_rank0(ema: Any, backend: Backend) -> None:
     """Overwrite every rank's EMA state with rank 0's (its floating-point tensors)."""
     copy_from_rank0((t for t in ema.module.state_dict().values() if t.is_floating_point()), backend)
 

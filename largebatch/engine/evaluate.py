@@ -15,7 +15,7 @@ once before the loop by :func:`copy_from_rank0`, on every rank.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -23,11 +23,14 @@ from torch import nn
 
 from largebatch.engine.compile import unwrap_model
 
+if TYPE_CHECKING:
+    from largebatch.backends.base import Backend
+
 __all__ = ["evaluate", "accuracy_counts", "copy_from_rank0"]
 
 
 @torch.no_grad()
-def copy_from_rank0(tensors: Iterable[torch.Tensor], backend: Any) -> None:
+def copy_from_rank0(tensors: Iterable[torch.Tensor], backend: Backend) -> None:
     """Overwrite ``tensors`` on every rank with rank 0's (an all-reduce of rank 0's values and
     zeros, one per dtype: ``x + 0 + ... + 0 == x`` exactly). Every rank calls it with tensors
     of the same shapes and dtypes, in the same order."""
@@ -74,7 +77,7 @@ def evaluate(
     model: nn.Module,
     loader: Iterable,
     *,
-    backend: Any,
+    backend: Backend,
     autocast_dtype: Optional[torch.dtype] = None,
     channels_last: bool = False,
 ) -> dict[str, float]:

@@ -43,6 +43,7 @@ from largebatch.engine.nonfinite import NonFiniteGuard, NonFiniteLossError
 from largebatch.errors import UsageError
 
 if TYPE_CHECKING:
+    from largebatch.backends.base import Backend
     from largebatch.data.contract import Loader
 
 __all__ = ["Hook", "NonFiniteLossError", "StepSettings", "Trainer", "TrainState"]
@@ -137,7 +138,7 @@ class Trainer:
         optimizer: torch.optim.Optimizer,
         scheduler: Any,
         train_loader: Loader | Sequence[tuple[torch.Tensor, torch.Tensor]],
-        backend: Any,
+        backend: Backend,
         settings: StepSettings,
         scaler: Any = None,
         hooks: Sequence[Hook] = (),

@@ -31,12 +31,15 @@ buffer: a finite loss can come with non-finite state (an exploding LR that drive
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import nn
 
 from largebatch.errors import NonFiniteLossError, UsageError
+
+if TYPE_CHECKING:
+    from largebatch.backends.base import Backend
 
 __all__ = ["NonFiniteGuard", "NonFiniteLossError"]
 
@@ -63,7 +66,7 @@ class NonFiniteGuard:
         *,
         policy: str,
         max_skipped_steps: int,
-        backend: Any,
+        backend: Backend,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         scaler_skips: bool = False,

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from largebatch.errors import UsageError
+
+if TYPE_CHECKING:
+    from largebatch.backends.base import Backend
 
 __all__ = ["PrecisionPolicy", "resolve_precision"]
 
@@ -32,7 +35,7 @@ class PrecisionPolicy:
     loss_scaling: bool
 
 
-def resolve_precision(name: str, backend: Any) -> PrecisionPolicy:
+def resolve_precision(name: str, backend: Backend) -> PrecisionPolicy:
     """Turn ``auto|fp32|bf16|fp16`` into a policy for ``backend``'s device."""
     if name == "auto":
         name = "bf16" if backend.supports_bf16() else "fp32"

@@ -39,7 +39,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -54,6 +54,9 @@ from largebatch.engine.checkpoint_retention import set_aside_newer
 from largebatch.engine.compile import strip_compile_prefixes
 from largebatch.engine.ema import load_ema_state
 from largebatch.engine.rng_state import restore_rng_state
+
+if TYPE_CHECKING:
+    from largebatch.backends.base import Backend
 
 __all__ = ["RUN_KEYS", "SCHEDULE_KEYS", "ResumeCheck", "RunParts", "check_fits", "check_same_run", "find_checkpoint",
            "load_latest", "resume_run", "schedule_changes", "set_aside_abandoned"]
@@ -124,12 +127,12 @@ def load_latest(directory: str | os.PathLike) -> Optional[tuple[Path, dict[str, 
     return None
 
 
-def find_checkpoint(resume: str, ckpt_dir: Path, backend: Any) -> Optional[Path]:
+def find_checkpoint(resume: str, ckpt_dir: Path, backend: Backend) -> Optional[Path]:
     """Rank 0 picks the checkpoint (newest readable one for ``auto``); all ranks get it."""
     return _find_checkpoint(resume, ckpt_dir, backend)[0]
 
 
-def _find_checkpoint(resume: str, ckpt_dir: Path, backend: Any) -> tuple[Optional[Path], Optional[dict[str, Any]]]:
+def _find_checkpoint(resume: str, ckpt_dir: Path, backend: Backend) -> tuple[Optional[Path], Optional[dict[str, Any]]]:
     """``find_checkpoint``, plus the state rank 0 loaded while choosing (``auto``): verifying
     and reading it again would cost a second SHA-256 pass and ``torch.load`` of the file."""
     choice: tuple[Optional[str], Optional[str]] = (None, None)
@@ -168,7 +171,7 @@ def _folder_given(folder: Path) -> str:
             f"resume=auto run_dir={run_dir}, or name one file, e.g. resume={ckpts[-1]}")
 
 
-def set_aside_abandoned(ckpt_dir: Path, step: int, backend: Any) -> None:
+def set_aside_abandoned(ckpt_dir: Path, step: int, backend: Backend) -> None:
     """Rank 0 moves the checkpoints newer than ``step`` (the abandoned timeline) aside."""
     error: Optional[str] = None
     if backend.is_main:
@@ -296,7 +299,7 @@ def check_fits(ckpt: RunCheckpoint, path: Path, check: ResumeCheck, world_size: 
         )
 
 
-def _load_parts(ckpt: RunCheckpoint, path: Path, parts: RunParts, backend: Any) -> None:
+def _load_parts(ckpt: RunCheckpoint, path: Path, parts: RunParts, backend: Backend) -> None:
     """Optimizer, schedule, scaler, loop state, RNG and EMA from the checkpoint (the model is loaded)."""
     try:
         parts.optimizer.load_state_dict(ckpt.optimizer)
@@ -334,7 +337,7 @@ def _load_noise_scale(ckpt: RunCheckpoint, path: Path, parts: RunParts) -> None:
         log.warning("%s; the noise scale averages start afresh", e)
 
 
-def resume_run(resume: str, ckpt_dir: Path, *, backend: Any, check: ResumeCheck, parts: RunParts) -> Optional[Path]:
+def resume_run(resume: str, ckpt_dir: Path, *, backend: Backend, check: ResumeCheck, parts: RunParts) -> Optional[Path]:
     """Load the checkpoint ``resume`` names (a path, or ``auto``: the newest in the run) into ``parts``.
 
     ``check``: what the checkpoint must share with this run (``check_fits``; its config is

@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from largebatch.backends.base import Backend
 
 __all__ = ["capture_rng_state", "restore_rng_state"]
 
 log = logging.getLogger(__name__)
 
 
-def capture_rng_state(backend: Any = None) -> dict[str, Any]:
+def capture_rng_state(backend: Optional[Backend] = None) -> dict[str, Any]:
     """Python, NumPy and torch CPU generator states, and every rank's device generator, as plain data.
 
     A collective where the backend has a device generator (CUDA): every rank must call it.
@@ -44,12 +47,12 @@ def capture_rng_state(backend: Any = None) -> dict[str, Any]:
         "torch": torch.get_rng_state(),
     }
     device = backend.device_rng_state() if backend is not None else None
-    if device is not None:
+    if backend is not None and device is not None:  # device implies backend (for mypy)
         state["device"] = backend.all_gather_object(device.cpu())  # gpu-only
     return state
 
 
-def restore_rng_state(state: dict[str, Any], backend: Any = None) -> None:
+def restore_rng_state(state: dict[str, Any], backend: Optional[Backend] = None) -> None:
     """Restore what :func:`capture_rng_state` captured; each rank takes its own device state.
 
     At another world size than the writer's, rank k takes state ``k % writers`` (the run is

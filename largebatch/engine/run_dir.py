@@ -20,9 +20,12 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from largebatch.errors import RunDirError, os_error_text
+
+if TYPE_CHECKING:
+    from largebatch.backends.base import Backend
 
 __all__ = ["RunDir", "RunDirError", "RunDirLock", "elastic_run_id", "live_owner", "make_run_dir", "newest_run_dir"]
 
@@ -166,7 +169,7 @@ def _permission_hint(e: OSError) -> str:
 
 
 def make_run_dir(
-    *, run_dir: Optional[str], output_root: str, model_name: str, resume: Optional[str], backend: Any,
+    *, run_dir: Optional[str], output_root: str, model_name: str, resume: Optional[str], backend: Backend,
 ) -> RunDir:
     """Rank 0 creates and locks the run directory and removes orphaned checkpoint temp files;
     every rank gets the same path. Raises :class:`RunDirError` (unwritable, or locked)."""

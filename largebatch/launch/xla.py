@@ -20,9 +20,12 @@ from __future__ import annotations
 import copy
 import sys
 import threading
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from largebatch.errors import EXIT_OK, ReplicaError, error_line, exit_code
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 __all__ = ["ReplicaError", "launch_replicas", "main"]
 
@@ -45,7 +48,7 @@ def launch_replicas(fn: Callable[..., Any], args: tuple = ()) -> None:
     torch_xla.launch(fn, args=args)
 
 
-def _run_replica(index: int, raw_cfg: Any) -> None:
+def _run_replica(index: int, raw_cfg: DictConfig) -> None:
     """One replica: ``largebatch.run.run`` on this device; a mapped error becomes :class:`ReplicaError`."""
     from largebatch.config import to_train_config
     from largebatch.run import run
