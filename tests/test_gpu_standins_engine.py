@@ -16,6 +16,7 @@ from torch import nn
 from largebatch import run as run_module
 from largebatch.backends.torch_dist import TorchDistributedBackend
 from largebatch.comm.reducers import ProcessGroupReducer
+from largebatch.config.schema import ResolutionConfig
 from largebatch.engine.loop import StepSettings, Trainer
 from largebatch.nn import sync_bn
 
@@ -72,9 +73,10 @@ def test_the_loaders_of_a_cuda_device_without_an_index_get_the_local_rank(
     data = SimpleNamespace(root=str(tmp_path), loader="nvjpeg", workers=0, shards=None, image_size=24,
                            crop_scale=[0.25, 1.0], val_crop_ratio=0.875, shuffle_buffer=16,
                            synthetic=SimpleNamespace(classes=5, train_per_class=1, val_per_class=1,
-                                                     image_size=32, seed=0))
+                                                     image_size=32, seed=0),
+                           resolution=ResolutionConfig())  # the schema's default: no schedule
     plan = SimpleNamespace(per_device=4, accumulation_steps=1)
-    run_module._data(SimpleNamespace(data=data, seed=3), backend, plan, torch.bfloat16, True)
+    run_module._data(SimpleNamespace(data=data, seed=3, epochs=1), backend, plan, torch.bfloat16, True)
     (spec,) = specs
     assert spec.device == torch.device("cuda", 2) and spec.device_id == 2 and spec.pin_memory
 
