@@ -927,16 +927,36 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     # what a row's number depends on besides its point (key): rows of two setups never mix
     args.setup = {k: getattr(args, k) for k in SETUP}
     args.setup["base_batch"] = args.base_batch
-    rows_path = args.out.with_suffix(".jsonl")
-    if rows_path.exists():
-        for line in rows_path.read_text(encoding="utf-8").splitlines():
-            if line.startswith("{") and (other := json.loads(line).get("setup")) != args.setup:
-                diff = ", ".join(f"{k} {(other or {}).get(k)} (not {v})" for k, v in args.setup.items()
-                                 if (other or {}).get(k) != v)
-                p.error(f"{rows_path} holds rows of another setup: {diff}; pass those options, or --out for "
-                        "a new rows file")
+    refuse_other_setup(p, args.out.with_suffix(".jsonl"), args.setup)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     return args
+
+
+def refuse_other_setup(p: argparse.ArgumentParser, rows_path: Path, setup: dict[str, Any]) -> None:
+    """A rows file holds one setup: argparse's one-line error (exit 2) for a row of another."""
+    if not rows_path.exists():
+        return
+    for line in rows_path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("{") and (other := json.loads(line).get("setup")) != setup:
+            diff = ", ".join(f"{k} {(other or {}).get(k)} (not {v})" for k, v in setup.items()
+                             if (other or {}).get(k) != v)
+            p.error(f"{rows_path} holds rows of another setup: {diff}; pass those options, or --out for "
+                    "a new rows file")
+
+
+def run_workers(script: str, argv: Sequence[str] | None, workers: int) -> int:
+    """Start ``workers`` processes of ``script --worker <the same arguments>`` and wait for them
+    (Ctrl-C: they finish their point's row or stop; run the command again to go on)."""
+    cmd = [sys.executable, script, "--worker", *(argv if argv is not None else sys.argv[1:])]
+    procs = [subprocess.Popen(cmd) for _ in range(workers)]
+    try:
+        codes = [pr.wait() for pr in procs]
+    except KeyboardInterrupt:
+        for pr in procs:
+            pr.wait()
+        print("stopped: run the same command again to go on", file=sys.stderr)
+        return 130
+    return max(codes)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -945,18 +965,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return worker(args)
     if not args.render:
         t0 = time.perf_counter()
-        cmd = [sys.executable, __file__, "--worker", *(argv if argv is not None else sys.argv[1:])]
-        procs = [subprocess.Popen(cmd) for _ in range(args.workers)]
-        try:
-            codes = [pr.wait() for pr in procs]
-        except KeyboardInterrupt:
-            for pr in procs:
-                pr.wait()
-            print("stopped: run the same command again to go on", file=sys.stderr)
-            return 130
+        code = run_workers(__file__, argv, args.workers)
         print(f"wall {time.perf_counter() - t0:.0f} s", flush=True)
-        if any(codes):
-            return max(codes)
+        if code:
+            return code
     print(write_report(args, read_rows(args.out.with_suffix(".jsonl"))), flush=True)
     return 0
 

@@ -63,7 +63,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -608,14 +607,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 f"--bn-group {args.bn_group}")
     args.setup = {k: getattr(args, k) for k in SETUP}
     args.setup["base_batch"] = args.base_batch
-    rows_path = args.out.with_suffix(".jsonl")
-    if rows_path.exists():
-        for line in rows_path.read_text(encoding="utf-8").splitlines():
-            if line.startswith("{") and (other := json.loads(line).get("setup")) != args.setup:
-                diff = ", ".join(f"{k} {(other or {}).get(k)} (not {v})" for k, v in args.setup.items()
-                                 if (other or {}).get(k) != v)
-                p.error(f"{rows_path} holds rows of another setup: {diff}; pass those options, or --out for a new "
-                        "rows file")
+    fixed.refuse_other_setup(p, args.out.with_suffix(".jsonl"), args.setup)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     return args
 
@@ -628,17 +620,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(estimate(args), flush=True)
         return 0
     if not args.render:
-        cmd = [sys.executable, __file__, "--worker", *(argv if argv is not None else sys.argv[1:])]
-        procs = [subprocess.Popen(cmd) for _ in range(args.workers)]
-        try:
-            codes = [pr.wait() for pr in procs]
-        except KeyboardInterrupt:
-            for pr in procs:
-                pr.wait()
-            print("stopped: run the same command again to go on", file=sys.stderr)
-            return 130
-        if any(codes):
-            return max(codes)
+        code = fixed.run_workers(__file__, argv, args.workers)
+        if code:
+            return code
     rows = read_rows(args.out.with_suffix(".jsonl"))
     report = write_report(args, rows)
     args.out.with_suffix(".md").write_text(report + "\n", encoding="utf-8")
