@@ -178,10 +178,18 @@ def _left(known: list[tuple[int, Optional[str]]], wait_s: float) -> list[str]:
         time.sleep(0.2)
 
 
+def _default_signals() -> None:
+    """As a terminal starts the launch: a suite run under nohup or in the background passes SIGHUP,
+    SIGINT and SIGQUIT ignored to its children, and a shell that starts with a signal ignored
+    cannot trap it (bash), so a SIGINT to the launcher was lost and the job trained on."""
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _launch(run: Path, resume: bool, log: Path, epochs: int) -> subprocess.Popen:
     args = [str(LAUNCH), *ARGS, f"epochs={epochs}", f"run_dir={run}", *(["resume=auto"] if resume else [])]
     return subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=log.open("a"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_signals)
 
 
 def _finish(proc: subprocess.Popen, timeout_s: float) -> int:
