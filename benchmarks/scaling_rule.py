@@ -897,14 +897,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--doublings", type=int, default=1, choices=[1, 2],
                    help="the base batch's convergence check: at 2x the epochs (1), and at 4x (2)")
     p.add_argument("--margin", type=float, default=1.0, help="equivalence margin, top-1 points")
-    p.add_argument("--bn-group", type=int, default=32)
-    p.add_argument("--width", type=int, default=32, help="conv widths: width, 2x, 4x")
-    p.add_argument("--classes", type=int, default=10)
-    p.add_argument("--train-per-class", type=int, default=1024)
-    p.add_argument("--val-per-class", type=int, default=300)
-    p.add_argument("--test-per-class", type=int, default=300)
-    p.add_argument("--side", type=int, default=20)
-    p.add_argument("--crop", type=int, default=16)
+    add_data_model_args(p)
     p.add_argument("--out", type=Path, default=None,
                    help="rows/report/plot path without suffix (default benchmarks/results/scaling_rule; "
                         "with --quick, scaling_rule_quick in the temp folder)")
@@ -930,6 +923,18 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     refuse_other_setup(p, args.out.with_suffix(".jsonl"), args.setup)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     return args
+
+
+def add_data_model_args(p: argparse.ArgumentParser) -> None:
+    """The data and model options both studies share (the embedded generator's splits, the conv net)."""
+    p.add_argument("--bn-group", type=int, default=32)
+    p.add_argument("--width", type=int, default=32, help="conv widths: width, 2x, 4x")
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--train-per-class", type=int, default=1024)
+    p.add_argument("--val-per-class", type=int, default=300)
+    p.add_argument("--test-per-class", type=int, default=300)
+    p.add_argument("--side", type=int, default=20)
+    p.add_argument("--crop", type=int, default=16)
 
 
 def refuse_other_setup(p: argparse.ArgumentParser, rows_path: Path, setup: dict[str, Any]) -> None:

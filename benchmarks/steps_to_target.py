@@ -306,9 +306,10 @@ def worker(args: argparse.Namespace) -> int:
             with fixed.claim(claims, {**j, "epochs": 0}) as mine:
                 if not mine:
                     continue
-                if key(j) in read_rows(rows_path):
+                rows = read_rows(rows_path)  # again: another worker may have written since the plan
+                if key(j) in rows:
                     break
-                row = train_one({**j, "cap": cap_of(read_rows(rows_path), j, args)}, data, args)
+                row = train_one({**j, "cap": cap_of(rows, j, args)}, data, args)
                 fixed.append_row(rows_path, row)
                 print(f"[{os.getpid()}] {row['recipe']} b={row['batch']} lr={row['lr']:g} seed={row['seed']}: "
                       f"{'reached' if row['reached'] else 'missed'} at step {row['steps']} "
@@ -577,14 +578,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sgd-lr", type=float, default=0.1, help="centre of the base batch's SGD grid")
     p.add_argument("--lars-lr", type=float, default=8.0, help="centre of LARS's grid at every batch")
     p.add_argument("--max-grow", type=int, default=6, help="how many times a sweep may grow an edge")
-    p.add_argument("--bn-group", type=int, default=32)
-    p.add_argument("--width", type=int, default=32)
-    p.add_argument("--classes", type=int, default=10)
-    p.add_argument("--train-per-class", type=int, default=1024)
-    p.add_argument("--val-per-class", type=int, default=300)
-    p.add_argument("--test-per-class", type=int, default=300)
-    p.add_argument("--side", type=int, default=20)
-    p.add_argument("--crop", type=int, default=16)
+    fixed.add_data_model_args(p)
     p.add_argument("--out", type=Path, default=None,
                    help="rows/report/plot path without suffix (default benchmarks/results/steps_to_target)")
     args = p.parse_args(argv)
