@@ -36,6 +36,7 @@ from largebatch.errors import Preempted, TooFewSamplesError
 
 if TYPE_CHECKING:
     from largebatch.backends.base import Backend
+    from largebatch.batch_schedule import BatchSchedule
     from largebatch.config.schema import TrainConfig
     from largebatch.data.contract import Loader
     from largebatch.resolution import ResolutionSchedule
@@ -106,6 +107,16 @@ def _resolution(cfg: TrainConfig) -> Optional[ResolutionSchedule]:
                                  multiple=res.multiple, image_size=cfg.data.image_size, epochs=cfg.epochs)
 
 
+def _batch_schedule(cfg: TrainConfig) -> Optional[BatchSchedule]:
+    """``batch_schedule``'s global batch per epoch (a ``BatchSchedule``), None when off."""
+    from largebatch.batch_schedule import BatchSchedule
+
+    bs = cfg.batch_schedule
+    return BatchSchedule.of([list(p) for p in bs.steps], global_batch_size=cfg.global_batch_size, epochs=cfg.epochs,
+                            via=getattr(bs.via, "value", bs.via), lr=getattr(bs.lr, "value", bs.lr),
+                            lr_scaling=getattr(cfg.lr_scaling, "value", cfg.lr_scaling))
+
+
 def _check_model_name(name: str) -> None:
     """``model.name`` is a timm model, checked before the data and the run directory are made;
     the error also names the presets of the ``model=`` config group."""
@@ -160,6 +171,7 @@ def _step_settings(cfg: TrainConfig, backend: Backend, plan: BatchPlan, autocast
         label_smoothing=cfg.label_smoothing, autocast_dtype=autocast_dtype, log_every=cfg.log_every,
         max_steps=cfg.max_steps, non_finite=cfg.non_finite, max_skipped_steps=cfg.max_skipped_steps,
         cuda_graph_steps=uses_cuda_graphs(cfg.model.compile) and backend.device.type == "cuda",
+        batch_schedule=_batch_schedule(cfg),
     )
 
 
@@ -193,6 +205,7 @@ def _scheduler(cfg: TrainConfig, optimizer: Any, steps_per_epoch: int, lr: float
         optimizer, name=s.name, steps_per_epoch=steps_per_epoch, epochs=cfg.epochs,
         warmup_epochs=s.warmup_epochs, warmup_start_factor=start_factor,
         milestones=s.milestones, gamma=s.gamma, power=s.power, end_factor=end_factor,
+        batch_schedule=_batch_schedule(cfg),
     )
 
 
@@ -214,6 +227,8 @@ def _resolved(cfg: TrainConfig, backend: Backend, plan: BatchPlan, **facts: Any)
         "steps_per_epoch": steps_per_epoch,
         "warmup_epochs": cfg.schedule.warmup_epochs,
         "warmup_steps": int(round(cfg.schedule.warmup_epochs * steps_per_epoch)),
+        # batch-size control: the global batch per epoch, or null (global_batch_size every epoch)
+        "batch_schedule": schedule.describe() if (schedule := _batch_schedule(cfg)) is not None else None,
         "precision": facts["precision"],
         "model": cfg.model.name,
         "compile": cfg.model.compile,
@@ -245,6 +260,9 @@ def _announce(resolved: dict[str, Any], run_dir: Path, raw_cfg: Optional[DictCon
         r["lr_per_base_batch"], r["base_batch_size"], r["lr_scaling"], r["lr"], r["steps_per_epoch"],
         r["warmup_steps"], r["precision"], r["backend"], run_dir,
     )
+    if r["batch_schedule"] is not None:
+        log.info("batch schedule: global batch %s; steps/epoch and warmup steps above are the first "
+                 "batch's, the schedule runs on epochs", r["batch_schedule"])
 
 
 def _warn_long_warmup(epochs: int, resolved: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping, MutableMapping
 
 from largebatch.defaults import COMPILE_MODES, CUDA_GRAPH_MODES, MAX_CLASSES, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, parse_compile_mode
 from largebatch.errors import ConfigError, UsageError
+from largebatch.batch_schedule import BatchSchedule
 from largebatch.resolution import ResolutionSchedule
 
 __all__ = ["canonicalise_choices", "check_ranges", "value_ranges"]
@@ -107,6 +108,11 @@ _RESOLUTION = {
     "data.resolution.multiple": "schedule=ramp: an integer >= 1",
     "data.resolution.eval_size": "null or an integer >= 1",
 }
+# batch_schedule: checked together by BatchSchedule.of (its messages name the key)
+_BATCH_SCHEDULE = {
+    "batch_schedule.steps": "[[epoch, global_batch], ...], epochs ascending in 1..epochs-1, each batch a whole "
+                            "multiple of global_batch_size",
+}
 
 
 def value_ranges() -> dict[str, str]:
@@ -114,7 +120,7 @@ def value_ranges() -> dict[str, str]:
     ranges = {key: must for key, (_, must) in _RULES.items()}
     ranges.update({"data.crop_scale": _CROP_SCALE, "optimizer.betas": _BETAS,
                    "ema.min_decay": f"{ranges['ema.min_decay']}, {_MIN_DECAY}",
-                   "bn.group_size": _GROUP_SIZE, **_RESOLUTION,
+                   "bn.group_size": _GROUP_SIZE, **_RESOLUTION, **_BATCH_SCHEDULE,
                    "model.compile": ", ".join(f"`{m}`" for m in COMPILE_MODES)
                    + "; `true`, `false`: `default`, `none`"})
     return ranges
@@ -157,6 +163,15 @@ def check_ranges(cfg: Mapping[str, Any]) -> None:
     if group != -1 and not (isinstance(group, int) and group >= 1):
         _fail("bn.group_size", group, _GROUP_SIZE)
     _check_resolution(cfg)
+    _check_batch_schedule(cfg)
+
+
+def _check_batch_schedule(cfg: Mapping[str, Any]) -> None:
+    """``batch_schedule``: :meth:`BatchSchedule.of` names the bad key."""
+    bs = _get(cfg, "batch_schedule")
+    BatchSchedule.of([list(p) for p in bs["steps"]], global_batch_size=_get(cfg, "global_batch_size"),
+                     epochs=_get(cfg, "epochs"), via=getattr(bs["via"], "value", bs["via"]),
+                     lr=getattr(bs["lr"], "value", bs["lr"]))
 
 
 def _check_resolution(cfg: Mapping[str, Any]) -> None:
@@ -194,4 +209,11 @@ def canonicalise_choices(cfg: MutableMapping[str, Any]) -> None:
             f"model.compile={mode} (CUDA graphs) cannot be combined with accumulation_steps="
             f"{accumulation}: each replay overwrites the gradients of the previous micro-step; "
             "use model.compile=max-autotune-no-cudagraphs (or default), or accumulation_steps=1"
+        )
+    bs = _get(cfg, "batch_schedule")
+    if mode in CUDA_GRAPH_MODES and len(bs["steps"]) and getattr(bs["via"], "value", bs["via"]) == "accumulation":
+        raise ConfigError(
+            f"model.compile={mode} (CUDA graphs) cannot be combined with a batch schedule raised by "
+            "accumulation: each replay overwrites the gradients of the previous micro-step; set "
+            "batch_schedule.via=per_device, or model.compile=max-autotune-no-cudagraphs (or default)"
         )

@@ -91,6 +91,16 @@ class ResolutionKind(str, Enum):
     ramp = "ramp"  # linear from start_size to end_size between two epochs (FFCV)
 
 
+class BatchGrowth(str, Enum):
+    accumulation = "accumulation"  # k times the micro-batches per step (no new shapes)
+    per_device = "per_device"  # k loader batches concatenated: k times the per-device batch
+
+
+class BatchLR(str, Enum):
+    scale = "scale"  # the lr follows lr_scaling per phase (Mikami et al.)
+    hold = "hold"  # the lr stays (Smith et al.: raise the batch instead of decaying the lr)
+
+
 class CommAlgorithm(str, Enum):
     flat = "flat"
     hierarchical = "hierarchical"
@@ -231,6 +241,18 @@ class DataConfig:
 
 
 @dataclass
+class BatchScheduleConfig:
+    """Batch-size control: the global batch per epoch (``largebatch.batch_schedule``; Mikami et
+    al. 2018, Smith et al. 2017). Epochs count from 0; before the first step, global_batch_size."""
+
+    # [[epoch, global_batch], ...], epochs ascending from 1: from that epoch on, that global
+    # batch, a whole multiple of global_batch_size; []: global_batch_size every epoch
+    steps: List[List[int]] = field(default_factory=list)
+    via: BatchGrowth = BatchGrowth.accumulation  # how the larger batch is reached
+    lr: BatchLR = BatchLR.scale  # the lr per phase: by lr_scaling, or held
+
+
+@dataclass
 class PrecisionConfig:
     name: PrecisionName = MISSING  # compute precision (autocast dtype)
     init_scale: float = 65536.0  # fp16 dynamic loss scaling: initial scale
@@ -336,6 +358,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     ema: EmaConfig = field(default_factory=EmaConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    batch_schedule: BatchScheduleConfig = field(default_factory=BatchScheduleConfig)
 
     epochs: int = MISSING  # [epochs] passes over the training set
     # [images] per optimizer step, all devices together

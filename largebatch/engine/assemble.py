@@ -105,6 +105,8 @@ def build_run_hooks(
     hooks: list[Hook] = [H.DataOrderHook(), H.ProgressHook(enabled=is_main and logging.progress)]
     if sizes is not None and is_main:
         hooks.append(H.ResolutionLogHook(sizes))
+    if is_main:
+        hooks.append(H.BatchLogHook())
     ema, noise_scale = optional.ema, optional.noise_scale
     hooks += [h for h in (ema, noise_scale) if h is not None]
     preemption = PreemptionHook(check_every=agree_every)

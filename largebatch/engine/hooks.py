@@ -23,6 +23,7 @@ from largebatch.engine.rng_state import capture_rng_state
 from largebatch.engine.run_files import AppendLog, record_failure, run_file_error
 
 __all__ = [
+    "BatchLogHook",
     "CheckpointHook",
     "CheckpointSettings",
     "DataOrderHook",
@@ -43,7 +44,7 @@ class DataOrderHook(Hook):
     """Sets the epoch's shuffle and skips the batches a resumed run has already seen.
 
     The position is ``epoch_step x accumulation_steps x per-device batch`` samples of this
-    rank's part. ``ShardedSampler`` deals one permutation round-robin (``perm[r::w]``), so
+    rank's part (times the epoch's factor under a batch schedule). ``ShardedSampler`` deals one permutation round-robin (``perm[r::w]``), so
     after k steps of global batch B the ranks together have read ``perm[:k*B]`` at any world
     size: a run resumed at another world size (same global batch) continues with the next
     unseen images.
@@ -54,7 +55,8 @@ class DataOrderHook(Hook):
 
     def before_epoch(self) -> None:
         t = self.trainer
-        done = t.state.epoch_step * t.settings.accumulation_steps  # micro-batches this rank has read
+        # loader batches this rank has read: a step of batch factor k reads k base steps' batches
+        done = t.state.epoch_step * t.settings.accumulation_steps * t.settings.batch_factor(t.state.epoch)
         if done:
             t.train_loader.set_epoch(t.state.epoch, skip_batches=done)
         else:
@@ -75,7 +77,7 @@ class ProgressHook(Hook):
 
         t = self.trainer
         self.bar = tqdm(
-            total=t.steps_per_epoch,
+            total=t.steps_in_epoch(t.state.epoch),
             initial=t.state.epoch_step,
             desc=f"epoch {t.state.epoch + 1}/{t.settings.epochs}",
             unit="step",
@@ -129,6 +131,30 @@ class ResolutionLogHook(Hook):
             was = f" (was {self._last} px)" if self._last is not None else ""
             log.info("epoch %d/%d: training crops of %d px%s", t.state.epoch + 1, t.settings.epochs, size, was)
         self._last = size
+
+
+class BatchLogHook(Hook):
+    """Batch-size control: one log line when an epoch's global batch differs from the previous
+    epoch's (and for the first epoch this process trains, a resumed one included), with the lr the
+    phase starts at."""
+
+    def __init__(self) -> None:
+        self._last: Optional[int] = None
+
+    def before_epoch(self) -> None:
+        t = self.trainer
+        s = t.settings
+        if s.batch_schedule is None:
+            return
+        batch, k = t.global_batch_size, s.batch_factor(t.state.epoch)
+        if batch != self._last:
+            how = (f"{s.accumulation_steps * k} micro-batch(es)" if s.batch_schedule.via == "accumulation"
+                   else f"{s.accumulation_steps} micro-batch(es) of {k}x the per-device batch")
+            was = f" (was {self._last})" if self._last is not None else ""
+            log.info("epoch %d/%d: global batch %d%s, %s per step, %d steps this epoch, lr x%.4g of the base batch's",
+                     t.state.epoch + 1, s.epochs, batch, was, how, t.steps_in_epoch(t.state.epoch),
+                     s.batch_schedule.lr_ratio(t.state.epoch))
+        self._last = batch
 
 
 class _ScalarWriter(Hook):
@@ -264,7 +290,9 @@ class JsonlHook(_ScalarWriter):
         self._epoch = self.trainer.state.epoch  # the epoch trained (state.epoch moves on at its end)
 
     def after_epoch(self) -> None:
-        extra = {} if self.train_sizes is None else {"image_size": self.train_sizes.size_at(self._epoch)}
+        extra: dict[str, Any] = {} if self.train_sizes is None else {"image_size": self.train_sizes.size_at(self._epoch)}
+        if self.trainer.settings.batch_schedule is not None:  # batch-size control: the epoch's global batch
+            extra["global_batch_size"] = self.trainer.settings.batch_schedule.batch_at(self._epoch)
         self.write("epoch", epoch_time_s=round(self.epoch_time(), 3), **extra)
 
     def after_train(self) -> None:
@@ -459,7 +487,7 @@ class CheckpointHook(Hook):
 
     def after_step(self) -> None:
         t = self.trainer
-        if self.every_steps and t.state.step % self.every_steps == 0 and t.state.epoch_step < t.steps_per_epoch:
+        if self.every_steps and t.state.step % self.every_steps == 0 and t.state.epoch_step < t.steps_in_epoch(t.state.epoch):
             self.save()
 
     def after_epoch(self) -> None:
@@ -508,7 +536,7 @@ class SummaryHook(Hook):
         }
         noise_line = None
         if self.noise_scale is not None:
-            fields, noise_line = self.noise_scale.report(t.settings.global_batch_size)
+            fields, noise_line = self.noise_scale.report(t.global_batch_size)
             self.summary.update(fields)
         if not t.backend.is_main:
             return

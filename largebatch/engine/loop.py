@@ -44,6 +44,7 @@ from largebatch.errors import UsageError
 
 if TYPE_CHECKING:
     from largebatch.backends.base import Backend
+    from largebatch.batch_schedule import BatchSchedule
     from largebatch.data.contract import Loader
 
 __all__ = ["Hook", "NonFiniteLossError", "StepSettings", "Trainer", "TrainState"]
@@ -95,7 +96,10 @@ class StepSettings:
     ``stop`` or ``skip`` (:mod:`largebatch.engine.nonfinite`), with at most
     ``max_skipped_steps`` skips. ``cuda_graph_steps``: the model is compiled with CUDA graphs
     (``reduce-overhead``), which overwrite their outputs at each replay; the loop marks each
-    micro-step so that the previous one's outputs are known dead.
+    micro-step so that the previous one's outputs are known dead. ``batch_schedule``: the global
+    batch per epoch (:class:`~largebatch.batch_schedule.BatchSchedule`; ``global_batch_size`` is
+    then its base): a step of factor k reads k base steps' batches, as k times the micro-batches
+    or k-times larger ones (its ``via``).
     """
 
     epochs: int
@@ -108,6 +112,7 @@ class StepSettings:
     non_finite: str = "stop"
     max_skipped_steps: int = MAX_SKIPPED_STEPS
     cuda_graph_steps: bool = False
+    batch_schedule: Optional[BatchSchedule] = None
 
     def __post_init__(self) -> None:
         if self.cuda_graph_steps and self.accumulation_steps > 1:
@@ -118,6 +123,15 @@ class StepSettings:
                 f"{self.accumulation_steps} micro-steps; compile without CUDA graphs "
                 "(max-autotune-no-cudagraphs) or use accumulation_steps=1"
             )
+        if self.cuda_graph_steps and self.batch_schedule is not None and self.batch_schedule.via == "accumulation":
+            raise UsageError(
+                "a model compiled with CUDA graphs cannot accumulate gradients, as a batch schedule raised by "
+                "accumulation does; use batch_schedule.via=per_device or compile without CUDA graphs"
+            )
+
+    def batch_factor(self, epoch: int) -> int:
+        """Base steps per optimizer step in epoch ``epoch`` (1 without a batch schedule)."""
+        return 1 if self.batch_schedule is None else self.batch_schedule.factor_at(epoch)
 
 
 class Trainer:
@@ -161,6 +175,13 @@ class Trainer:
                 f"an epoch has no optimizer step: {len(train_loader)} batches per rank for "
                 f"{settings.accumulation_steps} accumulation steps; use a smaller global_batch_size"
             )
+        short = [e for e in range(settings.epochs) if self.steps_in_epoch(e) == 0]
+        if short:
+            raise UsageError(
+                f"epoch {short[0]} has no optimizer step: its global batch "
+                f"{settings.global_batch_size * settings.batch_factor(short[0])} is larger than the "
+                f"{self.steps_per_epoch * settings.global_batch_size} images of an epoch; lower batch_schedule.steps"
+            )
         self.stop_reason: Optional[str] = None
         # A run file rank 0 could not write (largebatch.engine.run_files): the ranks stop
         # after an agreed step, save it, and the run raises this.
@@ -192,6 +213,15 @@ class Trainer:
     def call(self, event: str, *args: Any) -> None:
         for h in self.hooks:
             getattr(h, event)(*args)
+
+    def steps_in_epoch(self, epoch: int) -> int:
+        """Optimizer steps of epoch ``epoch`` (``steps_per_epoch`` is the base batch's)."""
+        return self.steps_per_epoch // self.settings.batch_factor(epoch)
+
+    @property
+    def global_batch_size(self) -> int:
+        """The global batch of the current epoch's steps (the batch schedule's, or the run's)."""
+        return self.settings.global_batch_size * self.settings.batch_factor(self.state.epoch)
 
     def request_stop(self, reason: str) -> None:
         self.stop_reason = self.stop_reason or reason
@@ -234,15 +264,17 @@ class Trainer:
             while self.state.epoch < s.epochs and not self._should_stop():
                 self.call("before_epoch")
                 batches = iter(self.train_loader)
-                while self.state.epoch_step < self.steps_per_epoch and not self._should_stop():
-                    micro = list(itertools.islice(batches, s.accumulation_steps))
-                    if len(micro) < s.accumulation_steps:
+                k, steps = s.batch_factor(self.state.epoch), self.steps_in_epoch(self.state.epoch)
+                while self.state.epoch_step < steps and not self._should_stop():
+                    micro = list(itertools.islice(batches, s.accumulation_steps * k))
+                    if len(micro) < s.accumulation_steps * k:
                         break  # the loader ended early (e.g. skipped unreadable files)
-                    self.run_step(micro)
+                    joined = k > 1 and s.batch_schedule is not None and s.batch_schedule.via == "per_device"
+                    self.run_step(_joined(micro, k) if joined else micro)
                     self.call("after_step")
-                    if self.state.step % max(1, s.log_every) == 0 or self.state.epoch_step == self.steps_per_epoch:
+                    if self.state.step % max(1, s.log_every) == 0 or self.state.epoch_step == steps:
                         self.call("after_log", self._read_metrics())
-                if self.state.epoch_step < self.steps_per_epoch and self._should_stop():
+                if self.state.epoch_step < steps and self._should_stop():
                     break  # stopped mid-epoch
                 self.state.epoch += 1
                 self.state.epoch_step = 0
@@ -287,7 +319,7 @@ class Trainer:
         self._loss_steps += (~bad).to(self._loss_steps.dtype)
         self.state.step += 1
         self.state.epoch_step += 1
-        self.state.images_seen += s.global_batch_size
+        self.state.images_seen += self.global_batch_size
 
     def _read_metrics(self) -> dict[str, float]:
         """The one host read-back: mean finite loss since the last log step, the hooks'
@@ -306,3 +338,11 @@ class Trainer:
         self._log_images = 0
         self._log_time = now
         return {"loss": values[0], "lr": self.current_lr(), "img_per_s": ips, **dict(zip(names, values[1:]))}
+
+
+def _joined(batches: list[Any], k: int) -> list[Any]:
+    """``batch_schedule.via=per_device``: each run of ``k`` loader batches becomes one batch of
+    ``k`` times the per-device size (every tensor of the batch tuple concatenated)."""
+    return [tuple(torch.cat(parts) if isinstance(parts[0], torch.Tensor) else parts[0]
+                  for parts in zip(*batches[i:i + k]))
+            for i in range(0, len(batches), k)]

@@ -9,6 +9,7 @@ them. Events, in order::
     run_start                        INTERVAL_START  before the first step
     <hyperparameters>                POINT_IN_TIME   global_batch_size, opt_name, ... (once)
     epoch_start   {epoch_num}        INTERVAL_START  1-based
+    global_batch_size {epoch_num}    POINT_IN_TIME   a batch schedule's new batch, at each change
     epoch_stop    {epoch_num}        INTERVAL_END
     eval_accuracy {epoch_num}        POINT_IN_TIME   value: top-1 as a fraction (MLPerf's unit)
     ...
@@ -63,6 +64,7 @@ class MLPerfLogHook(Hook):
         self.prefix = "ema_" if top1_of == "ema" else ""
         self.params = dict(params or {})
         self.file = AppendLog(self.path, "the MLPerf log")
+        self._batch: Optional[int] = None
 
     def event(self, key: str, value: Any = None, *, event_type: str = POINT_IN_TIME, **metadata: Any) -> None:
         record = {
@@ -83,7 +85,13 @@ class MLPerfLogHook(Hook):
             self.event("target_accuracy", self.target_top1 / 100.0)
 
     def before_epoch(self) -> None:
-        self.event("epoch_start", event_type=INTERVAL_START, epoch_num=self.trainer.state.epoch + 1)
+        t = self.trainer
+        self.event("epoch_start", event_type=INTERVAL_START, epoch_num=t.state.epoch + 1)
+        if t.settings.batch_schedule is not None:  # batch-size control: each change (and a resumed run's first)
+            batch = t.global_batch_size
+            if batch != self._batch and (self._batch is not None or batch != self.params.get("global_batch_size")):
+                self.event("global_batch_size", batch, epoch_num=t.state.epoch + 1, lr=t.current_lr())
+            self._batch = batch
 
     def after_epoch(self) -> None:
         self.event("epoch_stop", event_type=INTERVAL_END, epoch_num=self.trainer.state.epoch)

@@ -142,8 +142,25 @@ class NoiseScaleHook(Hook):
         """Optimizer step pre-hook: ``.grad`` is the reduced gradient; fold the step's pair in."""
         if self._small is None:
             return
-        self.tracker.update(self._small, self.plan.batch_small, self._grad_sq_norm(1.0), self.plan.batch_big)
+        self.tracker.update(self._small, *self._with_norm(self._grad_sq_norm(1.0)))
         self._small = None
+
+    def _sizes(self) -> tuple[int, int]:
+        """The images behind the small and the big gradient in this step: the plan's, times the
+        batch schedule's factor k where the larger batch makes them larger (both under
+        ``via=per_device``; the big one only where accumulation adds micro-batches to one process)."""
+        t = self.trainer
+        schedule, k = t.settings.batch_schedule, t.settings.batch_factor(t.state.epoch)
+        small, big = self.plan.batch_small, self.plan.batch_big
+        if schedule is None or k == 1:
+            return small, big
+        same_small = self.plan.source in ("micro-batches", "probe") and schedule.via == "accumulation"
+        return (small if same_small else small * k), big * k
+
+    def _with_norm(self, big_sq_norm: torch.Tensor) -> tuple[int, torch.Tensor, int]:
+        """``(batch_small, |G_big|², batch_big)``: the tracker's arguments after the small norm."""
+        small, big = self._sizes()
+        return small, big_sq_norm, big
 
     def _grad_sq_norm(self, factor: float) -> torch.Tensor:
         """``factor`` x the squared norm of the optimizer's gradients, loss scale taken out."""
@@ -169,7 +186,7 @@ class NoiseScaleHook(Hook):
         """
         t = self.trainer
         images, labels, *_ = t.step_batches[0]
-        half = self.plan.batch_small
+        half = self._sizes()[0]
         params = [p for g in t.optimizer.param_groups for p in g["params"] if p.requires_grad]
         buffers = list(t.model.buffers())
         saved = [b.clone() for b in buffers]  # device copies: no host read
@@ -190,10 +207,9 @@ class NoiseScaleHook(Hook):
         source = self.plan.source
         if source == "probe":
             if self.trainer.state.step % self.plan.probe_every == 0:  # a host count: no read
-                self.tracker.update(self._probe_sq_norm(), self.plan.batch_small, self._grad_sq_norm(1.0),
-                                    self.plan.batch_big)
+                self.tracker.update(self._probe_sq_norm(), *self._with_norm(self._grad_sq_norm(1.0)))
             return
-        n = self.trainer.settings.accumulation_steps
+        n = len(self.trainer.step_batches)  # micro-batches of this step (a batch schedule may add some)
         if source == "micro-batches" and micro_batch == 0:
             self._small = self._grad_sq_norm(float(n * n))  # the 1/n loss scaling undone
         if source is None or micro_batch != n - 1:
@@ -203,7 +219,7 @@ class NoiseScaleHook(Hook):
             self._small = None if local is None else self._unscale(local)
         if self._small is None or self._reduced_in_step():  # no bucket was reduced; or: at the reduction
             return
-        self.tracker.update(self._small, self.plan.batch_small, self._grad_sq_norm(1.0), self.plan.batch_big)
+        self.tracker.update(self._small, *self._with_norm(self._grad_sq_norm(1.0)))
         self._small = None
 
     def report(self, global_batch_size: int) -> tuple[dict[str, Any], str]:

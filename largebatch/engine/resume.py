@@ -66,7 +66,8 @@ SCHEDULE_KEYS = ("epochs", "schedule.", "optimizer.lr", "base_batch_size", "lr_s
 
 # config keys (or key prefixes) a checkpoint must share with the run resuming it
 RUN_KEYS = ("seed", "model.", "optimizer.", "label_smoothing", "bn.", "data.synthetic.",
-            "data.image_size", "data.crop_scale", "data.val_crop_ratio", "data.resolution.")
+            "data.image_size", "data.crop_scale", "data.val_crop_ratio", "data.resolution.",
+            "batch_schedule.")
 # ... except these: how the same computation runs (and the schedule keys, SCHEDULE_KEYS)
 _HOW_KEYS = ("optimizer.foreach", "model.compile", "model.channels_last")
 
@@ -234,9 +235,22 @@ def _resolution_off_if_absent(saved: Optional[dict[str, Any]], current: Optional
     return saved
 
 
+def _batch_schedule_off_if_absent(saved: Optional[dict[str, Any]], current: Optional[dict[str, Any]]
+                                  ) -> Optional[dict[str, Any]]:
+    """A checkpoint made before ``batch_schedule`` existed trained every epoch at
+    ``global_batch_size``: the same as this run's batch schedule when it has no steps."""
+    if not isinstance(saved, dict) or "batch_schedule" in saved or not isinstance(current, dict):
+        return saved
+    now = current.get("batch_schedule")
+    if isinstance(now, dict) and not now.get("steps"):
+        return {**saved, "batch_schedule": now}
+    return saved
+
+
 def check_same_run(saved: Optional[dict[str, Any]], current: Optional[dict[str, Any]], path: Path) -> None:
     """Refuse a checkpoint whose config differs from this run's in a :data:`RUN_KEYS` key."""
-    differ = _differences(_resolution_off_if_absent(saved, current), current, RUN_KEYS, skip=SCHEDULE_KEYS + _HOW_KEYS)
+    saved = _batch_schedule_off_if_absent(_resolution_off_if_absent(saved, current), current)
+    differ = _differences(saved, current, RUN_KEYS, skip=SCHEDULE_KEYS + _HOW_KEYS)
     if differ:
         was = ", ".join(f"{k}={a}" for k, a, _ in differ)
         now = ", ".join(f"{k}={b}" for k, _, b in differ)

@@ -11,11 +11,14 @@ Cosine and polynomial decay run over the steps after warmup; step decay counts f
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 
 from largebatch.errors import UsageError
+
+if TYPE_CHECKING:
+    from largebatch.batch_schedule import BatchSchedule
 
 __all__ = [
     "warmup_factor",
@@ -28,7 +31,7 @@ __all__ = [
 ]
 
 
-def warmup_factor(step: int, warmup_steps: int, start_factor: float) -> float:
+def warmup_factor(step: float, warmup_steps: int, start_factor: float) -> float:
     """Linear warmup: ``start_factor`` at step 0, 1.0 from ``warmup_steps`` on."""
     if warmup_steps <= 0 or step >= warmup_steps:
         return 1.0
@@ -36,12 +39,12 @@ def warmup_factor(step: int, warmup_steps: int, start_factor: float) -> float:
     return start_factor + (1.0 - start_factor) * alpha
 
 
-def step_decay(step: int, milestones: Sequence[int], gamma: float) -> float:
+def step_decay(step: float, milestones: Sequence[int], gamma: float) -> float:
     """``gamma ** (number of milestones <= step)``; milestones are step indices."""
     return gamma ** sum(1 for m in milestones if step >= m)
 
 
-def cosine_decay(step: int, total_steps: int, end_factor: float = 0.0) -> float:
+def cosine_decay(step: float, total_steps: int, end_factor: float = 0.0) -> float:
     """Half-cosine from 1 at step 0 to ``end_factor`` at ``total_steps`` (held after)."""
     if total_steps <= 0:
         return 1.0
@@ -49,7 +52,7 @@ def cosine_decay(step: int, total_steps: int, end_factor: float = 0.0) -> float:
     return end_factor + (1.0 - end_factor) * 0.5 * (1.0 + math.cos(math.pi * t))
 
 
-def poly_decay(step: int, total_steps: int, power: float, end_factor: float = 0.0) -> float:
+def poly_decay(step: float, total_steps: int, power: float, end_factor: float = 0.0) -> float:
     """``end + (1 - end) * (1 - step/total) ** power`` (MLPerf ResNet-50 LARS: power 2)."""
     if total_steps <= 0:
         return 1.0
@@ -58,7 +61,7 @@ def poly_decay(step: int, total_steps: int, power: float, end_factor: float = 0.
 
 
 def lr_multiplier(
-    step: int,
+    step: float,
     *,
     name: str,
     total_steps: int,
@@ -126,13 +129,29 @@ def build_lr_scheduler(
     gamma: float = 0.1,
     power: float = 2.0,
     end_factor: float = 0.0,
+    batch_schedule: Optional[BatchSchedule] = None,
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """A per-iteration ``LambdaLR`` over ``lr_multiplier``; epochs are converted to steps."""
+    """A per-iteration ``LambdaLR`` over ``lr_multiplier``; epochs are converted to steps.
+
+    With a ``batch_schedule`` (:class:`~largebatch.batch_schedule.BatchSchedule`) the schedule runs
+    on the samples' clock: optimizer step n is at the base batch's step ``epoch_position(n) x
+    steps_per_epoch`` (``steps_per_epoch`` is then the base batch's), so warmup and decay do not
+    jump when the batch changes, and each phase's lr is multiplied by its ``lr_ratio``.
+    """
     total = steps_per_epoch * epochs
     warmup = int(round(warmup_epochs * steps_per_epoch))
     ms = [int(round(m * steps_per_epoch)) for m in milestones]
-    fn: Callable[[int], float] = lambda step: lr_multiplier(  # noqa: E731
-        step,
+
+    def base_step(step: int) -> float:
+        if batch_schedule is None:
+            return step
+        return batch_schedule.epoch_position(step, steps_per_epoch) * steps_per_epoch
+
+    def ratio(step: int) -> float:
+        return 1.0 if batch_schedule is None else batch_schedule.lr_ratio_at_step(step, steps_per_epoch)
+
+    fn: Callable[[int], float] = lambda step: ratio(step) * lr_multiplier(  # noqa: E731
+        base_step(step),
         name=name,
         total_steps=total,
         warmup_steps=warmup,

@@ -1,0 +1,143 @@
+"""Batch-size control: the global batch as a function of the epoch.
+
+Mikami et al. 2018 ("ImageNet/ResNet-50 Training in 224 Seconds", arXiv 1811.05233, sec. 3.1)
+train with a smaller global batch in the first epochs and raise it in steps later; Smith et
+al. 2017 ("Don't Decay the Learning Rate, Increase the Batch Size", arXiv 1711.00489) show that
+raising the batch by a factor where the lr would fall by it gives the same curve in fewer
+steps. :class:`BatchSchedule` is that schedule: from each listed epoch on, a global batch
+that is a whole multiple ``k`` of ``global_batch_size`` (the base).
+
+One optimizer step of factor ``k`` reads the next ``k`` base steps' batches of the epoch's
+order (the data order does not depend on the schedule, so every phase reads each image once
+per epoch and a run resumed anywhere continues with the next unseen ones). Two ways reach
+the larger batch (``via``):
+
+* ``accumulation``: ``k`` times the micro-batches, each its own forward and backward (no
+  new shapes; BN sees the base per-device batch);
+* ``per_device``: the ``k`` batches of each micro-step are concatenated into one of ``k``
+  times the per-device batch (BN sees the larger batch, as in Mikami et al.; one new shape
+  per factor for a compiled model).
+
+The learning rate follows the run's scaling rule per phase (``lr="scale"``: a factor ``k``
+multiplies it by ``k`` under ``lr_scaling=linear``, ``sqrt(k)`` under ``sqrt``) or stays
+(``lr="hold"``, Smith et al.'s form). The warmup and decay run over samples, not steps
+(:meth:`BatchSchedule.epoch_position`): a phase change never jumps along the schedule.
+
+Ground under both the config checks (``largebatch.config.checks`` validates
+``batch_schedule`` with :meth:`BatchSchedule.of`) and the loop: it imports only
+``largebatch.errors``. Epochs count from 0, as in ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from largebatch.errors import ConfigError
+
+__all__ = ["BatchSchedule", "GROWTH", "LR_RULES"]
+
+GROWTH = ("accumulation", "per_device")  # how a larger global batch is reached
+LR_RULES = ("scale", "hold")  # the lr per phase: by the scaling rule, or held
+
+
+@dataclass(frozen=True)
+class BatchSchedule:
+    """The global batch per epoch (see the module docstring).
+
+    Args:
+        base: the global batch of the epochs before the first step (``global_batch_size``).
+        steps: ``((epoch, global_batch), ...)``: from that epoch on, that global batch, a
+            whole multiple of ``base``; epochs ascending.
+        via: ``accumulation`` or ``per_device`` (:data:`GROWTH`).
+        lr: ``scale`` or ``hold`` (:data:`LR_RULES`).
+        lr_scaling: the run's rule (``linear``, ``sqrt``, ``none``), for ``lr="scale"``.
+    """
+
+    base: int
+    steps: tuple[tuple[int, int], ...]
+    via: str = "accumulation"
+    lr: str = "scale"
+    lr_scaling: str = "linear"
+
+    @classmethod
+    def of(cls, steps: Sequence[Sequence[int]], *, global_batch_size: int, epochs: int, via: str = "accumulation",
+           lr: str = "scale", lr_scaling: str = "linear") -> Optional["BatchSchedule"]:
+        """The schedule of the ``batch_schedule`` settings (None when ``steps`` is empty), checked:
+        a bad value raises a one-line :class:`ConfigError` naming the key."""
+        if via not in GROWTH:
+            raise ConfigError(f"batch_schedule.via={via} is not one of {', '.join(GROWTH)}; set one of them")
+        if lr not in LR_RULES:
+            raise ConfigError(f"batch_schedule.lr={lr} is not one of {', '.join(LR_RULES)}; set one of them")
+        if not steps:
+            return None
+        must = (f"[[epoch, global_batch], ...] with epochs ascending in 1..{epochs - 1} and each batch a whole "
+                f"multiple of global_batch_size ({global_batch_size})")
+        pairs: list[tuple[int, int]] = []
+        for pair in steps:
+            if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in pair):
+                _bad(steps, must)
+            epoch, batch = int(pair[0]), int(pair[1])
+            if not 1 <= epoch < epochs or (pairs and epoch <= pairs[-1][0]):
+                _bad(steps, must)
+            if batch < global_batch_size or batch % global_batch_size:
+                _bad(steps, must)
+            pairs.append((epoch, batch))
+        return cls(global_batch_size, tuple(pairs), via=via, lr=lr, lr_scaling=lr_scaling)
+
+    def batch_at(self, epoch: int) -> int:
+        """The global batch of epoch ``epoch`` (0-based)."""
+        batch = self.base
+        for start, size in self.steps:
+            if epoch >= start:
+                batch = size
+        return batch
+
+    def factor_at(self, epoch: int) -> int:
+        """``batch_at(epoch) / base``: base steps per optimizer step in that epoch."""
+        return self.batch_at(epoch) // self.base
+
+    def steps_in_epoch(self, epoch: int, base_steps: int) -> int:
+        """Optimizer steps of epoch ``epoch`` when the base batch makes ``base_steps`` a epoch
+        (a tail shorter than one step is dropped, as the base drops its tail)."""
+        return base_steps // self.factor_at(epoch)
+
+    def total_steps(self, epochs: int, base_steps: int) -> int:
+        """Optimizer steps of ``epochs`` epochs."""
+        return sum(self.steps_in_epoch(e, base_steps) for e in range(epochs))
+
+    def epoch_position(self, step: int, base_steps: int) -> float:
+        """Epochs trained (fractional) after ``step`` optimizer steps of the whole run: the
+        samples' clock the lr schedule runs on. Past the listed epochs the last phase goes on."""
+        epoch = 0
+        while True:
+            n = self.steps_in_epoch(epoch, base_steps)
+            if n <= 0:
+                return float(epoch)
+            if step < n:
+                return epoch + step / n
+            step -= n
+            epoch += 1
+
+    def lr_ratio(self, epoch: int) -> float:
+        """The lr of epoch ``epoch`` over the base batch's (1.0 with ``lr="hold"``)."""
+        k = self.factor_at(epoch)
+        if self.lr == "hold" or self.lr_scaling == "none":
+            return 1.0
+        return float(k) if self.lr_scaling == "linear" else math.sqrt(k)
+
+    def lr_ratio_at_step(self, step: int, base_steps: int) -> float:
+        """:meth:`lr_ratio` of the epoch optimizer step ``step`` falls in."""
+        return self.lr_ratio(int(self.epoch_position(step, base_steps)))
+
+    def describe(self) -> str:
+        """``256, 512 from epoch 3, 1024 from epoch 6 (by accumulation; lr scaled)``."""
+        phases = ", ".join(f"{b} from epoch {e}" for e, b in self.steps)
+        lr = f"lr {self.lr_scaling}-scaled per phase" if self.lr == "scale" else "lr held"
+        return f"{self.base}, {phases} ({self.via.replace('_', '-')}; {lr})"
+
+
+def _bad(steps: Sequence[Sequence[int]], must: str) -> None:
+    shown = [list(p) for p in steps]
+    raise ConfigError(f"batch_schedule.steps={shown} is out of range: it must be {must}; set batch_schedule.steps= to such a value")

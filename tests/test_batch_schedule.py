@@ -1,0 +1,249 @@
+"""Batch-size control (``batch_schedule``, issue 57): the schedule's arithmetic and checks, the lr
+on the samples' clock, and real CPU runs that raise the batch by accumulation or by the per-device
+batch, resumed inside each phase bit for bit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from largebatch.batch_schedule import BatchSchedule
+from largebatch.cli import main
+from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
+from largebatch.engine.loop import Trainer
+from largebatch.errors import ConfigError
+from largebatch.lr import build_lr_scheduler
+from tests.smoke import EXACT, smoke
+
+# ---------------------------------------------------------------------------------------
+# the arithmetic
+
+
+def test_each_phase_has_its_batch_factor_and_steps() -> None:
+    """Mikami et al.'s form: a small batch first, raised in steps (here x2 at epoch 2, x4 at 5)."""
+    s = BatchSchedule.of([[2, 512], [5, 1024]], global_batch_size=256, epochs=8)
+    assert [s.batch_at(e) for e in range(8)] == [256, 256, 512, 512, 512, 1024, 1024, 1024]
+    assert [s.factor_at(e) for e in (0, 2, 7)] == [1, 2, 4]
+    assert [s.steps_in_epoch(e, 10) for e in (0, 2, 5)] == [10, 5, 2]  # 10 // 4: the tail dropped
+    assert s.total_steps(8, 10) == 2 * 10 + 3 * 5 + 3 * 2
+    assert s.describe() == "256, 512 from epoch 2, 1024 from epoch 5 (accumulation; lr linear-scaled per phase)"
+
+
+def test_the_samples_clock_counts_epochs_whatever_the_batch() -> None:
+    s = BatchSchedule.of([[1, 16], [2, 32]], global_batch_size=8, epochs=4)
+    base = 8  # steps of an epoch at the base batch: then 4, then 2 per epoch
+    positions = [s.epoch_position(n, base) for n in range(8 + 4 + 2 + 2 + 1)]
+    assert positions[:9] == [n / 8 for n in range(9)]
+    assert positions[8:13] == [1.0, 1.25, 1.5, 1.75, 2.0]
+    assert positions[12:] == [2.0, 2.5, 3.0, 3.5, 4.0]
+    assert BatchSchedule.of([], global_batch_size=8, epochs=4) is None
+
+
+def test_the_lr_follows_the_scaling_rule_per_phase_or_is_held() -> None:
+    linear = BatchSchedule.of([[1, 32]], global_batch_size=8, epochs=2, lr_scaling="linear")
+    root = BatchSchedule.of([[1, 32]], global_batch_size=8, epochs=2, lr_scaling="sqrt")
+    held = BatchSchedule.of([[1, 32]], global_batch_size=8, epochs=2, lr="hold")
+    assert [linear.lr_ratio(e) for e in (0, 1)] == [1.0, 4.0]
+    assert [root.lr_ratio(e) for e in (0, 1)] == [1.0, 2.0]
+    assert [held.lr_ratio(e) for e in (0, 1)] == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("steps,pattern", [
+    ([[0, 16]], "epochs ascending in 1..3"),
+    ([[4, 16]], "epochs ascending in 1..3"),
+    ([[2, 16], [1, 32]], "batch_schedule.steps=[[2, 16], [1, 32]] is out of range"),
+    ([[1, 12]], "whole multiple of global_batch_size (8)"),
+    ([[1, 4]], "whole multiple of global_batch_size (8)"),
+    ([[1, 16, 2]], "[[epoch, global_batch], ...]"),
+    ([[1.5, 16]], "[[epoch, global_batch], ...]"),
+])
+def test_bad_schedules_are_one_clear_error(steps: list[list[Any]], pattern: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        BatchSchedule.of(steps, global_batch_size=8, epochs=4)
+    assert pattern in str(err.value) and "\n" not in str(err.value)
+
+
+def test_bad_settings_stop_at_compose_time_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    for bad, pattern in ((["batch_schedule.steps=[[1,12]]"], "batch_schedule.steps=[[1, 12]] is out of range"),
+                         (["batch_schedule.via=sideways"], "batch_schedule.via"),
+                         (["batch_schedule.steps=[[1,16]]", "model.compile=reduce-overhead"],
+                          "batch_schedule.via=per_device")):
+        assert main(smoke("epochs=2", *bad, f"run_dir={tmp_path / 'run'}")) == 2
+        err = capsys.readouterr().err.strip()
+        assert pattern in err and "\n" not in err, err
+        assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_the_lr_schedule_runs_on_samples_and_jumps_only_by_the_rule() -> None:
+    """Warmup + cosine over 4 epochs of 8 base steps, the batch x2 from epoch 1 and x4 from 2:
+    the lr divided by the phase's ratio is the unscheduled lr at the same epoch position."""
+    def lrs(schedule: BatchSchedule | None, steps: int) -> list[float]:
+        p = torch.nn.Parameter(torch.zeros(1))
+        opt = torch.optim.SGD([p], lr=1.0)
+        sched = build_lr_scheduler(opt, name="cosine", steps_per_epoch=8, epochs=4, warmup_epochs=1.5,
+                                   warmup_start_factor=0.1, batch_schedule=schedule)
+        out = []
+        for _ in range(steps):
+            out.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        return out
+
+    s = BatchSchedule.of([[1, 16], [2, 32]], global_batch_size=8, epochs=4)
+    plain = lrs(None, 32)
+    scheduled = lrs(s, 8 + 4 + 2 + 2)
+    for n, lr in enumerate(scheduled):
+        position = s.epoch_position(n, 8)
+        base_step = position * 8
+        assert base_step == int(base_step)  # every step lands on a base step here
+        assert lr == pytest.approx(plain[int(base_step)] * s.lr_ratio(int(position)), rel=1e-12)
+    assert scheduled[8] / scheduled[7] == pytest.approx(2 * plain[8] / plain[7])  # the rule's x2, no more
+
+
+# ---------------------------------------------------------------------------------------
+# real runs: 4 classes x 16 images, base batch 8: 8 base steps per epoch
+
+
+DATA = ["data.synthetic.train_per_class=16", "epochs=3"]
+PHASES = ["batch_schedule.steps=[[1,16],[2,32]]"]  # 8 steps of 8, 4 of 16, 2 of 32
+
+
+@pytest.fixture
+def forward_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The batch size of every training forward (Trainer.loss)."""
+    seen: list[int] = []
+    loss = Trainer.loss
+
+    def recording(self: Trainer, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        seen.append(images.shape[0])
+        return loss(self, images, labels)
+
+    monkeypatch.setattr(Trainer, "loss", recording)
+    return seen
+
+
+def _records(run: Path, kind: str) -> list[dict[str, Any]]:
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+
+
+@pytest.mark.parametrize("via,sizes", [
+    ("accumulation", [8] * 8 + [8] * 8 + [8] * 8),  # 1, 2, then 4 micro-batches of 8 per step
+    ("per_device", [8] * 8 + [16] * 4 + [32] * 2),  # one forward of the whole per-device batch
+])
+def test_a_run_raises_the_batch_per_phase(tmp_path: Path, forward_sizes: list[int], via: str,
+                                          sizes: list[int]) -> None:
+    run = tmp_path / "run"
+    assert main(smoke(*DATA, *PHASES, f"batch_schedule.via={via}", f"run_dir={run}")) == 0
+    assert forward_sizes == sizes
+    epochs = _records(run, "epoch")
+    assert [(r["epoch"], r["step"], r["global_batch_size"]) for r in epochs] == [(1, 8, 8), (2, 12, 16), (3, 14, 32)]
+    log = (run / "train.log").read_text()
+    assert "batch schedule: global batch 8, 16 from epoch 1, 32 from epoch 2" in log
+    assert "epoch 2/3: global batch 16 (was 8)" in log and "epoch 3/3: global batch 32 (was 16)" in log
+    events = [json.loads(line) for line in (run / "mlperf_log.jsonl").read_text().splitlines()]
+    changes = [(e["value"], e["metadata"].get("epoch_num")) for e in events if e["key"] == "global_batch_size"]
+    assert changes == [(8, None), (16, 2), (32, 3)]  # the run_start value, then each change
+
+
+def test_without_a_schedule_nothing_changes(tmp_path: Path, forward_sizes: list[int]) -> None:
+    run = tmp_path / "run"
+    assert main(smoke(*DATA, f"run_dir={run}")) == 0
+    assert forward_sizes == [8] * 24
+    assert all("global_batch_size" not in r for r in _records(run, "epoch"))
+    assert "batch schedule" not in (run / "train.log").read_text()
+
+
+def test_the_lr_of_each_phase_is_the_rule_times_the_samples_clock(tmp_path: Path) -> None:
+    """The lr logged after step n is the next step's: x2 of the constant base lr from step 9 (the
+    first of epoch 1), x4 from step 13 (the first of epoch 2)."""
+    run = tmp_path / "run"
+    assert main(smoke(*DATA, *PHASES, "schedule=constant", "schedule.warmup_epochs=0", "log_every=1",
+                      f"run_dir={run}")) == 0
+    lr = {r["step"]: r["lr"] for r in _records(run, "train")}
+    base = lr[1]
+    assert [lr[7], lr[8], lr[11], lr[12]] == pytest.approx([base, 2 * base, 2 * base, 4 * base])
+    held = tmp_path / "held"
+    assert main(smoke(*DATA, *PHASES, "batch_schedule.lr=hold", "schedule=constant", "schedule.warmup_epochs=0",
+                      "log_every=1", f"run_dir={held}")) == 0
+    assert {r["lr"] for r in _records(held, "train")} == {base}
+
+
+def _weights(run: Path, step: int) -> dict[str, torch.Tensor]:
+    last = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])
+    assert last["train_state"]["step"] == step
+    return last["model"]
+
+
+@pytest.mark.parametrize("via", ["accumulation", "per_device"])
+def test_resumed_inside_each_phase_the_run_is_bit_identical(tmp_path: Path, via: str,
+                                                            forward_sizes: list[int]) -> None:
+    """Stopped at step 3 (phase 1, epoch 0), 10 (phase 2, epoch 1 half done) and 13 (phase 3,
+    epoch 2 half done), each resumed: the weights of the uninterrupted run, and the same forwards."""
+    exact = [*EXACT, *DATA, *PHASES, f"batch_schedule.via={via}"]
+    straight = tmp_path / "straight"
+    assert main([*exact, f"run_dir={straight}"]) == 0
+    uninterrupted = list(forward_sizes)
+    forward_sizes.clear()
+    run = tmp_path / "run"
+    for stop in (3, 10, 13):
+        assert main([*exact, f"run_dir={run}", f"max_steps={stop}", *(["resume=auto"] if stop > 3 else [])]) == 0
+        state = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])["train_state"]
+        assert (state["step"], state["epoch"], state["epoch_step"]) == {3: (3, 0, 3), 10: (10, 1, 2),
+                                                                        13: (13, 2, 1)}[stop]
+    assert main([*exact, f"run_dir={run}", "resume=auto", "max_steps=null"]) == 0
+    assert forward_sizes == uninterrupted
+    a, b = _weights(straight, 14), _weights(run, 14)
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+    assert load_checkpoint(list_checkpoints(run / "checkpoints")[-1])["train_state"]["images_seen"] == 3 * 64
+
+
+@pytest.mark.parametrize("via,small", [("accumulation", [4, 4, 4]), ("per_device", [4, 8, 16])])
+def test_the_noise_scale_is_measured_over_each_phases_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture, via: str,
+                                                             small: list[int]) -> None:
+    """accumulation_steps=2 on one process measures the first micro-batch against the step: the
+    step's gradient grows with the batch (8 -> 16 -> 32 images); the micro-batch stays 4 images when
+    the schedule adds micro-batches, and grows with the per-device batch when it concatenates."""
+    from largebatch.diagnostics.noise_scale import GradientNoiseScale
+
+    pairs: list[tuple[int, int]] = []
+    update = GradientNoiseScale.update
+
+    def recording(self: Any, sq_small: torch.Tensor, b_small: float, sq_big: torch.Tensor, b_big: float) -> None:
+        pairs.append((int(b_small), int(b_big)))
+        update(self, sq_small, b_small, sq_big, b_big)
+
+    monkeypatch.setattr(GradientNoiseScale, "update", recording)
+    run = tmp_path / "run"
+    assert main(smoke(*DATA, *PHASES, "accumulation_steps=2", f"batch_schedule.via={via}", f"run_dir={run}")) == 0
+    assert pairs == [(small[0], 8)] * 8 + [(small[1], 16)] * 4 + [(small[2], 32)] * 2
+    assert json.loads((run / "summary.json").read_text())["noise_scale_final"] is not None
+    assert "; your global batch is 32" in capsys.readouterr().out  # the closing line: the last phase's
+
+
+def test_a_resume_with_another_batch_schedule_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = tmp_path / "run"
+    assert main(smoke(*DATA, *PHASES, f"run_dir={run}", "max_steps=2")) == 0
+    capsys.readouterr()
+    assert main(smoke(*DATA, "batch_schedule.steps=[[1,32]]", f"run_dir={run}", "resume=auto")) != 0
+    err = capsys.readouterr().err.strip()
+    assert "belongs to another run" in err and "batch_schedule.steps=[[1, 32]]" in err and "\n" not in err
+
+
+def test_a_checkpoint_from_before_the_setting_resumes_with_it_off() -> None:
+    from omegaconf import OmegaConf
+
+    from largebatch.config import compose_config
+    from largebatch.engine.resume import check_same_run
+
+    now = json.loads(json.dumps(OmegaConf.to_container(compose_config(["debug=smoke"]), resolve=True),
+                                default=lambda e: e.value))
+    old = {k: v for k, v in now.items() if k != "batch_schedule"}
+    check_same_run(old, now, Path("ckpt.pt"))  # no error
+    now["batch_schedule"]["steps"] = [[1, 16]]
+    with pytest.raises(Exception, match="batch_schedule.steps=None"):
+        check_same_run(old, now, Path("ckpt.pt"))
