@@ -307,7 +307,8 @@ def build_dali_loaders(
         return _val_images(encoded, gpu=gpu, image_size=spec.val_size, val_crop_ratio=spec.val_crop_ratio,
                            layout=layout, dtype=dtype, hw_decoder_load=hw_decoder_load)
 
-    def pipeline(graph: Callable[[Any, bool, Any], Any], side_at: Callable[[int], int] | None = None) -> DaliPipeline:
+    def pipeline(graph: Callable[[Any, bool, Any], Any],
+                 side_at: Callable[[int], int] | None = None) -> DaliPipeline:
         return DaliPipeline(graph, spec.workers, spec.device_id, layout, prefetch_queue_depth, side_at)
 
     seed = _aug_seed(spec.seed, spec.rank)
