@@ -1,5 +1,6 @@
-"""Progressive resizing (``data.resolution``): the schedule's arithmetic, its checks, and real
-CPU runs whose training batches have each epoch's scheduled side, after a resume too."""
+"""Progressive resizing (``data.resolution``): the schedule's arithmetic, its checks, real
+CPU runs whose training batches have each epoch's scheduled side, after a resume too, and every
+other loader (nvjpeg, DALI over files and over packed shards) at the same sides."""
 
 from __future__ import annotations
 
@@ -79,13 +80,6 @@ def test_bad_settings_stop_at_compose_time_in_one_line(tmp_path: Path, capsys: p
     assert err.startswith("largebatch: error:") and "\n" not in err and "Traceback" not in err
     assert pattern in err, err
     assert not run.exists()
-
-
-def test_a_pipeline_that_cannot_resize_refuses_the_schedule(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    args = smoke("data.loader=nvjpeg", "data.resolution.eval_size=24", f"run_dir={tmp_path / 'run'}")
-    assert main(args) != 0
-    err = capsys.readouterr().err.strip()
-    assert "read by the torchvision loader only" in err and "\n" not in err, err
 
 
 # ---------------------------------------------------------------------------------------
@@ -213,3 +207,139 @@ def test_a_checkpoint_from_before_the_setting_resumes_with_it_off(tmp_path: Path
     now["data"]["resolution"]["schedule"] = "steps"
     with pytest.raises(Exception, match="data.resolution.schedule=None"):
         check_same_run(old, now, tmp_path / "ckpt.pt")
+
+
+# ---------------------------------------------------------------------------------------
+# the other loaders: nvjpeg (decode on the CPU here), DALI over files and over packed shards
+
+SCHEDULES = {
+    "steps": ResolutionSchedule.of("steps", steps=[[0, 16], [1, 24], [2, 32]], image_size=16, epochs=3),
+    "ramp": ResolutionSchedule.of("ramp", start_epoch=0, end_epoch=2, start_size=16, end_size=32, multiple=8,
+                                  image_size=16, epochs=3),
+}
+LOADERS = ["nvjpeg", "dali", "shards"]
+
+
+@pytest.fixture(scope="module")
+def image_set(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """2 classes x 8 train / 2 val images of 36 px, checked, and its packed shards."""
+    from largebatch.data.check import check_dataset
+    from largebatch.data.synthetic import make_synthetic_imagenet
+
+    base = tmp_path_factory.mktemp("resizing")
+    root = make_synthetic_imagenet(base / "set", num_classes=2, train_per_class=8, val_per_class=2, image_size=36)
+    out = {"root": root}
+    if _have_dali():
+        from largebatch.tools.make_shards import main as make_shards
+
+        assert check_dataset(root, workers=1).ok
+        assert make_shards([str(root), str(base / "shards"), "--shard-size", "4", "--workers", "1"]) == 0
+        out["shards"] = base / "shards"
+    return out
+
+
+def _have_dali() -> bool:
+    from largebatch.data.pipelines.dali_graph import dali_available
+
+    return dali_available()
+
+
+def _build(loader: str, image_set: dict[str, Path], spec: Any) -> tuple[Any, Any]:
+    if loader == "nvjpeg":
+        from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
+
+        return build_nvjpeg_loaders(image_set["root"], spec, prefetch_batches=0)[:2]
+    if not _have_dali():
+        pytest.skip("NVIDIA DALI is not installed")
+    if loader == "dali":
+        from largebatch.data.pipelines.dali_files import build_dali_loaders
+
+        return build_dali_loaders(image_set["root"], spec)[:2]
+    from largebatch.data.pipelines.dali_shards import build_dali_shard_loaders
+
+    return build_dali_shard_loaders(image_set["shards"], spec)[:2]
+
+
+def _spec(schedule: ResolutionSchedule, **kw: Any) -> Any:
+    from largebatch.data.contract import LoaderSpec
+
+    return LoaderSpec(image_size=16, batch_size=4, workers=1, seed=3, train_sizes=schedule, val_image_size=28, **kw)
+
+
+def _pass(loader: Any, epoch: int, skip: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    loader.set_epoch(epoch, skip_batches=skip)
+    return [(images.clone(), labels.clone()) for images, labels in loader]
+
+
+@pytest.mark.parametrize("kind", sorted(SCHEDULES))
+@pytest.mark.parametrize("loader", LOADERS)
+def test_every_loader_crops_each_epochs_side_and_the_evaluation_side(image_set: dict[str, Path], loader: str,
+                                                                    kind: str) -> None:
+    schedule = SCHEDULES[kind]
+    train, val = _build(loader, image_set, _spec(schedule))
+    try:
+        for epoch in range(3):
+            batches = _pass(train, epoch)
+            assert len(batches) == len(train) == 4
+            side = schedule.size_at(epoch)
+            assert {tuple(images.shape) for images, _ in batches} == {(4, 3, side, side)}, (epoch, side)
+        assert [schedule.size_at(e) for e in range(3)] == [16, 24, 32]
+        evaluated = _pass(val, 0)
+        assert evaluated and {images.shape[-2:] for images, _ in evaluated} == {torch.Size([28, 28])}
+        assert sum(len(labels) for _, labels in evaluated) == 4
+    finally:
+        train.close()
+        val.close()
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+def test_a_resume_inside_an_epoch_reads_the_uninterrupted_batches(image_set: dict[str, Path], loader: str) -> None:
+    """Epoch 1 (24 px) read whole after epoch 0, and by a fresh loader (a resumed process) from
+    its third batch: the same batches. nvjpeg (crops keyed by seed, epoch, index) and the shard
+    pipeline (built per epoch) give the same bits. DALI over files gives the same files at the
+    same side; its crops come from one random stream that runs on across epochs (the crops
+    after a resume differ, docs/checkpoints.md), so there the crop is the whole image
+    (crop_scale 1) and the pixels are compared up to the random flip."""
+    spec = _spec(SCHEDULES["steps"], crop_scale=(1.0, 1.0) if loader == "dali" else (0.08, 1.0))
+    straight = _build(loader, image_set, spec)[0]
+    _pass(straight, 0)
+    whole = _pass(straight, 1)
+    resumed_loader = _build(loader, image_set, spec)[0]
+    resumed = _pass(resumed_loader, 1, skip=2)
+    straight.close()
+    resumed_loader.close()
+    assert len(whole) == 4 and len(resumed) == 2
+    assert not torch.equal(whole[0][0], resumed[0][0])  # not the epoch's start again
+    for (a, la), (b, lb) in zip(whole[2:], resumed):
+        assert a.shape[-1] == b.shape[-1] == 24 and torch.equal(la, lb)
+        if loader == "dali":
+            a, b = a + a.flip(-1), b + b.flip(-1)  # the flip's random stream is not the same
+        assert torch.equal(a, b)
+
+
+def test_a_dali_run_follows_the_schedule_and_the_evaluation_side(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real CLI run with data.loader=dali (the embedded set, checked on first use, decoded on
+    the CPU): every training batch has its epoch's side, every evaluation batch 28 px."""
+    if not _have_dali():
+        pytest.skip("NVIDIA DALI is not installed")
+    from largebatch.data.pipelines import dali_files
+
+    seen: list[int] = []
+    real = dali_files._to_batch
+
+    def recording(out: Any, layout: str) -> Any:
+        images, labels = real(out, layout)
+        seen.append(int(images.shape[-1]))
+        return images, labels
+
+    monkeypatch.setattr(dali_files, "_to_batch", recording)
+    run = tmp_path / "run"
+    assert main(smoke(*STEPS, "data.loader=dali", "data.resolution.eval_size=28", f"run_dir={run}")) == 0
+    assert [side for side in seen if side != 28] == [16] * 4 + [24] * 4 + [32] * 4
+    assert 28 in seen
+    log = (run / "train.log").read_text()
+    assert "input pipeline: DALI" in log
+    assert "resolution: training crops steps 16 px from epoch 0, 24 px from epoch 1, 32 px from epoch 2; " \
+           "evaluation crops 28 px" in log
+    assert [(r["epoch"], r["image_size"]) for r in _epoch_records(run)] == [(1, 16), (2, 24), (3, 32)]

@@ -202,7 +202,8 @@ class SyntheticDataConfig:
 @dataclass
 class ResolutionConfig:
     """Progressive resizing: the training crop side per epoch (``largebatch.resolution``),
-    and the evaluation side. Epochs count from 0. Read by ``data.loader=torchvision``."""
+    and the evaluation side. Epochs count from 0. Every loader (torchvision, nvjpeg, DALI over
+    files or ``data.shards``) follows it."""
 
     # none: every epoch at data.image_size; steps: data.resolution.steps; ramp: linear between
     # start_epoch and end_epoch, rounded to a multiple of `multiple`

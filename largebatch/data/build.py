@@ -156,10 +156,11 @@ def _agree_on_dali(requested: str, root: Path, backend: Backend, fallback: str) 
     return decision._replace(file_lists=lists)
 
 
-def _torchvision_only(what: str) -> str:
-    return (f"data.resolution (progressive resizing, an evaluation side of its own) is read by the torchvision "
-            f"loader only, not with {what}: set data.loader=torchvision, or data.resolution.schedule=none "
-            f"and data.resolution.eval_size=null")
+def _log_resolution(spec: LoaderSpec) -> None:
+    """The run log's line for ``data.resolution`` (every pipeline follows it), when it is set."""
+    if spec.resized:
+        log.info("resolution: training crops %s; evaluation crops %d px",
+                 spec.train_sizes.describe() if spec.train_sizes else f"{spec.image_size} px", spec.val_size)
 
 
 def build_run_loaders(
@@ -178,8 +179,6 @@ def build_run_loaders(
         backend: the run's backend (``is_main``, ``broadcast_object``).
     """
     decode = "mixed (GPU)" if spec.on_gpu else "CPU"
-    if spec.resized and (shards or loader in ("dali", "nvjpeg")):
-        raise DataError(_torchvision_only(f"data.shards={shards}" if shards else f"data.loader={loader}"))
     if shards:
         from largebatch.data.pipelines.dali_graph import require_dali
         from largebatch.data.pipelines.dali_shards import build_dali_shard_loaders
@@ -194,27 +193,25 @@ def build_run_loaders(
         if backend.is_main:
             log.info("input pipeline: DALI webdataset reader over the shards in %s, %s decode, %s",
                      shards, decode, spec.layout)
+            _log_resolution(spec)
         return train, val, num_classes
     fallback = "nvjpeg" if loader == "nvjpeg" or (loader == "auto" and spec.on_gpu) else "torchvision"
     decision = DaliDecision(False) if loader in ("torchvision", "nvjpeg") else _agree_on_dali(
         loader, root, backend, fallback)
-    if spec.resized and (decision.use_dali or fallback == "nvjpeg"):
-        raise DataError(_torchvision_only(f"data.loader={loader} (reading with {'DALI' if decision.use_dali else 'nvjpeg'})"))
     if not decision.use_dali and fallback == "nvjpeg":
         from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 
         if backend.is_main:
             log.info("input pipeline: nvjpeg, %s decode and augmentation on %s, %d file-reading worker(s) per "
                      "rank, %s", "nvJPEG (GPU)" if spec.on_gpu else "CPU", spec.device, spec.workers, spec.layout)
+            _log_resolution(spec)
         return build_nvjpeg_loaders(root, spec)
     if not decision.use_dali:
         from largebatch.data.pipelines.torchvision import build_loaders
 
         if backend.is_main:
             log.info("input pipeline: torchvision DataLoader, %d worker(s) per rank", spec.workers)
-            if spec.resized:
-                log.info("resolution: training crops %s; evaluation crops %d px",
-                         spec.train_sizes.describe() if spec.train_sizes else f"{spec.image_size} px", spec.val_size)
+            _log_resolution(spec)
         return build_loaders(root, spec)
     from largebatch.data.pipelines.dali_files import build_dali_loaders
 
@@ -225,4 +222,5 @@ def build_run_loaders(
             "data check's lists", decode, max(1, spec.workers), spec.layout, train.total_samples,
             val.total_samples,
         )
+        _log_resolution(spec)
     return train, val, num_classes

@@ -20,7 +20,7 @@ the model trains on the current one.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -56,19 +56,24 @@ __all__ = ["DaliLoader", "build_dali_loaders"]
 
 
 class _BatchSource:
-    """``fn.external_source`` callback: batch ``i`` of the current epoch as (paths, labels)."""
+    """``fn.external_source`` callback: batch ``i`` of the current epoch as (paths, labels),
+    and each sample's crop side (the epoch's) when ``side`` is set (training)."""
 
     def __init__(self, paths: Sequence[str], labels: np.ndarray) -> None:
         self.paths = paths
         self.labels = labels
         self.batches: list[list[int]] = []
+        self.side: Optional[int] = None
 
-    def __call__(self, info: Any) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    def __call__(self, info: Any) -> tuple[list[np.ndarray], ...]:
         if info.iteration >= len(self.batches):
             raise StopIteration
         idx = self.batches[info.iteration]
-        return ([np.frombuffer(self.paths[i].encode(), dtype=np.uint8) for i in idx],
-                [np.asarray(self.labels[i], dtype=np.int64) for i in idx])
+        out = ([np.frombuffer(self.paths[i].encode(), dtype=np.uint8) for i in idx],
+               [np.asarray(self.labels[i], dtype=np.int64) for i in idx])
+        if self.side is None:
+            return out
+        return (*out, [np.asarray(self.side, dtype=np.float32)] * len(idx))
 
 
 class DaliLoader:
@@ -78,6 +83,14 @@ class DaliLoader:
     batches of a whole epoch for this rank; ``set_epoch(epoch, skip_batches)`` picks the
     epoch's shuffle and skips its first batches (resume), for the next iteration only.
     Build it with :func:`build_dali_loaders`.
+
+    Progressive resizing: a training batch's crop side (``pipeline.side_at(epoch)``) comes
+    from the same callback as its files, one value per sample, and is DALI's ``fn.resize``
+    argument input. DALI 2.4's ``resize_x``/``resize_y`` accept a per-sample argument input
+    (tried: the same bits as the constant), so one pipeline serves every side: no pipeline
+    per side to build, hold and close, and the augmentation's random stream runs on across
+    epochs as it does without a schedule. The side follows ``set_epoch``, so a resume inside
+    an epoch reads that epoch's side.
     """
 
     def __init__(
@@ -103,6 +116,7 @@ class DaliLoader:
         self.skipped = 0  # never grows: DALI cannot skip a file, the data check left them out
         self._source = _BatchSource(paths, np.asarray(labels, dtype=np.int64))
         self._graph = pipeline.graph
+        self._side_at = pipeline.side_at
         self._workers = max(1, pipeline.workers)
         self._seed = seed
         self._depth = pipeline.prefetch_queue_depth
@@ -156,9 +170,10 @@ class DaliLoader:
                            device_id=self.device_id, seed=self._seed,
                            prefetch_queue_depth=self._depth)
         def pipeline() -> tuple[Any, Any]:
-            names, labels = dali.fn.external_source(source=source, num_outputs=2, batch=True,
-                                                    batch_info=True)
-            images = self._graph(dali.fn.io.file.read(names), gpu)
+            outputs = dali.fn.external_source(source=source, num_outputs=2 if self._side_at is None else 3,
+                                              batch=True, batch_info=True)
+            names, labels, side = outputs if self._side_at is not None else (*outputs, None)
+            images = self._graph(dali.fn.io.file.read(names), gpu, side)
             if gpu:  # the labels follow the images to the GPU
                 labels = labels.gpu()  # gpu-only
             return images, labels
@@ -172,15 +187,16 @@ class DaliLoader:
     def _start_epoch(self, batches: list[list[int]]) -> Any:
         if self._iterator is not None and self._pending > 0:
             self._iterator = None  # the last epoch was left half read: DALI cannot rewind
-        if self._iterator is None:
-            self._source.batches = batches
-            self._iterator = self._build()
-        else:  # the last epoch was read to its end: finish it, then restart the pipeline
+        if self._iterator is not None:  # the last epoch was read to its end: finish it, then restart
             try:
                 next(self._iterator)
             except StopIteration:
                 pass
-            self._source.batches = batches
+        self._source.batches = batches
+        self._source.side = None if self._side_at is None else self._side_at(self.epoch)
+        if self._iterator is None:
+            self._iterator = self._build()
+        else:
             self._iterator.reset()
         self._pending = len(batches)
         return self._iterator
@@ -283,20 +299,21 @@ def build_dali_loaders(
 
     layout = spec.layout
 
-    def train_graph(encoded: Any, gpu: bool) -> Any:
-        return _train_images(encoded, gpu=gpu, image_size=spec.image_size, crop_scale=spec.crop_scale,
+    def train_graph(encoded: Any, gpu: bool, side: Any) -> Any:
+        return _train_images(encoded, gpu=gpu, image_size=side, crop_scale=spec.crop_scale,
                              layout=layout, dtype=dtype, hw_decoder_load=hw_decoder_load)
 
-    def val_graph(encoded: Any, gpu: bool) -> Any:
-        return _val_images(encoded, gpu=gpu, image_size=spec.image_size, val_crop_ratio=spec.val_crop_ratio,
+    def val_graph(encoded: Any, gpu: bool, side: Any) -> Any:
+        return _val_images(encoded, gpu=gpu, image_size=spec.val_size, val_crop_ratio=spec.val_crop_ratio,
                            layout=layout, dtype=dtype, hw_decoder_load=hw_decoder_load)
 
-    def pipeline(graph: Callable[[Any, bool], Any]) -> DaliPipeline:
-        return DaliPipeline(graph, spec.workers, spec.device_id, layout, prefetch_queue_depth)
+    def pipeline(graph: Callable[[Any, bool, Any], Any],
+                 side_at: Callable[[int], int] | None = None) -> DaliPipeline:
+        return DaliPipeline(graph, spec.workers, spec.device_id, layout, prefetch_queue_depth, side_at)
 
     seed = _aug_seed(spec.seed, spec.rank)
     train = DaliLoader(
-        train_paths, train_labels, batch_size=spec.batch_size, drop_last=True, pipeline=pipeline(train_graph),
+        train_paths, train_labels, batch_size=spec.batch_size, drop_last=True, pipeline=pipeline(train_graph, spec.train_size_at),
         sampler=ShardedSampler(len(train_paths), rank=spec.rank, world_size=spec.world_size,
                                batch_size=spec.step_samples, seed=spec.seed),
         seed=seed, data_root=root,

@@ -60,15 +60,21 @@ _SHARD_IMAGE_EXT = "jpg;jpeg;png;bmp;tif;tiff;webp"
 @dataclass(frozen=True)
 class DaliPipeline:
     """How a DALI loader builds and runs its pipeline, the same for both readers:
-    ``graph(encoded, gpu)`` adds the decode / augment operators to the files read, ``workers``
+    ``graph(encoded, gpu, side)`` adds the decode / augment operators to the files read, ``workers``
     CPU threads, ``device_id`` its GPU (None: everything on the CPU), ``layout`` of the batches
-    (``NCHW`` or ``NHWC``), ``prefetch_queue_depth`` batches prepared ahead of the one in use."""
+    (``NCHW`` or ``NHWC``), ``prefetch_queue_depth`` batches prepared ahead of the one in use.
 
-    graph: Callable[[Any, bool], Any]
+    ``side_at`` (training) is the crop side of each epoch (``LoaderSpec.train_size_at``:
+    progressive resizing, or ``image_size`` every epoch); the loader hands the epoch's side to
+    ``graph`` as ``side``, a constant or a per-sample DALI argument input (see the readers).
+    None (evaluation): ``side`` is None and the graph crops to its own constant side."""
+
+    graph: Callable[[Any, bool, Any], Any]
     workers: int
     device_id: Optional[int]
     layout: str
     prefetch_queue_depth: int = 2
+    side_at: Optional[Callable[[int], int]] = None
 
 
 def dali_available() -> bool:
@@ -145,8 +151,10 @@ def _normalize(images: Any, *, layout: str, dtype: torch.dtype, mirror: Any = No
     return fn.crop_mirror_normalize(images, **kwargs)
 
 
-def _train_images(encoded: Any, *, gpu: bool, image_size: int, crop_scale: Sequence[float],
+def _train_images(encoded: Any, *, gpu: bool, image_size: Any, crop_scale: Sequence[float],
                   layout: str, dtype: torch.dtype, hw_decoder_load: float) -> Any:
+    """``image_size``: the crop side, an int or a per-sample float argument input (``fn.resize``
+    takes either for ``resize_x``/``resize_y``; the pixels are the same bits)."""
     fn, types = _dali().fn, _dali().types
     images = decode_random_crop(encoded, gpu=gpu, crop_scale=crop_scale,
                                 hw_decoder_load=hw_decoder_load)

@@ -5,7 +5,9 @@ order is permuted (seed + epoch, the same on every rank), DALI splits the concat
 into ``world_size`` contiguous, disjoint parts, one per rank (what DALI's ``shard_id``/
 ``num_shards`` arguments name), and a shuffle buffer mixes samples inside a rank's part. The pipeline is rebuilt per epoch (so any epoch can
 be started), and ``skip_batches`` reads and drops batches. Decode and augmentation:
-:mod:`largebatch.data.pipelines.dali_graph`.
+:mod:`largebatch.data.pipelines.dali_graph`. Progressive resizing costs nothing more here: the
+training pipeline, built per epoch anyway, is built with that epoch's crop side as a constant
+(``LoaderSpec.train_size_at``); evaluation crops ``LoaderSpec.val_size``.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class DaliShardLoader:
         self.skip_batches = 0
         self.skipped = 0  # never grows (see DaliLoader.skipped)
         self._graph = pipeline.graph
+        self._side_at = pipeline.side_at
         self._workers = max(1, pipeline.workers)
         self._depth = pipeline.prefetch_queue_depth
         self._buffer = spec.shuffle_buffer
@@ -126,6 +129,7 @@ class DaliShardLoader:
 
         gpu = self.device_id is not None
         order = self.archive_order(self.epoch)
+        side = None if self._side_at is None else self._side_at(self.epoch)  # fixed in this epoch's graph
         reader_args: dict[str, Any] = dict(
             paths=[self.tars[i] for i in order], index_paths=[self.indexes[i] for i in order],
             ext=[_SHARD_IMAGE_EXT, "lbl"], dtypes=[dali.types.UINT8, dali.types.INT64],
@@ -144,7 +148,7 @@ class DaliShardLoader:
                            prefetch_queue_depth=self._depth)
         def pipeline() -> tuple[Any, Any]:
             encoded, labels = dali.fn.readers.webdataset(**reader_args)
-            images = self._graph(encoded, gpu)
+            images = self._graph(encoded, gpu, side)
             if gpu:  # the labels follow the images to the GPU
                 labels = labels.gpu()  # gpu-only
             return images, labels
@@ -205,7 +209,7 @@ def build_dali_shard_loaders(
     """Like :func:`build_dali_loaders`, reading the packed shards ``shards/{train,val}/*.tar``
     of ``largebatch-make-shards``; ``spec.shuffle_buffer`` samples are mixed inside a rank's part."""
     _check_common(spec, dtype)
-    image_size, layout, batch_size, world_size = spec.image_size, spec.layout, spec.batch_size, spec.world_size
+    layout, batch_size, world_size = spec.layout, spec.batch_size, spec.world_size
     metas = {split: read_shard_meta(shards, split) for split in ("train", "val")}
     check_same_classes(os.path.join(shards, "train"), metas["train"]["classes"],
                        os.path.join(shards, "val"), metas["val"]["classes"])
@@ -223,14 +227,15 @@ def build_dali_shard_loaders(
         train = split == "train"
         num_classes = max(num_classes, len(meta["classes"]))
 
-        def graph(encoded: Any, gpu: bool, train: bool = train) -> Any:
+        def graph(encoded: Any, gpu: bool, side: Any, train: bool = train) -> Any:
             if train:
-                return _train_images(encoded, gpu=gpu, image_size=image_size, crop_scale=spec.crop_scale,
+                return _train_images(encoded, gpu=gpu, image_size=side, crop_scale=spec.crop_scale,
                                      layout=layout, dtype=dtype, hw_decoder_load=hw_decoder_load)
-            return _val_images(encoded, gpu=gpu, image_size=image_size, val_crop_ratio=spec.val_crop_ratio,
+            return _val_images(encoded, gpu=gpu, image_size=spec.val_size, val_crop_ratio=spec.val_crop_ratio,
                                layout=layout, dtype=dtype, hw_decoder_load=hw_decoder_load)
 
-        pipeline = DaliPipeline(graph, spec.workers, spec.device_id, layout, prefetch_queue_depth)
+        pipeline = DaliPipeline(graph, spec.workers, spec.device_id, layout, prefetch_queue_depth,
+                                spec.train_size_at if train else None)
         loaders.append(DaliShardLoader(tars, indexes, int(meta["num_samples"]), spec, train=train, pipeline=pipeline))
     if loaders[0].num_samples == 0:
         raise TooFewSamplesError(f"{loaders[0].total} packed samples on {world_size} ranks give no full "

@@ -13,9 +13,12 @@ aspect ratio 3/4..4/3, torchvision's sampling rule), a horizontal flip with prob
 and the ImageNet mean/std; evaluation resizes the shorter side to ``image_size /
 val_crop_ratio`` and takes the centre crop. Each sample's crop and flip come from a generator
 keyed by ``(seed, epoch, sample index)``: the batches do not depend on the number of workers,
-and a run resumed mid-epoch gets the very crops the uninterrupted run would have got. The
-next batch is decoded and augmented in a background thread
-(:func:`largebatch.data.background.in_background`).
+and a run resumed mid-epoch gets the very crops the uninterrupted run would have got.
+Progressive resizing: a training batch is cut to its epoch's side
+(``LoaderSpec.train_size_at``), an evaluation batch to ``LoaderSpec.val_size``; the side is
+chosen where the batch is assembled, from the epoch the pass was started with, so the workers
+(which only read bytes) need no rebuild. The next batch is decoded and augmented in a
+background thread (:func:`largebatch.data.background.in_background`).
 
 Batch contract (that of :func:`largebatch.data.pipelines.torchvision.build_loaders`, on the device):
 
@@ -38,7 +41,7 @@ import logging
 import os
 import warnings
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generator, Iterator, NamedTuple, Optional, Sequence, cast
 
 import torch
@@ -348,7 +351,9 @@ class NvjpegLoader(LoaderView):
         self.train = train
         self.device = spec.device
         self.seed = spec.seed
-        self.recipe = spec.crop_recipe
+        self.recipe = spec.crop_recipe  # at image_size; each batch's side: side_at()
+        self._train_size_at = spec.train_size_at
+        self._val_size = spec.val_size
         self.dtype = spec.dtype
         self.channels_last = spec.channels_last
         self.epoch = 0
@@ -371,9 +376,14 @@ class NvjpegLoader(LoaderView):
         return len(self._cpu_decoded)
 
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
-        """Use epoch ``epoch``'s shuffle and crops and skip its first ``skip_batches`` batches."""
+        """Use epoch ``epoch``'s shuffle, crops and side; skip its first ``skip_batches`` batches."""
         self.epoch = epoch
         super().set_epoch(epoch, skip_batches)
+
+    def side_at(self, epoch: int) -> int:
+        """The crop side of the batches of epoch ``epoch``: the schedule's for training, the
+        evaluation side for evaluation (pixels)."""
+        return self._train_size_at(epoch) if self.train else self._val_size
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This epoch's batches. A new pass ends the previous one first: with persistent
@@ -447,7 +457,9 @@ class NvjpegLoader(LoaderView):
         # on the CPU, where the batched path's dense resize matrices measured 1.1-21x slower
         # (benchmarks/augment.py, benchmarks/README.md). Both give the same crops.
         augment = augment_each if self.device.type == "cpu" else augment_batch
-        images = augment([image for _, _, image in good], [index for _, index, _ in good], self.recipe,
+        side = self.side_at(epoch)
+        recipe = self.recipe if side == self.recipe.size else replace(self.recipe, size=side)
+        images = augment([image for _, _, image in good], [index for _, index, _ in good], recipe,
                          train=self.train, epoch=epoch, seed=self.seed)
         images = normalise_cast(images, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, self.dtype, self.channels_last)
         positions = [k for k, _, _ in good]
