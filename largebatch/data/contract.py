@@ -45,10 +45,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from largebatch.data.augment import TRAIN_CROP_SCALE, VAL_CROP_RATIO, CropRecipe
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
 from largebatch.data.worker_signals import shutdown_workers, stop_signals_blocked
-from largebatch.defaults import SHUFFLE_BUFFER
+from largebatch.defaults import SHUFFLE_BUFFER, TRAIN_CROP_SCALE, VAL_CROP_RATIO, check_val_crop_ratio
 from largebatch.errors import DataError
 from largebatch.resolution import ResolutionSchedule
 
@@ -137,13 +136,7 @@ class LoaderSpec:
         object.__setattr__(self, "crop_scale", tuple(self.crop_scale))
         if self.accumulation_steps < 1:
             raise ValueError(f"accumulation_steps must be >= 1, got {self.accumulation_steps}")
-        self.crop_recipe  # noqa: B018 - checks the crop values here, once for every pipeline
-
-    @property
-    def crop_recipe(self) -> CropRecipe:
-        """The crop geometry the tensor path draws (nvjpeg), from ``image_size``, ``crop_scale``
-        and ``val_crop_ratio``; the other values are the recipe's constants."""
-        return CropRecipe(self.image_size, crop_scale=self.crop_scale, val_crop_ratio=self.val_crop_ratio)
+        check_val_crop_ratio(self.val_crop_ratio)  # here, once for every pipeline
 
     def train_size_at(self, epoch: int) -> int:
         """The training crop side of epoch ``epoch`` (from 0), pixels."""

@@ -49,6 +49,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from largebatch.data.augment import (
     IMAGENET_DEFAULT_MEAN,
     IMAGENET_DEFAULT_STD,
+    CropRecipe,
     augment_batch,
     augment_each,
     normalise_cast,
@@ -348,7 +349,8 @@ class NvjpegLoader(LoaderView):
         self.train = train
         self.device = spec.device
         self.seed = spec.seed
-        self.recipe = spec.crop_recipe
+        # the crop geometry the tensor path draws; the other values are the recipe's constants
+        self.recipe = CropRecipe(spec.image_size, crop_scale=spec.crop_scale, val_crop_ratio=spec.val_crop_ratio)
         self.dtype = spec.dtype
         self.channels_last = spec.channels_last
         self.epoch = 0
