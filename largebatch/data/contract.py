@@ -167,15 +167,6 @@ class LoaderSpec:
         return "NHWC" if self.channels_last else "NCHW"
 
     @property
-    def device_id(self) -> Optional[int]:
-        """DALI's GPU (mixed decode), None: decode on the CPU."""
-        if not self.on_gpu:
-            return None
-        from largebatch.data.background import cuda_device_index  # the one data module that asks CUDA
-
-        return cuda_device_index(self.device)  # gpu-only
-
-    @property
     def val_batch(self) -> int:
         return self.val_batch_size or self.batch_size
 

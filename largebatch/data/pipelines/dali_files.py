@@ -44,6 +44,7 @@ from largebatch.data.pipelines.dali_graph import (
     _to_batch,
     _train_images,
     _val_images,
+    dali_device_id,
 )
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
 from largebatch.errors import DataError
@@ -292,7 +293,7 @@ def build_dali_loaders(
                            layout=layout, dtype=dtype, hw_decoder_load=hw_decoder_load)
 
     def pipeline(graph: Callable[[Any, bool], Any]) -> DaliPipeline:
-        return DaliPipeline(graph, spec.workers, spec.device_id, layout, prefetch_queue_depth)
+        return DaliPipeline(graph, spec.workers, dali_device_id(spec), layout, prefetch_queue_depth)
 
     seed = _aug_seed(spec.seed, spec.rank)
     train = DaliLoader(
