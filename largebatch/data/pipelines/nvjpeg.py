@@ -55,7 +55,7 @@ from largebatch.data.augment import (
     normalise_cast,
 )
 from largebatch.data.background import in_background
-from largebatch.data.contract import LoaderSpec, LoaderView, UnreadableTally
+from largebatch.data.contract import LoaderSpec
 from largebatch.data.image_folder import RobustImageFolder
 from largebatch.data.images import (
     EXIF_ORIENTATION,
@@ -66,6 +66,7 @@ from largebatch.data.images import (
     special_file,
     split_folder,
 )
+from largebatch.data.loader_view import LoaderView, UnreadableTally
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
 from largebatch.data.worker_signals import ignoring_stop_signals
 from largebatch.errors import DataError
