@@ -15,6 +15,9 @@ nothing above the ground. This module imports only ``largebatch.errors``.
   shards (``data.shuffle_buffer``, ``LoaderSpec.shuffle_buffer``).
 * ``LOG_EVERY``, ``MAX_SKIPPED_STEPS``: the training loop's defaults
   (:class:`largebatch.engine.loop.StepSettings`) and the schema's.
+* The crop defaults of the augmentation recipe (:mod:`largebatch.data.augment`), which
+  ``LoaderSpec`` (:mod:`largebatch.data.contract`) takes as its own: ``TRAIN_CROP_SCALE``
+  (``data.crop_scale``), ``VAL_CROP_RATIO`` (``data.val_crop_ratio``) and its check.
 * The ``model.compile`` vocabulary: the modes of ``torch.compile`` and their config aliases,
   checked at compose time (``largebatch.config.checks``) and applied by
   :mod:`largebatch.engine.compile`.
@@ -39,6 +42,9 @@ __all__ = [
     "MAX_SKIPPED_STEPS",
     "MIN_IMAGE_SIZE",
     "SHUFFLE_BUFFER",
+    "TRAIN_CROP_SCALE",
+    "VAL_CROP_RATIO",
+    "check_val_crop_ratio",
     "parse_compile_mode",
 ]
 
@@ -53,6 +59,17 @@ MAX_CLASSES = 100
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 16, 1024
 
 SHUFFLE_BUFFER = 4096
+
+# the augmentation's crops (timm's and torchvision's defaults)
+TRAIN_CROP_SCALE = (0.08, 1.0)  # area fraction of a training crop (data.crop_scale's default)
+VAL_CROP_RATIO = 0.875  # evaluation: centre crop of the image resized to image_size / 0.875
+
+
+def check_val_crop_ratio(value: float) -> float:
+    """``value`` if it is a valid evaluation crop ratio, in (0, 1]; else one-line ``UsageError``."""
+    if not 0 < value <= 1:
+        raise UsageError(f"the evaluation crop ratio (data.val_crop_ratio) must be in (0, 1], got {value}")
+    return value
 
 # the training loop: log_every and max_skipped_steps of the schema, and the
 # defaults of largebatch.engine.loop.StepSettings for callers without a config

@@ -141,15 +141,17 @@ def test_the_batched_resize_pins_its_plan_table_before_copying_it_to_the_device(
     assert on_device.device.type == "meta" and on_device.shape == on_cpu.shape == (2, 3, 8, 8)
 
 
-# -- LoaderSpec: DALI's GPU index ------------------------------------------------------------------
+# -- dali_device_id: DALI's GPU index -------------------------------------------------------------
 
 
 def test_dali_decodes_on_the_current_gpu_when_the_device_names_no_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    from largebatch.data.pipelines.dali_graph import dali_device_id
+
     asked: list[str] = []
     monkeypatch.setattr(torch.cuda, "current_device", lambda: asked.append("current_device") or 3)
-    assert LoaderSpec(image_size=24, batch_size=2, workers=0, device="cuda").device_id == 3
-    assert LoaderSpec(image_size=24, batch_size=2, workers=0, device="cuda:1").device_id == 1
-    assert LoaderSpec(image_size=24, batch_size=2, workers=0, device="cpu").device_id is None
+    assert dali_device_id(LoaderSpec(image_size=24, batch_size=2, workers=0, device="cuda")) == 3
+    assert dali_device_id(LoaderSpec(image_size=24, batch_size=2, workers=0, device="cuda:1")) == 1
+    assert dali_device_id(LoaderSpec(image_size=24, batch_size=2, workers=0, device="cpu")) is None
     assert asked == ["current_device"]
 
 

@@ -17,6 +17,7 @@ from largebatch import run as run_module
 from largebatch.backends.torch_dist import TorchDistributedBackend
 from largebatch.comm.reducers import ProcessGroupReducer
 from largebatch.config.schema import ResolutionConfig
+from largebatch.data.pipelines.dali_graph import dali_device_id
 from largebatch.engine.loop import StepSettings, Trainer
 from largebatch.nn import sync_bn
 
@@ -78,7 +79,7 @@ def test_the_loaders_of_a_cuda_device_without_an_index_get_the_local_rank(
     plan = SimpleNamespace(per_device=4, accumulation_steps=1)
     run_module._data(SimpleNamespace(data=data, seed=3, epochs=1), backend, plan, torch.bfloat16, True)
     (spec,) = specs
-    assert spec.device == torch.device("cuda", 2) and spec.device_id == 2 and spec.pin_memory
+    assert spec.device == torch.device("cuda", 2) and dali_device_id(spec) == 2 and spec.pin_memory
 
 
 @pytest.mark.parametrize("benchmark", [True, False])

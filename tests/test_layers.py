@@ -237,6 +237,17 @@ def test_the_ground_imports_only_errors() -> None:
     assert not outside, f"the ground must stay light (config/ reads it): {outside}"
 
 
+def test_the_loader_contract_is_a_leaf_of_data() -> None:
+    """``data/contract.py`` (the ``Loader`` Protocol, ``LoaderSpec``) is what the loaders implement:
+    they import it, it imports none of them, at run time or under ``TYPE_CHECKING`` (its defaults
+    come from the ground)."""
+    contract = "largebatch.data.contract"
+    imported = read_imports(type_checking=True)[contract]
+    inside_data = sorted(t for t in imported if t == "largebatch.data" or t.startswith("largebatch.data."))
+    assert not inside_data, f"{contract} must not import the modules that implement it: {inside_data}"
+    assert {"largebatch.defaults", "largebatch.resolution"} <= imported  # the scan sees its imports
+
+
 def test_a_new_circle_is_found() -> None:
     graph = {k: set(v) for k, v in _without_allowed(read_imports()).items()}
     graph["largebatch.errors"].add("largebatch.cli")  # cli -> errors exists: now a circle

@@ -43,6 +43,7 @@ MYPY_PATHS = [
     "largebatch/nn/sync_bn.py",
     "largebatch/comm/ddp_hooks.py",
     "largebatch/data/contract.py",
+    "largebatch/data/loader_view.py",
     "tests/gpu",
 ]
 MYPY_BASELINE = ROOT / "tests" / "fixtures" / "mypy_baseline.txt"

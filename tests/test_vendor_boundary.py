@@ -66,7 +66,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "launch/xla.py": frozenset({"torch_xla"}),
     # torchrun as the scripts start it is torch.distributed.run and its elastic agent
     "launch/torchrun.py": frozenset({"torch.distributed"}),
-    # host-to-GPU copies on a side stream, and the current GPU's index (LoaderSpec.device_id asks here)
+    # host-to-GPU copies on a side stream, and the current GPU's index (dali_graph.dali_device_id asks here)
     "data/background.py": frozenset({"torch.cuda"}),
     # GPU decode: the consumer's stream waits on an event recorded after nvJPEG
     "data/pipelines/nvjpeg.py": frozenset({"torch.cuda"}),

@@ -38,7 +38,7 @@ import contextlib
 import logging
 import math
 import pickle
-from typing import Any, ContextManager, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, ContextManager, Iterable, Iterator, Optional, TypeGuard
 
 import torch
 from torch import nn
@@ -51,6 +51,11 @@ from largebatch.comm.xla_cpu_threads import (  # noqa: F401  (the first two: imp
     MIN_CPU_THREAD_POOL, launch_turn, prepare_xla_environment,
 )
 from largebatch.errors import UsageError
+
+if TYPE_CHECKING:  # the annotations' types; run time imports them where it uses them (below)
+    from torch.utils.data import DataLoader
+
+    from largebatch.data.contract import Loader
 
 __all__ = [
     "XlaBackend",
@@ -263,7 +268,7 @@ class XlaBackend(Backend):
 # data
 
 
-def _exact_data_loader(loader: Iterable) -> bool:
+def _exact_data_loader(loader: Iterable) -> TypeGuard[DataLoader]:
     """A plain ``DataLoader`` reading with the exact evaluation sampler."""
     from torch.utils.data import DataLoader
 
@@ -280,7 +285,7 @@ def _is_evaluation(loader: Iterable) -> bool:
     return _exact_data_loader(loader)
 
 
-def _eval_batch_count(loader: Any, batch_size: int, world_size: int) -> int:
+def _eval_batch_count(loader: Loader | Iterable, batch_size: int, world_size: int) -> int:
     """Batches every rank runs: those of the largest exact part (same on all ranks)."""
     from largebatch.data.contract import Loader
 
@@ -293,7 +298,7 @@ def _eval_batch_count(loader: Any, batch_size: int, world_size: int) -> int:
     return math.ceil(math.ceil(n / world_size) / batch_size)
 
 
-def _template_sample(loader: Any) -> Optional[tuple[torch.Tensor, Any]]:
+def _template_sample(loader: Loader | Iterable) -> Optional[tuple[torch.Tensor, Any]]:
     """One readable sample of the data set (shapes for the pad batches of an empty part)."""
     dataset = getattr(loader, "dataset", None)
     if dataset is None:
@@ -344,7 +349,7 @@ def padded_eval_batches(loader: Iterable, batch_size: int, num_batches: int) -> 
 class _HostBatches:
     """The host-side iterable handed to ``MpDeviceLoader`` (keeps ``len``)."""
 
-    def __init__(self, loader: Any, evaluation: bool, world_size: int) -> None:
+    def __init__(self, loader: Loader | Iterable, evaluation: bool, world_size: int) -> None:
         self.loader = loader
         self.evaluation = evaluation
         self.world_size = world_size
@@ -364,7 +369,7 @@ class _HostBatches:
 class _XlaLoader:
     """Device batches through ``MpDeviceLoader``; forwards ``set_epoch``, ``sampler``, ... ."""
 
-    def __init__(self, loader: Any, backend: XlaBackend, evaluation: bool) -> None:
+    def __init__(self, loader: Loader | Iterable, backend: XlaBackend, evaluation: bool) -> None:
         self.loader = loader
         self.backend = backend
         self.evaluation = evaluation

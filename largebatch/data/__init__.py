@@ -11,8 +11,9 @@ module                 what it holds
                        ``dali_files``, ``dali_shards`` (and ``dali_graph``, what the
                        two DALI readers share)
 ``contract``           the loader contract (``Loader``, a Protocol every loader satisfies),
-                       ``LoaderSpec`` (what every builder is told), ``LoaderView``
-                       (DataLoader-backed loaders), ``UnreadableTally``
+                       ``LoaderSpec`` (what every builder is told); a leaf
+``loader_view``        what DataLoader-backed loaders share (torchvision, nvjpeg):
+                       ``LoaderView``, ``UnreadableTally`` (unreadable files, once each)
 ``images``             listing and checking image folders (every loader and the data
                        check), decoding one file, DALI file lists
 ``image_folder``       an image folder as a data set (``RobustImageFolder``): unreadable

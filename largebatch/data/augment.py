@@ -1,6 +1,8 @@
 """The ImageNet augmentation recipe, twice side by side: PIL transforms and tensor ops.
 
-One recipe, its constants written once below (timm's and torchvision's defaults):
+One recipe, its constants written once (timm's and torchvision's defaults): below, but for the
+two crop defaults every ``LoaderSpec`` takes, ``TRAIN_CROP_SCALE`` and ``VAL_CROP_RATIO``, which
+are in :mod:`largebatch.defaults` (re-exported here):
 
 * training: a random-resized crop of area ``TRAIN_CROP_SCALE`` (``data.crop_scale``) and aspect
   ratio ``TRAIN_CROP_RATIO`` (torchvision's ``RandomResizedCrop`` sampling rule), a horizontal
@@ -32,7 +34,7 @@ from torchvision.transforms import v2
 
 from largebatch.data.batched_resize import AxisPlan, group_by_area, resize_group
 from largebatch.data.samplers import sample_seed
-from largebatch.errors import UsageError
+from largebatch.defaults import TRAIN_CROP_SCALE, VAL_CROP_RATIO, check_val_crop_ratio
 
 __all__ = [
     "IMAGENET_DEFAULT_MEAN",
@@ -58,19 +60,10 @@ __all__ = [
 # The same values as timm.data.IMAGENET_DEFAULT_MEAN/STD (not imported: timm is heavy).
 IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
-TRAIN_CROP_SCALE = (0.08, 1.0)  # area fraction of a training crop (data.crop_scale's default)
 TRAIN_CROP_RATIO = (3 / 4, 4 / 3)  # aspect ratio of a training crop (RandomResizedCrop's default)
 TRAIN_FLIP = 0.5  # probability of a training crop's horizontal flip (RandomHorizontalFlip's default)
-VAL_CROP_RATIO = 0.875  # evaluation: centre crop of the image resized to image_size / 0.875
 # padded pixels per batched resize group (x 3 channels x 4 bytes: 192 MiB of float32)
 GROUP_PIXELS = 2**24
-
-
-def check_val_crop_ratio(value: float) -> float:
-    """``value`` if it is a valid evaluation crop ratio, in (0, 1]; else one-line ``UsageError``."""
-    if not 0 < value <= 1:
-        raise UsageError(f"the evaluation crop ratio (data.val_crop_ratio) must be in (0, 1], got {value}")
-    return value
 
 
 @dataclass(frozen=True)

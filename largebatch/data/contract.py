@@ -14,8 +14,8 @@ all four. The contract, written once:
   and augmentation and makes the pass skip the epoch's first ``skip_batches`` batches (a run
   resumed mid-epoch reads the batches the uninterrupted run would have read);
 * ``skipped`` counts the distinct unreadable files this process met, each once however often
-  it was read (:class:`UnreadableTally`, which also stops training on a class left without a
-  readable image); DALI cannot skip a file, so the data check leaves them out and its
+  it was read (:class:`largebatch.data.loader_view.UnreadableTally`, which also stops training
+  on a class left without a readable image); DALI cannot skip a file, so the data check leaves them out and its
   ``skipped`` stays 0;
 * ``batch_size`` is the batch size of this rank;
 * ``evaluation`` is True for an evaluation loader (every sample of the split once over all
@@ -26,9 +26,12 @@ all four. The contract, written once:
   over, so that a stopped run exits within seconds of its checkpoint; a later pass starts
   them again.
 
-:class:`LoaderSpec` is what every builder is told (sizes, this rank's place, the device);
-:class:`LoaderView` is the base of the loaders that wrap a ``torch.utils.data.DataLoader``
-(torchvision, nvjpeg).
+:class:`LoaderSpec` is what every builder is told (sizes, this rank's place, the device).
+
+This module is a leaf of ``largebatch.data``: the implementations import it, it imports none
+of them (only the ground: :mod:`largebatch.defaults`, :mod:`largebatch.resolution`);
+``tests/test_layers.py`` keeps it so. What the loaders wrapping a ``torch.utils.data.DataLoader``
+(torchvision, nvjpeg) share is in :mod:`largebatch.data.loader_view`.
 
 Words: a rank's *part* is the samples one data-parallel rank reads in an epoch; a *shard* is only
 a packed WebDataset tar file of ``largebatch-make-shards`` (``data.shards``). DALI calls a rank's
@@ -37,22 +40,16 @@ part a "shard" (``shard_id``/``num_shards``): those are DALI's argument names, k
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterator, Optional, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader
 
-from largebatch.data.augment import TRAIN_CROP_SCALE, VAL_CROP_RATIO, CropRecipe
-from largebatch.data.samplers import ExactShardSampler, ShardedSampler
-from largebatch.data.worker_signals import shutdown_workers, stop_signals_blocked
-from largebatch.defaults import SHUFFLE_BUFFER
-from largebatch.errors import DataError
+from largebatch.defaults import SHUFFLE_BUFFER, TRAIN_CROP_SCALE, VAL_CROP_RATIO, check_val_crop_ratio
 from largebatch.resolution import ResolutionSchedule
 
-__all__ = ["Loader", "LoaderSpec", "LoaderView", "UnreadableTally"]
+__all__ = ["Loader", "LoaderSpec"]
 
 
 @runtime_checkable
@@ -71,14 +68,6 @@ class Loader(Protocol):
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None: ...
 
     def close(self) -> None: ...
-
-
-@runtime_checkable
-class _EpochSampler(Protocol):
-    """A sampler whose order depends on the epoch (``ShardedSampler``, ``ExactShardSampler``,
-    torch's ``DistributedSampler``): what :meth:`LoaderView.set_epoch` forwards to."""
-
-    def set_epoch(self, epoch: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -137,13 +126,7 @@ class LoaderSpec:
         object.__setattr__(self, "crop_scale", tuple(self.crop_scale))
         if self.accumulation_steps < 1:
             raise ValueError(f"accumulation_steps must be >= 1, got {self.accumulation_steps}")
-        self.crop_recipe  # noqa: B018 - checks the crop values here, once for every pipeline
-
-    @property
-    def crop_recipe(self) -> CropRecipe:
-        """The crop geometry the tensor path draws (nvjpeg), from ``image_size``, ``crop_scale``
-        and ``val_crop_ratio``; the other values are the recipe's constants."""
-        return CropRecipe(self.image_size, crop_scale=self.crop_scale, val_crop_ratio=self.val_crop_ratio)
+        check_val_crop_ratio(self.val_crop_ratio)  # here, once for every pipeline
 
     def train_size_at(self, epoch: int) -> int:
         """The training crop side of epoch ``epoch`` (from 0), pixels."""
@@ -174,15 +157,6 @@ class LoaderSpec:
         return "NHWC" if self.channels_last else "NCHW"
 
     @property
-    def device_id(self) -> Optional[int]:
-        """DALI's GPU (mixed decode), None: decode on the CPU."""
-        if not self.on_gpu:
-            return None
-        from largebatch.data.background import cuda_device_index  # the one data module that asks CUDA
-
-        return cuda_device_index(self.device)  # gpu-only
-
-    @property
     def val_batch(self) -> int:
         return self.val_batch_size or self.batch_size
 
@@ -190,104 +164,3 @@ class LoaderSpec:
     def step_samples(self) -> int:
         """Samples of one optimizer step on this rank: training parts are whole steps."""
         return self.batch_size * self.accumulation_steps
-
-
-class LoaderView:
-    """What every loader wrapper shows of the DataLoader ``self.loader`` it wraps: ``len()``,
-    ``sampler``, ``dataset``, ``batch_size``, and ``set_epoch`` for the sampler (shared by
-    :class:`SkipCountingLoader` and :class:`largebatch.data.pipelines.nvjpeg.NvjpegLoader`)."""
-
-    loader: DataLoader
-
-    @property
-    def sampler(self) -> Any:
-        return self.loader.sampler
-
-    @property
-    def dataset(self) -> Any:
-        return self.loader.dataset
-
-    @property
-    def batch_size(self) -> int | None:
-        return self.loader.batch_size
-
-    @property
-    def evaluation(self) -> bool:
-        """An evaluation loader reads with the exact sampler (every sample once over the ranks)."""
-        return isinstance(self.loader.sampler, ExactShardSampler)
-
-    @property
-    def total_samples(self) -> int:
-        return len(self.loader.dataset)
-
-    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
-        """Use epoch ``epoch``'s shuffle and skip its first ``skip_batches`` batches (resume).
-
-        The same call as :class:`largebatch.data.pipelines.dali_files.DaliLoader`'s; a skip needs a
-        :class:`ShardedSampler` (it becomes ``set_start(skip_batches x batch_size)``).
-        """
-        sampler = self.loader.sampler
-        if not isinstance(sampler, _EpochSampler):
-            raise TypeError(f"set_epoch needs a sampler with set_epoch, not {type(sampler).__name__}")
-        sampler.set_epoch(epoch)
-        if isinstance(sampler, ShardedSampler):
-            sampler.set_start(skip_batches * (self.batch_size or 1))
-        elif skip_batches:
-            raise ValueError(f"skip_batches needs a ShardedSampler, not {type(sampler).__name__}")
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def close(self) -> None:
-        """End the worker processes now (the run is over); a later pass starts new ones."""
-        shutdown_workers(self.loader)
-
-    def _loader_pass(self) -> Iterator[Any]:
-        """``iter(self.loader)``, which starts its worker processes (the first pass only, when
-        persistent), with SIGTERM/SIGINT held until each worker ignores them
-        (:mod:`largebatch.data.worker_signals`)."""
-        with stop_signals_blocked():
-            return iter(self.loader)
-
-
-class UnreadableTally:
-    """The unreadable files one loader has met, each counted once, and the rule every loader
-    applies to them: a training class whose every file is unreadable stops the run.
-
-    ``classes`` and ``targets`` are the data set's (ImageFolder's attributes), ``root`` its
-    folder. :meth:`add` returns True the first time a sample index is added.
-    """
-
-    def __init__(self, classes: Sequence[str], targets: Sequence[int], root: str, *,
-                 require_every_class: bool) -> None:
-        self.classes, self.root = list(classes), root
-        self.require_every_class = require_every_class
-        self._targets = targets
-        self._sizes: list[int] | None = None
-        self._seen: set[int] = set()
-        self._per_class: dict[int, int] = {}
-
-    def __len__(self) -> int:
-        return len(self._seen)
-
-    def add(self, index: int, target: int) -> bool:
-        if index in self._seen:
-            return False
-        self._seen.add(index)
-        self._per_class[target] = self._per_class.get(target, 0) + 1
-        if self.require_every_class:
-            self._check_class(target)
-        return True
-
-    def _check_class(self, target: int) -> None:
-        if self._sizes is None:
-            self._sizes = [0] * len(self.classes)
-            for t in self._targets:
-                self._sizes[t] += 1
-        if self._per_class[target] == self._sizes[target]:
-            name = self.classes[target]
-            raise DataError(
-                f"class {name!r} has no readable training image: all {self._sizes[target]} "
-                f"file(s) in {os.path.join(self.root, name)} are unreadable (named above in the "
-                f"log); replace them or remove the class folder from train/ and val/"
-            )

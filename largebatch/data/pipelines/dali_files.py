@@ -44,6 +44,7 @@ from largebatch.data.pipelines.dali_graph import (
     _to_batch,
     _train_images,
     _val_images,
+    dali_device_id,
 )
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
 from largebatch.errors import DataError
@@ -309,7 +310,7 @@ def build_dali_loaders(
 
     def pipeline(graph: Callable[[Any, bool, Any], Any],
                  side_at: Callable[[int], int] | None = None) -> DaliPipeline:
-        return DaliPipeline(graph, spec.workers, spec.device_id, layout, prefetch_queue_depth, side_at)
+        return DaliPipeline(graph, spec.workers, dali_device_id(spec), layout, prefetch_queue_depth, side_at)
 
     seed = _aug_seed(spec.seed, spec.rank)
     train = DaliLoader(

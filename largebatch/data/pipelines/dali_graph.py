@@ -33,6 +33,7 @@ from largebatch.data.augment import (
     TRAIN_CROP_SCALE,
     TRAIN_FLIP,
 )
+from largebatch.data.background import cuda_device_index
 from largebatch.data.contract import LoaderSpec
 from largebatch.errors import DataError, UsageError
 
@@ -41,6 +42,7 @@ __all__ = [
     "DaliPipeline",
     "TRAIN_ASPECT_RATIO",
     "dali_available",
+    "dali_device_id",
     "decode_random_crop",
     "require_dali",
 ]
@@ -75,6 +77,14 @@ class DaliPipeline:
     layout: str
     prefetch_queue_depth: int = 2
     side_at: Optional[Callable[[int], int]] = None
+
+
+def dali_device_id(spec: LoaderSpec) -> Optional[int]:
+    """DALI's GPU (mixed decode) for ``spec.device``, the current one for ``"cuda"`` without an
+    index; None: decode on the CPU."""
+    if not spec.on_gpu:
+        return None
+    return cuda_device_index(spec.device)  # gpu-only
 
 
 def dali_available() -> bool:

@@ -31,6 +31,7 @@ from largebatch.data.pipelines.dali_graph import (
     _to_batch,
     _train_images,
     _val_images,
+    dali_device_id,
 )
 from largebatch.errors import DataError, TooFewSamplesError
 
@@ -234,7 +235,7 @@ def build_dali_shard_loaders(
             return _val_images(encoded, gpu=gpu, image_size=spec.val_size, val_crop_ratio=spec.val_crop_ratio,
                                layout=layout, dtype=dtype, hw_decoder_load=hw_decoder_load)
 
-        pipeline = DaliPipeline(graph, spec.workers, spec.device_id, layout, prefetch_queue_depth,
+        pipeline = DaliPipeline(graph, spec.workers, dali_device_id(spec), layout, prefetch_queue_depth,
                                 spec.train_size_at if train else None)
         loaders.append(DaliShardLoader(tars, indexes, int(meta["num_samples"]), spec, train=train, pipeline=pipeline))
     if loaders[0].num_samples == 0:

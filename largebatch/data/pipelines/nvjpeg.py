@@ -52,12 +52,13 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from largebatch.data.augment import (
     IMAGENET_DEFAULT_MEAN,
     IMAGENET_DEFAULT_STD,
+    CropRecipe,
     augment_batch,
     augment_each,
     normalise_cast,
 )
 from largebatch.data.background import in_background
-from largebatch.data.contract import LoaderSpec, LoaderView, UnreadableTally
+from largebatch.data.contract import LoaderSpec
 from largebatch.data.image_folder import RobustImageFolder
 from largebatch.data.images import (
     EXIF_ORIENTATION,
@@ -68,6 +69,7 @@ from largebatch.data.images import (
     special_file,
     split_folder,
 )
+from largebatch.data.loader_view import LoaderView, UnreadableTally
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
 from largebatch.data.worker_signals import ignoring_stop_signals
 from largebatch.errors import DataError
@@ -351,7 +353,8 @@ class NvjpegLoader(LoaderView):
         self.train = train
         self.device = spec.device
         self.seed = spec.seed
-        self.recipe = spec.crop_recipe  # at image_size; each batch's side: side_at()
+        # the crop geometry the tensor path draws (at image_size; each batch's side: side_at())
+        self.recipe = CropRecipe(spec.image_size, crop_scale=spec.crop_scale, val_crop_ratio=spec.val_crop_ratio)
         self._train_size_at = spec.train_size_at
         self._val_size = spec.val_size
         self.dtype = spec.dtype

@@ -43,9 +43,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from largebatch.data.augment import build_train_transform, build_val_transform
-from largebatch.data.contract import LoaderSpec, LoaderView, UnreadableTally
+from largebatch.data.contract import LoaderSpec
 from largebatch.data.image_folder import EpochTransforms, RobustImageFolder
 from largebatch.data.images import Unreadable, check_same_classes, split_folder
+from largebatch.data.loader_view import LoaderView, UnreadableTally
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
 from largebatch.data.worker_signals import ignoring_stop_signals
 from largebatch.errors import DataError
