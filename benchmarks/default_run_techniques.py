@@ -3,7 +3,8 @@
 fast.ai's DAWNBench 2018 ImageNet run trained at low resolution first and raised it (128 -> 224
 -> 288 px) and evaluated at a higher resolution than it trained at; FFCV's ResNet configurations
 ramp the resolution linearly and evaluate higher too (Touvron et al. 2019, arXiv 1906.06423, on
-why a higher test resolution helps). Does either make the default run (``largebatch-train`` on
+why a higher test resolution helps). Sony's 224-second run (Mikami et al. 2018) raised the global
+batch during training (batch-size control; Smith et al. 2017 hold the lr instead). Does any make the default run (``largebatch-train`` on
 the embedded set: resnet10t, 32 px crops of 48 px images, 8 epochs, target 90% val top-1) reach
 its target sooner without losing accuracy? Each arm is the default plus Hydra overrides; every
 arm runs every seed, the arms interleaved per seed (so a machine that gets busier later moves
@@ -38,6 +39,12 @@ ARMS: dict[str, list[str]] = {
     "progressive+test-res": ["data.resolution.schedule=steps", "data.resolution.steps=[[0,24],[5,32]]",
                              "data.resolution.eval_size=40"],
     "test-res": ["data.resolution.eval_size=40"],
+    # batch-size control (Mikami et al. 2018's form): 64 for epochs 0-3, 128 for 4-5, 256 for 6-7,
+    # the per-device batch raised (BN sees it) and the lr scaled by the linear rule per phase
+    "batch-x2-x4": ["batch_schedule.steps=[[4,128],[6,256]]", "batch_schedule.via=per_device"],
+    # Smith et al. 2017's form: the same batches, the lr held (the cosine decay still runs)
+    "batch-x2-x4-hold": ["batch_schedule.steps=[[4,128],[6,256]]", "batch_schedule.via=per_device",
+                         "batch_schedule.lr=hold"],
 }
 QUICK = ["debug=smoke", "progress=false", "tensorboard=false", "data.workers=0", "global_batch_size=8",
          "data.synthetic.train_per_class=8", "data.synthetic.val_per_class=2", "data.image_size=16"]

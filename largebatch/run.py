@@ -205,7 +205,7 @@ def _scheduler(cfg: TrainConfig, optimizer: Any, steps_per_epoch: int, lr: float
         optimizer, name=s.name, steps_per_epoch=steps_per_epoch, epochs=cfg.epochs,
         warmup_epochs=s.warmup_epochs, warmup_start_factor=start_factor,
         milestones=s.milestones, gamma=s.gamma, power=s.power, end_factor=end_factor,
-        batch_schedule=_batch_schedule(cfg),
+        points=[list(p) for p in s.points], batch_schedule=_batch_schedule(cfg),
     )
 
 

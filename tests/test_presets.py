@@ -337,3 +337,55 @@ def test_plain_lars_keeps_torchs_momentum_form(optimizer: str) -> None:
         cfg = to_train_config(compose_config([f"optimizer={optimizer}", "data.root=/data/imagenet", *overrides]))
         opt = trainer_optimizer(cfg, _Tiny(), lr=1.0)
         assert all(g["lr_in_momentum"] is expected for g in opt.param_groups)
+
+
+# fast.ai's DAWNBench 2018 run on 16 machines x 8 V100s: diux-dev/imagenet18 (cybertronai/
+# imagenet18_old) at 5534ba11f3378cad0c5ffcdf16333c7af8233983, train.py `sixteen_machines`:
+# (first epoch, side px, per-GPU batch) and the lr phases, as the source writes them (lr = 0.235 * 8).
+FASTAI_GPUS = 128
+FASTAI_DATA = [(0, 128, 64), (6, 128, 128), (16, 224, 64), (19, 224, 192), (37, 288, 128)]
+_L = 0.235 * 8
+FASTAI_LR = [((0, 6), (_L, _L * 2)), (6, _L * 2), (16, _L), (19, 2 * _L / (10 / 1.5)), (31, 2 * _L / (100 / 1.5)),
+             (37, 2 * _L / 100), ((38, 50), 2 * _L / 1000)]
+
+
+def _fastai_lr(epoch: int, batch_num: int, batch_tot: int) -> float:
+    """train_imagenet_nv.py's Scheduler.get_lr, transcribed: the last phase started by ``epoch``;
+    a ramp is linear over its iterations (``batch_num`` counts from 1)."""
+    ep, lr = next((e, v) for e, v in reversed(FASTAI_LR) if epoch >= (e[0] if isinstance(e, tuple) else e))
+    if not isinstance(lr, tuple):
+        return lr
+    (e0, e1), (l0, l1) = ep, lr
+    return l0 + ((epoch - e0) * batch_tot + batch_num) * (l1 - l0) / ((e1 - e0) * batch_tot)
+
+
+def test_fastai2018_phases_are_the_sources() -> None:
+    """Every epoch's global batch and training side, and the lr at every optimizer step of an
+    ImageNet run, against the source's phases (the ramp one iteration apart at most)."""
+    from largebatch.run import _batch_schedule, _resolution
+
+    cfg = _cfg("fastai2018_rn50_128gpu")
+    batches, sides = _batch_schedule(cfg), _resolution(cfg)
+    assert batches is not None and sides is not None and cfg.epochs == 50
+    for epoch in range(cfg.epochs):
+        first, side, per_gpu = next(p for p in reversed(FASTAI_DATA) if epoch >= p[0])
+        assert (batches.batch_at(epoch), sides.size_at(epoch)) == (per_gpu * FASTAI_GPUS, side), epoch
+    assert cfg.data.resolution.eval_size == 288 and cfg.data.val_crop_ratio == pytest.approx(1 / 1.14, abs=1e-3)
+    assert (cfg.optimizer.momentum, cfg.optimizer.weight_decay, cfg.optimizer.nesterov) == (0.9, 1e-4, False)
+    assert cfg.model.zero_init_last_bn and cfg.optimizer.exclude_bn_bias and cfg.precision.name == "fp16"
+
+    base_steps = IMAGENET_TRAIN // cfg.global_batch_size
+    peak = scale_lr(cfg.optimizer.lr, cfg.global_batch_size, cfg.base_batch_size, cfg.lr_scaling)
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=peak)
+    sched = build_lr_scheduler(opt, name=cfg.schedule.name, steps_per_epoch=base_steps, epochs=cfg.epochs,
+                               warmup_epochs=cfg.schedule.warmup_epochs, points=cfg.schedule.points,
+                               batch_schedule=batches)
+    multiplier = sched.lr_lambdas[0]
+    step = 0
+    for epoch in range(cfg.epochs):
+        n = batches.steps_in_epoch(epoch, base_steps)
+        ramp_step = abs(_fastai_lr(epoch, 2, n) - _fastai_lr(epoch, 1, n))  # one iteration of a ramp (0 if none)
+        for i in range(n):
+            assert peak * multiplier(step) == pytest.approx(_fastai_lr(epoch, i + 1, n), rel=1e-9, abs=ramp_step * 1.01)
+            step += 1
+    assert step == batches.total_steps(cfg.epochs, base_steps)

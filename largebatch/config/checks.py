@@ -108,6 +108,7 @@ _RESOLUTION = {
     "data.resolution.multiple": "schedule=ramp: an integer >= 1",
     "data.resolution.eval_size": "null or an integer >= 1",
 }
+_POINTS = "schedule=piecewise: [[epoch, factor], ...] with epochs ascending from >= 0 and factors >= 0"
 # batch_schedule: checked together by BatchSchedule.of (its messages name the key)
 _BATCH_SCHEDULE = {
     "batch_schedule.steps": "[[epoch, global_batch], ...], epochs ascending in 1..epochs-1, each batch a whole "
@@ -120,7 +121,7 @@ def value_ranges() -> dict[str, str]:
     ranges = {key: must for key, (_, must) in _RULES.items()}
     ranges.update({"data.crop_scale": _CROP_SCALE, "optimizer.betas": _BETAS,
                    "ema.min_decay": f"{ranges['ema.min_decay']}, {_MIN_DECAY}",
-                   "bn.group_size": _GROUP_SIZE, **_RESOLUTION, **_BATCH_SCHEDULE,
+                   "bn.group_size": _GROUP_SIZE, **_RESOLUTION, **_BATCH_SCHEDULE, "schedule.points": _POINTS,
                    "model.compile": ", ".join(f"`{m}`" for m in COMPILE_MODES)
                    + "; `true`, `false`: `default`, `none`"})
     return ranges
@@ -164,6 +165,21 @@ def check_ranges(cfg: Mapping[str, Any]) -> None:
         _fail("bn.group_size", group, _GROUP_SIZE)
     _check_resolution(cfg)
     _check_batch_schedule(cfg)
+    _check_points(cfg)
+
+
+def _check_points(cfg: Mapping[str, Any]) -> None:
+    """``schedule.points``: the piecewise schedule's knots, and only with it."""
+    name = getattr(_get(cfg, "schedule.name"), "value", _get(cfg, "schedule.name"))
+    points = [list(p) for p in _get(cfg, "schedule.points")]
+    if name != "piecewise":
+        if points:
+            raise ConfigError(f"schedule.points={points} is set but schedule.name={name}: set schedule.name=piecewise "
+                              "to use it, or schedule.points=[]")
+        return
+    ok = bool(points) and all(len(p) == 2 and all(_num(v) and v >= 0 for v in p) for p in points)
+    if not ok or any(b[0] < a[0] for a, b in zip(points, points[1:])):
+        _fail("schedule.points", points, _POINTS)
 
 
 def _check_batch_schedule(cfg: Mapping[str, Any]) -> None:

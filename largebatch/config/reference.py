@@ -97,6 +97,8 @@ def _type_name(tp: Any) -> str:
         return f"list of {_type_name(args[0])}s"
     if isinstance(tp, type) and issubclass(tp, Enum):
         return "choice"
+    if tp is Any:  # a list whose items the checks read (e.g. schedule.points' [epoch, factor] pairs)
+        return "value"
     names = {int: "integer", float: "number", bool: "boolean", str: "string"}
     return names[tp]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -57,6 +57,7 @@ class ScheduleName(str, Enum):
     step = "step"
     cosine = "cosine"
     poly = "poly"
+    piecewise = "piecewise"  # schedule.points: linear between [epoch, factor] knots (fast.ai's phases)
 
 
 class WarmupStart(str, Enum):
@@ -179,6 +180,9 @@ class ScheduleConfig:
     # unscaled optimizer.lr, Goyal et al.'s "from eta to k*eta", right at any global batch).
     warmup_start: WarmupStart = WarmupStart.factor
     end_lr: Optional[float] = None  # cosine/poly: absolute final lr; set, it replaces end_factor
+    # piecewise: [[epoch, factor], ...] of the scaled lr, epochs ascending (equal epochs: a jump),
+    # linear in between, the first factor before and the last after
+    points: List[Any] = field(default_factory=list)
 
 
 @dataclass

@@ -28,6 +28,7 @@ __all__ = [
     "lr_multiplier",
     "build_lr_scheduler",
     "schedule_factors",
+    "piecewise_linear",
 ]
 
 
@@ -60,6 +61,21 @@ def poly_decay(step: float, total_steps: int, power: float, end_factor: float = 
     return end_factor + (1.0 - end_factor) * (1.0 - t) ** power
 
 
+def piecewise_linear(step: float, knots: Sequence[Sequence[float]]) -> float:
+    """Linear between ``(step, factor)`` knots (steps ascending; two knots at one step: a jump to
+    the later's factor), the first factor before the first knot and the last after the last.
+    fast.ai's DAWNBench 2018 phases are such knots: ``{'ep': (0, 6), 'lr': (lr, 2*lr)}`` a ramp,
+    ``{'ep': 16, 'lr': lr}`` a jump held to the next phase."""
+    if not knots:
+        raise UsageError("a piecewise schedule needs at least one [epoch, factor] point")
+    if step < knots[0][0]:
+        return float(knots[0][1])
+    for (x0, y0), (x1, y1) in zip(knots, knots[1:]):
+        if x0 <= step < x1:
+            return float(y0 + (y1 - y0) * (step - x0) / (x1 - x0))
+    return float(knots[-1][1])
+
+
 def lr_multiplier(
     step: float,
     *,
@@ -71,11 +87,15 @@ def lr_multiplier(
     gamma: float = 0.1,
     power: float = 2.0,
     end_factor: float = 0.0,
+    knots: Sequence[Sequence[float]] = (),
 ) -> float:
-    """The multiplier of the scaled lr at optimizer step ``step`` (0-based)."""
+    """The multiplier of the scaled lr at optimizer step ``step`` (0-based); ``knots``: the
+    ``piecewise`` schedule's ``(step, factor)`` points (:func:`piecewise_linear`)."""
     after = step - warmup_steps
     if name == "constant":
         decay = 1.0
+    elif name == "piecewise":
+        decay = piecewise_linear(step, knots)
     elif name == "step":
         decay = step_decay(step, milestones, gamma)
     elif name == "cosine":
@@ -83,7 +103,7 @@ def lr_multiplier(
     elif name == "poly":
         decay = poly_decay(after, total_steps - warmup_steps, power, end_factor)
     else:
-        raise UsageError(f"unknown schedule {name!r}; choose constant, step, cosine or poly")
+        raise UsageError(f"unknown schedule {name!r}; choose constant, step, cosine, poly or piecewise")
     return warmup_factor(step, warmup_steps, warmup_start_factor) * decay
 
 
@@ -129,6 +149,7 @@ def build_lr_scheduler(
     gamma: float = 0.1,
     power: float = 2.0,
     end_factor: float = 0.0,
+    points: Sequence[Sequence[float]] = (),
     batch_schedule: Optional[BatchSchedule] = None,
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """A per-iteration ``LambdaLR`` over ``lr_multiplier``; epochs are converted to steps.
@@ -141,6 +162,7 @@ def build_lr_scheduler(
     total = steps_per_epoch * epochs
     warmup = int(round(warmup_epochs * steps_per_epoch))
     ms = [int(round(m * steps_per_epoch)) for m in milestones]
+    knots = [(float(e) * steps_per_epoch, float(f)) for e, f in points]  # epochs -> steps
 
     def base_step(step: int) -> float:
         if batch_schedule is None:
@@ -160,5 +182,6 @@ def build_lr_scheduler(
         gamma=gamma,
         power=power,
         end_factor=end_factor,
+        knots=knots,
     )
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
