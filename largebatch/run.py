@@ -158,7 +158,16 @@ def _train_model(cfg: TrainConfig, backend: Backend, model: Any) -> Any:
     train_model = backend.wrap_model(model, bucket_mb=comm.bucket_mb, algorithm=comm.algorithm,
                                      compress=comm.compress, ranks_per_node=comm.ranks_per_node,
                                      tap_local_norm=cfg.diagnostics.noise_scale.enabled)
-    return compile_model(train_model, cfg.model.compile)
+    return compile_model(train_model, cfg.model.compile, shapes=_training_shapes(cfg))
+
+
+def _training_shapes(cfg: TrainConfig) -> int:
+    """Distinct (per-device batch, side) pairs of the training batches over the run's epochs:
+    progressive resizing's sides times a per-device batch schedule's factors."""
+    sizes, batches = _resolution(cfg), _batch_schedule(cfg)
+    per_device = batches is not None and batches.via == "per_device"
+    return len({(batches.factor_at(e) if per_device and batches is not None else 1,
+                 sizes.size_at(e) if sizes is not None else cfg.data.image_size) for e in range(cfg.epochs)})
 
 
 def _step_settings(cfg: TrainConfig, backend: Backend, plan: BatchPlan, autocast_dtype: Optional[torch.dtype]) -> Any:

@@ -144,3 +144,44 @@ def test_cudnn_benchmark_is_a_backend_key_left_alone_off_cuda(tmp_path: Path) ->
     assert main(["debug=smoke", "progress=false", "precision=fp32", "max_steps=1", "backend=cpu",
                  f"run_dir={tmp_path / 'run'}"]) == 0
     assert torch.backends.cudnn.benchmark is before
+
+
+def _pooled_model() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
+
+
+def test_each_known_training_shape_compiles_once_static() -> None:
+    """Told a run's shape count, compile_model compiles each side once (static graphs: 3 sides,
+    3 graphs, and a second pass compiles nothing) and raises dynamo's recompile limit to at least
+    the count, so a schedule of more sides than the default limit (8) never falls back to eager."""
+    import torch._dynamo.config as dynamo_config
+    from torch._dynamo.utils import counters
+
+    before = dynamo_config.recompile_limit
+    try:
+        compile_model(_pooled_model(), "default", shapes=12)
+        assert dynamo_config.recompile_limit == max(before, 12)
+        torch._dynamo.reset()
+        counters.clear()
+        told = compile_model(_pooled_model(), "default", shapes=3)
+        for _ in range(2):
+            for side in (8, 12, 16):
+                told(torch.randn(2, 3, side, side))
+        assert counters["stats"]["unique_graphs"] == 3
+    finally:
+        dynamo_config.recompile_limit = before
+        torch._dynamo.reset()
+
+
+def test_a_run_counts_its_training_shapes() -> None:
+    from largebatch.run import _training_shapes
+
+    def shapes(*overrides: str) -> int:
+        return _training_shapes(to_train_config(compose_config(["debug=smoke", "epochs=6", *overrides])))
+
+    assert shapes() == 1
+    assert shapes("data.resolution.schedule=steps", "data.resolution.steps=[[0,16],[2,24],[4,32]]") == 3
+    per_device = ["global_batch_size=8", "batch_schedule.steps=[[3,16]]", "batch_schedule.via=per_device"]
+    assert shapes(*per_device) == 2
+    assert shapes(*per_device[:2]) == 1  # accumulation: the same batch shape
+    assert shapes(*per_device, "data.resolution.schedule=steps", "data.resolution.steps=[[0,16],[2,24],[4,32]]") == 4

@@ -12,6 +12,12 @@ Modes (``model.compile``), those of ``torch.compile``:
 The vocabulary and its parser live in :mod:`largebatch.defaults` (no torch), so the
 config checks it at compose time; they are re-exported here.
 
+A run whose training batches change shape (progressive resizing, a batch schedule raised by the
+per-device batch) tells :func:`compile_model` how many shapes it will see: each is then compiled
+once, static (``dynamic=False``: no guess that a changed dimension stays dynamic, which compiles
+a slower symbolic-shape graph on the second size), and dynamo's recompile limit is raised to
+that count, so the known shapes never fall back to eager.
+
 A compiled module keeps the eager one as ``_orig_mod``, so its ``state_dict()`` keys gain an
 ``_orig_mod.`` prefix; checkpoints are written from :func:`unwrap_model` (no prefix, the same
 file with or without compile) and :func:`strip_compile_prefixes` reads older ones.
@@ -36,11 +42,18 @@ __all__ = [
 ]
 
 
-def compile_model(model: nn.Module, mode: str) -> nn.Module:
-    """``torch.compile(model)`` in ``mode`` (``none``: the model itself)."""
+def compile_model(model: nn.Module, mode: str, shapes: int = 1) -> nn.Module:
+    """``torch.compile(model)`` in ``mode`` (``none``: the model itself); ``shapes``: the distinct
+    training batch shapes the run will feed it (more than 1: each compiled once, static, and the
+    recompile limit at least ``shapes``; see the module docstring)."""
     mode = parse_compile_mode(mode)
     if mode == "none":
         return model
+    if shapes > 1:
+        import torch._dynamo.config as dynamo_config
+
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, shapes)
+        return torch.compile(model, mode=None if mode == "default" else mode, dynamic=False)
     return torch.compile(model, mode=None if mode == "default" else mode)
 
 
