@@ -23,6 +23,13 @@ multiplies it by ``k`` under ``lr_scaling=linear``, ``sqrt(k)`` under ``sqrt``) 
 (``lr="hold"``, Smith et al.'s form). The warmup and decay run over samples, not steps
 (:meth:`BatchSchedule.epoch_position`): a phase change never jumps along the schedule.
 
+:class:`AdaptiveBatchSchedule` decides each epoch's batch as the run goes, from the gradient
+noise scale measured so far: it multiplies the batch by ``growth`` at the start of an epoch when
+the measured B_simple has grown past ``raise_at`` times the current global batch (McCandlish et
+al. 2018, arXiv 1812.06162, Appendix D's adaptive batch; the "batch size warmup" of Merrill et al.
+2025, arXiv 2505.23971, which raises the batch as the measured critical batch grows). Its
+decisions are part of the run's state (checkpointed), so a resumed run trains the same batches.
+
 Ground under both the config checks (``largebatch.config.checks`` validates
 ``batch_schedule`` with :meth:`BatchSchedule.of`) and the loop: it imports only
 ``largebatch.errors``. Epochs count from 0, as in ``metrics.jsonl``.
@@ -31,12 +38,12 @@ Ground under both the config checks (``largebatch.config.checks`` validates
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from largebatch.errors import ConfigError
 
-__all__ = ["BatchSchedule", "GROWTH", "LR_RULES"]
+__all__ = ["AdaptiveBatchSchedule", "BatchSchedule", "GROWTH", "LR_RULES"]
 
 GROWTH = ("accumulation", "per_device")  # how a larger global batch is reached
 LR_RULES = ("scale", "hold")  # the lr per phase: by the scaling rule, or held
@@ -136,6 +143,81 @@ class BatchSchedule:
         phases = ", ".join(f"{b} from epoch {e}" for e, b in self.steps)
         lr = f"lr {self.lr_scaling}-scaled per phase" if self.lr == "scale" else "lr held"
         return f"{self.base}, {phases} ({self.via.replace('_', '-')}; {lr})"
+
+
+@dataclass(frozen=True)
+class AdaptiveBatchSchedule(BatchSchedule):
+    """The global batch decided per epoch from the measured noise scale (module docstring).
+
+    ``factors`` holds the decisions so far, one per epoch from epoch 0 (:meth:`decide` appends);
+    an epoch not decided yet has the last decision's factor. ``raise_at``: raise when B_simple >=
+    raise_at x the current global batch; ``growth``: the factor of each raise; ``max_batch``: no
+    raise past this global batch (None: while an epoch still has a whole step).
+    """
+
+    raise_at: float = 2.0
+    growth: int = 2
+    max_batch: Optional[int] = None
+    factors: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of_adaptive(cls, *, global_batch_size: int, raise_at: float, growth: int, max_batch: Optional[int],
+                    via: str = "accumulation", lr: str = "scale", lr_scaling: str = "linear") -> "AdaptiveBatchSchedule":
+        """The schedule of the ``batch_schedule.adaptive`` settings, checked: a bad value raises a
+        one-line :class:`ConfigError` naming the key."""
+        BatchSchedule.of([], global_batch_size=global_batch_size, epochs=1, via=via, lr=lr)  # checks via, lr
+        key = "batch_schedule.adaptive"
+        if isinstance(raise_at, bool) or not isinstance(raise_at, (int, float)) or not 0 < raise_at < math.inf:
+            raise ConfigError(f"{key}.raise_at={raise_at} is out of range: it must be a number > 0; set "
+                              f"{key}.raise_at= to such a value")
+        if isinstance(growth, bool) or not isinstance(growth, int) or growth < 2:
+            raise ConfigError(f"{key}.growth={growth} is out of range: it must be an integer >= 2; set "
+                              f"{key}.growth= to such a value")
+        if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int)
+                                      or max_batch < global_batch_size or max_batch % global_batch_size):
+            raise ConfigError(f"{key}.max_global_batch={max_batch} is out of range: it must be null or a whole "
+                              f"multiple of global_batch_size ({global_batch_size}); set {key}.max_global_batch= "
+                              "to such a value")
+        return cls(global_batch_size, (), via=via, lr=lr, lr_scaling=lr_scaling, raise_at=float(raise_at),
+                   growth=growth, max_batch=max_batch)
+
+    def factor_at(self, epoch: int) -> int:
+        if not self.factors:
+            return 1
+        return self.factors[min(epoch, len(self.factors) - 1)]
+
+    def batch_at(self, epoch: int) -> int:
+        return self.base * self.factor_at(epoch)
+
+    def decide(self, epoch: int, noise_scale: float, base_steps: int) -> bool:
+        """Decide epoch ``epoch``'s factor (epochs in order, each once) from the noise scale
+        measured so far (nan or inf: not resolved yet, no raise); True when it raised."""
+        if epoch != len(self.factors):
+            raise ValueError(f"epoch {epoch} decided out of order (decided: {len(self.factors)} epochs)")
+        k = self.factors[-1] if self.factors else 1
+        up = k * self.growth
+        raise_ = (epoch > 0 and math.isfinite(noise_scale) and noise_scale >= self.raise_at * self.base * k
+                  and (self.max_batch is None or self.base * up <= self.max_batch) and base_steps // up >= 1)
+        self.factors.append(up if raise_ else k)
+        return raise_
+
+    def possible_factors(self, base_steps: Optional[int] = None, most: int = 6) -> list[int]:
+        """The factors a run may reach: growth**i within max_batch (and an epoch's steps), at
+        most ``most`` raises."""
+        out, k = [1], 1
+        while len(out) <= most:
+            k *= self.growth
+            if (self.max_batch is not None and self.base * k > self.max_batch) or (base_steps is not None
+                                                                                and base_steps // k < 1):
+                break
+            out.append(k)
+        return out
+
+    def describe(self) -> str:
+        cap = f", at most {self.max_batch}" if self.max_batch is not None else ""
+        lr = f"lr {self.lr_scaling}-scaled per phase" if self.lr == "scale" else "lr held"
+        return (f"{self.base}, x{self.growth} at an epoch start when the noise scale >= {self.raise_at:g} x the "
+                f"global batch{cap} (adaptive; {self.via.replace('_', '-')}; {lr})")
 
 
 def _bad(steps: Sequence[Sequence[int]], must: str) -> None:

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from largebatch import __version__
 from largebatch.engine.batch_plan import BatchPlan, batch_too_large, plan_batches
 from largebatch.engine.run_log import log_into_run_dir, setup_logging
-from largebatch.errors import Preempted, TooFewSamplesError
+from largebatch.errors import Preempted, TooFewSamplesError, UsageError
 
 if TYPE_CHECKING:
     from largebatch.backends.base import Backend
@@ -108,10 +108,17 @@ def _resolution(cfg: TrainConfig) -> Optional[ResolutionSchedule]:
 
 
 def _batch_schedule(cfg: TrainConfig) -> Optional[BatchSchedule]:
-    """``batch_schedule``'s global batch per epoch (a ``BatchSchedule``), None when off."""
-    from largebatch.batch_schedule import BatchSchedule
+    """``batch_schedule``'s global batch per epoch (a ``BatchSchedule``; with ``adaptive.enabled``
+    an ``AdaptiveBatchSchedule``, whose decisions the run makes: build it once per run), None when off."""
+    from largebatch.batch_schedule import AdaptiveBatchSchedule, BatchSchedule
 
     bs = cfg.batch_schedule
+    if bs.adaptive.enabled:
+        a = bs.adaptive
+        return AdaptiveBatchSchedule.of_adaptive(
+            global_batch_size=cfg.global_batch_size, raise_at=a.raise_at, growth=a.growth,
+            max_batch=a.max_global_batch, via=getattr(bs.via, "value", bs.via), lr=getattr(bs.lr, "value", bs.lr),
+            lr_scaling=getattr(cfg.lr_scaling, "value", cfg.lr_scaling))
     return BatchSchedule.of([list(p) for p in bs.steps], global_batch_size=cfg.global_batch_size, epochs=cfg.epochs,
                             via=getattr(bs.via, "value", bs.via), lr=getattr(bs.lr, "value", bs.lr),
                             lr_scaling=getattr(cfg.lr_scaling, "value", cfg.lr_scaling))
@@ -164,13 +171,20 @@ def _train_model(cfg: TrainConfig, backend: Backend, model: Any) -> Any:
 def _training_shapes(cfg: TrainConfig) -> int:
     """Distinct (per-device batch, side) pairs of the training batches over the run's epochs:
     progressive resizing's sides times a per-device batch schedule's factors."""
+    from largebatch.batch_schedule import AdaptiveBatchSchedule
+
     sizes, batches = _resolution(cfg), _batch_schedule(cfg)
-    per_device = batches is not None and batches.via == "per_device"
-    return len({(batches.factor_at(e) if per_device and batches is not None else 1,
-                 sizes.size_at(e) if sizes is not None else cfg.data.image_size) for e in range(cfg.epochs)})
+    side_count = len({sizes.size_at(e) if sizes is not None else cfg.data.image_size for e in range(cfg.epochs)})
+    if batches is None or batches.via != "per_device":
+        return side_count
+    if isinstance(batches, AdaptiveBatchSchedule):  # any side with any factor it may reach
+        return side_count * len(batches.possible_factors())
+    return len({(batches.factor_at(e), sizes.size_at(e) if sizes is not None else cfg.data.image_size)
+                for e in range(cfg.epochs)})
 
 
-def _step_settings(cfg: TrainConfig, backend: Backend, plan: BatchPlan, autocast_dtype: Optional[torch.dtype]) -> Any:
+def _step_settings(cfg: TrainConfig, backend: Backend, plan: BatchPlan, autocast_dtype: Optional[torch.dtype],
+                   batches: Optional[BatchSchedule]) -> Any:
     """How the loop runs a step (``largebatch.engine.loop.StepSettings``) from the config."""
     from largebatch.engine.compile import uses_cuda_graphs
     from largebatch.engine.loop import StepSettings
@@ -180,7 +194,7 @@ def _step_settings(cfg: TrainConfig, backend: Backend, plan: BatchPlan, autocast
         label_smoothing=cfg.label_smoothing, autocast_dtype=autocast_dtype, log_every=cfg.log_every,
         max_steps=cfg.max_steps, non_finite=cfg.non_finite, max_skipped_steps=cfg.max_skipped_steps,
         cuda_graph_steps=uses_cuda_graphs(cfg.model.compile) and backend.device.type == "cuda",
-        batch_schedule=_batch_schedule(cfg),
+        batch_schedule=batches,
     )
 
 
@@ -201,7 +215,8 @@ def _optimizer(cfg: TrainConfig, model: Any, lr: float) -> Any:
                            exclude_bn_bias=opt.exclude_bn_bias, **_optimizer_options(opt))
 
 
-def _scheduler(cfg: TrainConfig, optimizer: Any, steps_per_epoch: int, lr: float) -> Any:
+def _scheduler(cfg: TrainConfig, optimizer: Any, steps_per_epoch: int, lr: float,
+               batches: Optional[BatchSchedule]) -> Any:
     """Warmup + decay; ``warmup_start=base_lr`` and ``end_lr`` resolved against the scaled ``lr``."""
     from largebatch.lr import build_lr_scheduler, schedule_factors
 
@@ -214,7 +229,7 @@ def _scheduler(cfg: TrainConfig, optimizer: Any, steps_per_epoch: int, lr: float
         optimizer, name=s.name, steps_per_epoch=steps_per_epoch, epochs=cfg.epochs,
         warmup_epochs=s.warmup_epochs, warmup_start_factor=start_factor,
         milestones=s.milestones, gamma=s.gamma, power=s.power, end_factor=end_factor,
-        points=[list(p) for p in s.points], batch_schedule=_batch_schedule(cfg),
+        points=[list(p) for p in s.points], batch_schedule=batches,
     )
 
 
@@ -237,7 +252,7 @@ def _resolved(cfg: TrainConfig, backend: Backend, plan: BatchPlan, **facts: Any)
         "warmup_epochs": cfg.schedule.warmup_epochs,
         "warmup_steps": int(round(cfg.schedule.warmup_epochs * steps_per_epoch)),
         # batch-size control: the global batch per epoch, or null (global_batch_size every epoch)
-        "batch_schedule": schedule.describe() if (schedule := _batch_schedule(cfg)) is not None else None,
+        "batch_schedule": facts["batches"].describe() if facts["batches"] is not None else None,
         "precision": facts["precision"],
         "model": cfg.model.name,
         "compile": cfg.model.compile,
@@ -331,6 +346,24 @@ def _noise_scale(cfg: TrainConfig, backend: Backend, plan: BatchPlan) -> Any:
             log.info("noise scale: measured from %s (%d vs %d images per gradient), EMA beta %g",
                      where.source, where.batch_small, where.batch_big, ns.beta)
     return NoiseScaleHook(where, beta=ns.beta, local_norm_tap=tap)
+
+
+def _adaptive_batch(batches: Optional[BatchSchedule], noise_scale: Any, backend: Backend) -> Any:
+    """The adaptive batch schedule's hook (``batch_schedule.adaptive``), or None; it needs the
+    noise scale measured, and says in one line how to measure it where it is not."""
+    from largebatch.batch_schedule import AdaptiveBatchSchedule
+
+    if not isinstance(batches, AdaptiveBatchSchedule):
+        return None
+    if noise_scale is None or noise_scale.plan.source is None:
+        why = "diagnostics.noise_scale.enabled=false" if noise_scale is None else noise_scale.plan.reason
+        raise UsageError(
+            f"batch_schedule.adaptive.enabled=true raises the batch from the measured gradient noise scale, which "
+            f"this run does not measure ({why}): enable diagnostics.noise_scale, and on one process use "
+            f"accumulation_steps >= 2 or diagnostics.noise_scale.probe_every=N")
+    from largebatch.engine.adaptive_batch import AdaptiveBatchHook
+
+    return AdaptiveBatchHook(batches, noise_scale.tracker, is_main=backend.is_main)
 
 
 def _hooks(cfg: TrainConfig, backend: Backend, run_dir: Path, val_loader: Iterable, identity: Any, optional: Any) -> Any:
@@ -431,7 +464,8 @@ def _run_job(cfg: TrainConfig, raw_cfg: Optional[DictConfig], backend: Backend) 
         train_model = _train_model(cfg, backend, model)
         noise_scale = _noise_scale(cfg, backend, plan)
         steps_per_epoch = len(train_loader) // plan.accumulation_steps
-        scheduler = _scheduler(cfg, optimizer, steps_per_epoch, lr)
+        batches = _batch_schedule(cfg)  # one per run: an adaptive schedule's decisions are shared
+        scheduler = _scheduler(cfg, optimizer, steps_per_epoch, lr, batches)
         scaler = backend.grad_scaler(precision.loss_scaling, cfg.precision.init_scale, cfg.precision.growth_interval)
         state = TrainState()
         # a DictConfig becomes a dict with str keys (the config schema's)
@@ -448,18 +482,20 @@ def _run_job(cfg: TrainConfig, raw_cfg: Optional[DictConfig], backend: Backend) 
                                noise_scale=noise_scale.tracker if noise_scale is not None else None),
             )
         resolved = _resolved(cfg, backend, plan, lr=lr, steps_per_epoch=steps_per_epoch, precision=precision.name,
+                             batches=batches,
                              num_classes=num_classes, data_root=data_root, run_dir=run_dir,
                              channels_last=channels_last)
         if backend.is_main:
             _announce(resolved, run_dir, raw_cfg)
             _warn_long_warmup(cfg.epochs, resolved)
         identity = RunIdentity(model_name=cfg.model.name, config=config, resolved=resolved)
-        hooks = _hooks(cfg, backend, run_dir, val_loader, identity, OptionalHooks(ema=ema, noise_scale=noise_scale))
+        optional = OptionalHooks(ema=ema, noise_scale=noise_scale, batch=_adaptive_batch(batches, noise_scale, backend))
+        hooks = _hooks(cfg, backend, run_dir, val_loader, identity, optional)
         trainer = Trainer(
             model=train_model, optimizer=optimizer, scheduler=scheduler,
             # the device wrapper forwards the Loader's members (set_epoch, skipped, ...)
             train_loader=cast("Loader", backend.wrap_loader(train_loader, channels_last=channels_last)),
-            backend=backend, settings=_step_settings(cfg, backend, plan, precision.autocast_dtype), scaler=scaler,
+            backend=backend, settings=_step_settings(cfg, backend, plan, precision.autocast_dtype, batches), scaler=scaler,
             hooks=hooks.hooks, state=state,
         )
         return _train(trainer, hooks, run_dir, (train_loader, val_loader), backend.is_main)

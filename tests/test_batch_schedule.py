@@ -247,3 +247,81 @@ def test_a_checkpoint_from_before_the_setting_resumes_with_it_off() -> None:
     now["batch_schedule"]["steps"] = [[1, 16]]
     with pytest.raises(Exception, match="batch_schedule.steps=None"):
         check_same_run(old, now, Path("ckpt.pt"))
+
+
+# ---------------------------------------------------------------------------------------
+# the adaptive schedule: the batch raised by the measured noise scale
+
+
+def test_the_adaptive_rule_raises_past_the_threshold_within_its_bounds() -> None:
+    from largebatch.batch_schedule import AdaptiveBatchSchedule
+
+    s = AdaptiveBatchSchedule.of_adaptive(global_batch_size=8, raise_at=2.0, growth=2, max_batch=32)
+    assert not s.decide(0, 1e9, base_steps=8)  # epoch 0: nothing measured yet
+    assert not s.decide(1, 15.9, base_steps=8)  # under 2 x 8
+    assert s.decide(2, 16.0, base_steps=8)  # 2 x 8: raised to 16
+    assert not s.decide(3, float("inf"), base_steps=8) and not s.decide(4, float("nan"), base_steps=8)
+    assert s.decide(5, 40.0, base_steps=8) and not s.decide(6, 1e9, base_steps=8)  # 32 is the cap
+    assert s.factors == [1, 1, 2, 2, 2, 4, 4] and s.batch_at(9) == 32
+    assert s.possible_factors() == [1, 2, 4]
+    tight = AdaptiveBatchSchedule.of_adaptive(global_batch_size=8, raise_at=1.0, growth=4, max_batch=None)
+    assert tight.decide(0, 0, base_steps=3) is False and tight.decide(1, 1e9, base_steps=3) is False  # no whole step
+    with pytest.raises(ValueError, match="out of order"):
+        tight.decide(5, 1.0, base_steps=3)
+
+
+@pytest.mark.parametrize("bad,pattern", [
+    (["batch_schedule.adaptive.growth=1"], "batch_schedule.adaptive.growth=1 is out of range"),
+    (["batch_schedule.adaptive.raise_at=0"], "batch_schedule.adaptive.raise_at=0.0 is out of range"),
+    (["batch_schedule.adaptive.max_global_batch=12"], "batch_schedule.adaptive.max_global_batch=12 is out of range"),
+    (["batch_schedule.steps=[[1,16]]"], "set batch_schedule.steps=[] or batch_schedule.adaptive.enabled=false"),
+])
+def test_bad_adaptive_settings_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture, bad: list[str],
+                                            pattern: str) -> None:
+    assert main(smoke("batch_schedule.adaptive.enabled=true", *bad, f"run_dir={tmp_path / 'run'}")) == 2
+    err = capsys.readouterr().err.strip()
+    assert pattern in err and "\n" not in err, err
+
+
+def test_adaptive_needs_the_noise_scale_measured(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(smoke("batch_schedule.adaptive.enabled=true", f"run_dir={tmp_path / 'run'}")) != 0
+    err = capsys.readouterr().err.strip()
+    assert "which this run does not measure (one process, no accumulation)" in err and "\n" not in err, err
+
+
+ADAPTIVE = ["accumulation_steps=2", "batch_schedule.adaptive.enabled=true", "batch_schedule.adaptive.max_global_batch=32",
+            "epochs=4"]
+
+
+@pytest.fixture
+def noise_of(monkeypatch: pytest.MonkeyPatch) -> dict[str, float]:
+    """The noise scale every decision reads (the tracker still updates: its measurement is tested
+    above); a large value raises at every epoch start the bounds allow."""
+    from largebatch.diagnostics.noise_scale import GradientNoiseScale
+
+    value = {"now": 1e6}
+    monkeypatch.setattr(GradientNoiseScale, "noise_scale", lambda self: torch.tensor(value["now"]))
+    return value
+
+
+def test_an_adaptive_run_raises_its_batch_and_resumes_bit_identical(tmp_path: Path, noise_of: dict[str, float],
+                                                                   forward_sizes: list[int]) -> None:
+    """Raised at each epoch start to the cap: 8, 16, 32, 32 (8 + 4 + 2 + 2 steps); stopped inside
+    epoch 2 (the decision made before the stop) and resumed: the uninterrupted run's weights."""
+    exact = [*EXACT, "data.synthetic.train_per_class=16", *ADAPTIVE]
+    straight = tmp_path / "straight"
+    assert main([*exact, f"run_dir={straight}"]) == 0
+    assert [r["global_batch_size"] for r in _records(straight, "epoch")] == [8, 16, 32, 32]
+    assert "epoch 2/4: gradient noise scale ~1000000 images, global batch 8: raised to 16" in (
+        straight / "train.log").read_text()
+    run = tmp_path / "run"
+    assert main([*exact, f"run_dir={run}", "max_steps=13"]) == 0
+    state = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])["train_state"]
+    assert (state["epoch"], state["epoch_step"], state["batch_factors"]) == (2, 1, [1, 2, 4])
+    # the resumed run keeps the decisions its checkpoint carries (epoch 2 stays x4, not re-decided
+    # from the new reading); epoch 3 is at the cap either way
+    noise_of["now"] = 0.0
+    assert main([*exact, f"run_dir={run}", "resume=auto", "max_steps=null"]) == 0
+    assert [r["global_batch_size"] for r in _records(run, "epoch")][-2:] == [32, 32]
+    a, b = _weights(straight, 16), _weights(run, 16)
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []

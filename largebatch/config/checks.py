@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, MutableMapping
 
 from largebatch.defaults import COMPILE_MODES, CUDA_GRAPH_MODES, MAX_CLASSES, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, parse_compile_mode
 from largebatch.errors import ConfigError, UsageError
-from largebatch.batch_schedule import BatchSchedule
+from largebatch.batch_schedule import AdaptiveBatchSchedule, BatchSchedule
 from largebatch.resolution import ResolutionSchedule
 
 __all__ = ["canonicalise_choices", "check_ranges", "value_ranges"]
@@ -185,9 +185,17 @@ def _check_points(cfg: Mapping[str, Any]) -> None:
 def _check_batch_schedule(cfg: Mapping[str, Any]) -> None:
     """``batch_schedule``: :meth:`BatchSchedule.of` names the bad key."""
     bs = _get(cfg, "batch_schedule")
+    via, lr = getattr(bs["via"], "value", bs["via"]), getattr(bs["lr"], "value", bs["lr"])
     BatchSchedule.of([list(p) for p in bs["steps"]], global_batch_size=_get(cfg, "global_batch_size"),
-                     epochs=_get(cfg, "epochs"), via=getattr(bs["via"], "value", bs["via"]),
-                     lr=getattr(bs["lr"], "value", bs["lr"]))
+                     epochs=_get(cfg, "epochs"), via=via, lr=lr)
+    adaptive = bs["adaptive"]
+    if adaptive["enabled"]:
+        if len(bs["steps"]):
+            raise ConfigError("batch_schedule.adaptive.enabled=true decides the batch itself: set "
+                              "batch_schedule.steps=[] or batch_schedule.adaptive.enabled=false")
+        AdaptiveBatchSchedule.of_adaptive(global_batch_size=_get(cfg, "global_batch_size"),
+                                          raise_at=adaptive["raise_at"], growth=adaptive["growth"],
+                                          max_batch=adaptive["max_global_batch"], via=via, lr=lr)
 
 
 def _check_resolution(cfg: Mapping[str, Any]) -> None:
@@ -227,7 +235,8 @@ def canonicalise_choices(cfg: MutableMapping[str, Any]) -> None:
             "use model.compile=max-autotune-no-cudagraphs (or default), or accumulation_steps=1"
         )
     bs = _get(cfg, "batch_schedule")
-    if mode in CUDA_GRAPH_MODES and len(bs["steps"]) and getattr(bs["via"], "value", bs["via"]) == "accumulation":
+    scheduled = len(bs["steps"]) or bs["adaptive"]["enabled"]
+    if mode in CUDA_GRAPH_MODES and scheduled and getattr(bs["via"], "value", bs["via"]) == "accumulation":
         raise ConfigError(
             f"model.compile={mode} (CUDA graphs) cannot be combined with a batch schedule raised by "
             "accumulation: each replay overwrites the gradients of the previous micro-step; set "

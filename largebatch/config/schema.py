@@ -246,6 +246,21 @@ class DataConfig:
 
 
 @dataclass
+class AdaptiveBatchConfig:
+    """The batch raised by the measured gradient noise scale (``largebatch.batch_schedule.
+    AdaptiveBatchSchedule``; McCandlish et al. 2018 App. D, Merrill et al. 2025), decided at each
+    epoch start; needs the noise scale measured (diagnostics.noise_scale) and steps=[]."""
+
+    enabled: bool = False  # decide each epoch's global batch from the noise scale
+    # raise when the measured B_simple >= raise_at x the current global batch
+    raise_at: float = 2.0
+    growth: int = 2  # the factor of each raise
+    # [images] no raise past this global batch (a multiple of global_batch_size); null: while an
+    # epoch still has a whole optimizer step
+    max_global_batch: Optional[int] = None
+
+
+@dataclass
 class BatchScheduleConfig:
     """Batch-size control: the global batch per epoch (``largebatch.batch_schedule``; Mikami et
     al. 2018, Smith et al. 2017). Epochs count from 0; before the first step, global_batch_size."""
@@ -255,6 +270,7 @@ class BatchScheduleConfig:
     steps: List[List[int]] = field(default_factory=list)
     via: BatchGrowth = BatchGrowth.accumulation  # how the larger batch is reached
     lr: BatchLR = BatchLR.scale  # the lr per phase: by lr_scaling, or held
+    adaptive: AdaptiveBatchConfig = field(default_factory=AdaptiveBatchConfig)
 
 
 @dataclass

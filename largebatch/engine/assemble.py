@@ -65,6 +65,7 @@ class OptionalHooks:
 
     ema: Optional[Any] = None
     noise_scale: Optional[Any] = None
+    batch: Optional[Hook] = None  # the adaptive batch schedule's hook: first, before anything reads the batch
 
 
 # the MLPerf log's run_start hyperparameters, from the keys of a run's resolved settings
@@ -102,7 +103,8 @@ def build_run_hooks(
         optional: the weight EMA's and the noise scale's hooks, where the run has them.
     """
     sizes = logging.train_sizes
-    hooks: list[Hook] = [H.DataOrderHook(), H.ProgressHook(enabled=is_main and logging.progress)]
+    hooks: list[Hook] = [*([optional.batch] if optional.batch is not None else []), H.DataOrderHook(),
+                         H.ProgressHook(enabled=is_main and logging.progress)]
     if sizes is not None and is_main:
         hooks.append(H.ResolutionLogHook(sizes))
     if is_main:

@@ -63,6 +63,7 @@ class TrainState:
     best_epoch: int = -1
     time_to_target_s: Optional[float] = None
     elapsed_s: float = 0.0  # training wall time before this process (resumed runs)
+    batch_factors: list[int] = field(default_factory=list)  # an adaptive batch schedule's decisions, per epoch
     evals: list[dict[str, Any]] = field(default_factory=list)
 
     def state_dict(self) -> dict[str, Any]:
