@@ -18,6 +18,8 @@ the larger batch (``via``):
   times the per-device batch (BN sees the larger batch, as in Mikami et al.; one new shape
   per factor for a compiled model).
 
+On XLA the whole step is one graph, so either form compiles one new step graph per factor.
+
 The learning rate follows the run's scaling rule per phase (``lr="scale"``: a factor ``k``
 multiplies it by ``k`` under ``lr_scaling=linear``, ``sqrt(k)`` under ``sqrt``) or stays
 (``lr="hold"``, Smith et al.'s form). The warmup and decay run over samples, not steps

@@ -11,6 +11,9 @@ exit (the last ``atexit`` handler, before finalization), how many native threads
 Python threads) are still running. A gloo process group that is still alive then has its
 worker threads there, and one of them may need the GIL during finalization (see
 ``largebatch.backends.torch_dist.TorchDistributedBackend.shutdown``).
+
+``LARGEBATCH_TEST_NOISE_SIZES=PREFIX`` makes each worker append, per noise-scale update, the
+two batch sizes the tracker is handed (``B_small B_big``, one line) to ``PREFIX.rank<RANK>``.
 """
 
 import os
@@ -54,3 +57,21 @@ if os.environ.get("LARGEBATCH_TEST_EXIT_THREADS") and "RANK" in os.environ and o
     import atexit
 
     atexit.register(_report_native_threads)  # registered first: runs last
+
+
+def _record_noise_sizes(prefix: str) -> None:
+    from largebatch.diagnostics.noise_scale import GradientNoiseScale
+
+    real_update = GradientNoiseScale.update
+    path = f"{prefix}.rank{os.environ['RANK']}"
+
+    def update(self, sq_small, b_small, sq_big, b_big):  # type: ignore[no-untyped-def]
+        with open(path, "a") as f:
+            f.write(f"{int(b_small)} {int(b_big)}\n")
+        real_update(self, sq_small, b_small, sq_big, b_big)
+
+    GradientNoiseScale.update = update
+
+
+if os.environ.get("LARGEBATCH_TEST_NOISE_SIZES") and "RANK" in os.environ:
+    _record_noise_sizes(os.environ["LARGEBATCH_TEST_NOISE_SIZES"])
