@@ -21,10 +21,22 @@ def _kinds(is_main: bool, tmp_path: Path, **kwargs: object) -> list[type]:
 
 def test_rank0_order(tmp_path: Path) -> None:
     assert _kinds(True, tmp_path) == [
-        H.DataOrderHook, H.ProgressHook, PreemptionHook, MLPerfLogHook, H.EvalHook, H.CheckpointHook,
-        H.TensorBoardHook, H.JsonlHook, H.SummaryHook,
+        H.DataOrderHook, H.ProgressHook, H.BatchLogHook, PreemptionHook, MLPerfLogHook, H.EvalHook,
+        H.CheckpointHook, H.TensorBoardHook, H.JsonlHook, H.SummaryHook,
     ]
     assert H.TensorBoardHook not in _kinds(True, tmp_path, logging=LogSettings(tensorboard=False))
+
+
+def test_the_adaptive_batch_hook_decides_before_anything_reads_the_batch(tmp_path: Path) -> None:
+    from largebatch.engine.assemble import OptionalHooks
+    from largebatch.engine.loop import Hook
+
+    class Decider(Hook):
+        pass
+
+    hooks = build_run_hooks(run_dir=tmp_path, is_main=True, val_loader=[], agree_every=1,
+                            optional=OptionalHooks(batch=Decider()))
+    assert isinstance(hooks.hooks[0], Decider) and isinstance(hooks.hooks[1], H.DataOrderHook)
 
 
 def test_other_ranks_write_nothing(tmp_path: Path) -> None:
