@@ -87,7 +87,7 @@ def _data(cfg: TrainConfig, backend: Backend, plan: BatchPlan, dtype: Optional[t
         val_crop_ratio=data.val_crop_ratio, rank=backend.rank,
         world_size=backend.world_size, device=device, dtype=dtype or torch.float32, channels_last=channels_last,
         shuffle_buffer=data.shuffle_buffer, accumulation_steps=plan.accumulation_steps,
-        train_sizes=_resolution(cfg), val_image_size=data.resolution.eval_size,
+        train_sizes=_resolution(cfg), val_image_size=data.resolution.eval_size, rect_val=data.resolution.rect_val,
     )
     try:
         train, val, num_classes = build_run_loaders(root, spec, loader=data.loader, shards=data.shards,

@@ -164,6 +164,7 @@ def check_ranges(cfg: Mapping[str, Any]) -> None:
     if group != -1 and not (isinstance(group, int) and group >= 1):
         _fail("bn.group_size", group, _GROUP_SIZE)
     _check_resolution(cfg)
+    _check_rect_val(cfg)
     _check_batch_schedule(cfg)
     _check_points(cfg)
 
@@ -213,6 +214,25 @@ def _check_resolution(cfg: Mapping[str, Any]) -> None:
                           end_epoch=res["end_epoch"], start_size=res["start_size"], end_size=res["end_size"],
                           multiple=res["multiple"], image_size=_get(cfg, "data.image_size"),
                           epochs=_get(cfg, "epochs"))
+
+
+def _check_rect_val(cfg: Mapping[str, Any]) -> None:
+    """``data.resolution.rect_val``: the torchvision loader reads it, and no backend compiling a graph per
+    shape. ``data.loader=auto`` is checked where the loader is chosen (``largebatch.data.build``)."""
+    if not _get(cfg, "data.resolution.rect_val"):
+        return
+    loader = getattr(_get(cfg, "data.loader"), "value", _get(cfg, "data.loader"))
+    backend = getattr(_get(cfg, "backend.name"), "value", _get(cfg, "backend.name"))
+    if _get(cfg, "data.shards"):
+        raise ConfigError("data.resolution.rect_val=true is read by the torchvision loader only, not DALI's reader "
+                          "of data.shards: drop data.shards and set data.loader=torchvision, or "
+                          "data.resolution.rect_val=false")
+    if loader in ("dali", "nvjpeg"):
+        raise ConfigError(f"data.resolution.rect_val=true is read by the torchvision loader only, not "
+                          f"data.loader={loader}: set data.loader=torchvision, or data.resolution.rect_val=false")
+    if backend == "xla":
+        raise ConfigError("data.resolution.rect_val=true cannot run on backend=xla: each validation batch "
+                          "shape would compile a graph of its own; set data.resolution.rect_val=false")
 
 
 def canonicalise_choices(cfg: MutableMapping[str, Any]) -> None:

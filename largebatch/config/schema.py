@@ -207,7 +207,7 @@ class SyntheticDataConfig:
 class ResolutionConfig:
     """Progressive resizing: the training crop side per epoch (``largebatch.resolution``),
     and the evaluation side. Epochs count from 0. Every loader (torchvision, nvjpeg, DALI over
-    files or ``data.shards``) follows it."""
+    files or ``data.shards``) follows it; ``rect_val`` only the torchvision loader."""
 
     # none: every epoch at data.image_size; steps: data.resolution.steps; ramp: linear between
     # start_epoch and end_epoch, rounded to a multiple of `multiple`
@@ -222,6 +222,11 @@ class ResolutionConfig:
     # [pixels] evaluation crop side (centre crop of the image resized to eval_size /
     # data.val_crop_ratio); null: data.image_size
     eval_size: Optional[int] = None
+    # evaluation in batches of like aspect ratio (fast.ai, DAWNBench 2018): the val set sorted
+    # by width/height, each batch centre-cropped to one rectangle, short side the evaluation
+    # side, long side from the batch's mean ratio (a multiple of 8); torchvision loader only,
+    # not on XLA (a graph per shape)
+    rect_val: bool = False
 
 
 @dataclass

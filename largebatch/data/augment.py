@@ -26,7 +26,7 @@ import functools
 import math
 import random
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +44,7 @@ __all__ = [
     "TRAIN_FLIP",
     "VAL_CROP_RATIO",
     "CropRecipe",
+    "ResizeCovering",
     "augment_batch",
     "augment_each",
     "build_train_transform",
@@ -114,16 +115,40 @@ def build_val_transform(
     crop_ratio: float = VAL_CROP_RATIO,
     mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
     std: Sequence[float] = IMAGENET_DEFAULT_STD,
+    shape: tuple[int, int] | None = None,
 ) -> v2.Compose:
-    """Resize the shorter side to ``image_size / crop_ratio``, centre-crop ``image_size``."""
+    """Resize the shorter side to ``image_size / crop_ratio``, centre-crop ``image_size``.
+
+    ``shape`` (rectangular validation, :mod:`largebatch.data.rect_val`): centre-crop that
+    ``(height, width)`` instead, of an image resized the same way but, where that leaves it
+    smaller than ``shape``, just enough more to cover it (:class:`ResizeCovering`).
+    """
     check_val_crop_ratio(crop_ratio)
+    short = round(image_size / crop_ratio)
+    resize: Callable = v2.Resize(short, antialias=True) if shape is None else ResizeCovering(short, shape)
     return v2.Compose([
-        v2.Resize(round(image_size / crop_ratio), antialias=True),
-        v2.CenterCrop(image_size),
+        resize,
+        v2.CenterCrop(image_size if shape is None else list(shape)),
         v2.PILToTensor(),
         v2.ToDtype(torch.float32, scale=True),
         v2.Normalize(mean, std),
     ])
+
+
+class ResizeCovering:
+    """Resize a PIL image, aspect kept, so its shorter side is ``short`` and it covers ``box``
+    (``(height, width)``): the scale is the larger of the two. (fast.ai's rectangular validation
+    centre-crops without the second condition and pads the image with black where it is smaller
+    than the box; an image of another aspect ratio than its batch's mean is scaled up instead.)"""
+
+    def __init__(self, short: int, box: tuple[int, int]) -> None:
+        self.short, self.box = short, (int(box[0]), int(box[1]))
+
+    def __call__(self, image: Any) -> Any:
+        width, height = image.size
+        scale = max(self.short / min(width, height), self.box[0] / height, self.box[1] / width)
+        size = [max(self.box[0], round(height * scale)), max(self.box[1], round(width * scale))]
+        return v2.functional.resize(image, size, antialias=True)
 
 
 # ---------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional
 
-from largebatch.errors import DataError, WriteError
+from largebatch.errors import DataError, UsageError, WriteError
 
 if TYPE_CHECKING:
     from largebatch.backends.base import Backend
@@ -158,9 +158,25 @@ def _agree_on_dali(requested: str, root: Path, backend: Backend, fallback: str) 
 
 def _log_resolution(spec: LoaderSpec) -> None:
     """The run log's line for ``data.resolution`` (every pipeline follows it), when it is set."""
-    if spec.resized:
-        log.info("resolution: training crops %s; evaluation crops %d px",
-                 spec.train_sizes.describe() if spec.train_sizes else f"{spec.image_size} px", spec.val_size)
+    if spec.resized or spec.rect_val:
+        log.info("resolution: training crops %s; evaluation crops %s",
+                 spec.train_sizes.describe() if spec.train_sizes else f"{spec.image_size} px",
+                 f"of short side {spec.val_size} px, a rectangle per batch of like aspect ratio (rect_val)"
+                 if spec.rect_val else f"{spec.val_size} px")
+
+
+def _refuse_rect_val(spec: LoaderSpec, *, loader: str, reads_with: str, backend: Backend) -> None:
+    """``spec.rect_val`` needs the torchvision pipeline and a backend that runs any batch shape:
+    one line naming the fix, before a loader is built (``data.loader=auto`` is known only here)."""
+    if not spec.rect_val:
+        return
+    if backend.name == "xla":
+        raise UsageError("data.resolution.rect_val=true cannot run on the xla backend: each validation batch shape "
+                         "would compile a graph of its own; set data.resolution.rect_val=false")
+    if reads_with != "torchvision":
+        raise UsageError(f"data.resolution.rect_val=true is read by the torchvision loader only, and data.loader="
+                         f"{loader} reads with {reads_with} here: set data.loader=torchvision, or "
+                         f"data.resolution.rect_val=false")
 
 
 def build_run_loaders(
@@ -188,6 +204,7 @@ def build_run_loaders(
                 f"data.shards={shards} is read by DALI only; set data.loader=dali (or auto), "
                 f"or drop data.shards to read data.root's files with torchvision"
             )
+        _refuse_rect_val(spec, loader=loader, reads_with="DALI (data.shards)", backend=backend)
         require_dali()
         train, val, num_classes = build_dali_shard_loaders(shards, spec)
         if backend.is_main:
@@ -201,6 +218,7 @@ def build_run_loaders(
     if not decision.use_dali and fallback == "nvjpeg":
         from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 
+        _refuse_rect_val(spec, loader=loader, reads_with="nvjpeg", backend=backend)
         if backend.is_main:
             log.info("input pipeline: nvjpeg, %s decode and augmentation on %s, %d file-reading worker(s) per "
                      "rank, %s", "nvJPEG (GPU)" if spec.on_gpu else "CPU", spec.device, spec.workers, spec.layout)
@@ -209,12 +227,14 @@ def build_run_loaders(
     if not decision.use_dali:
         from largebatch.data.pipelines.torchvision import build_loaders
 
+        _refuse_rect_val(spec, loader=loader, reads_with="torchvision", backend=backend)
         if backend.is_main:
             log.info("input pipeline: torchvision DataLoader, %d worker(s) per rank", spec.workers)
             _log_resolution(spec)
         return build_loaders(root, spec)
     from largebatch.data.pipelines.dali_files import build_dali_loaders
 
+    _refuse_rect_val(spec, loader=loader, reads_with="DALI", backend=backend)
     train, val, num_classes = build_dali_loaders(root, spec, file_list=decision.file_lists)
     if backend.is_main:
         log.info(

@@ -8,6 +8,7 @@ all four. The contract, written once:
   images (normalised; in the compute dtype and on the device where the pipeline decodes
   there) and int64 ``(N,)`` labels; training batches are full (``batch_size``), evaluation
   batches may be short and a rank may get none (every validation image once over all ranks);
+  with :attr:`LoaderSpec.rect_val` an evaluation batch is ``(N, 3, H, W)``, its own rectangle;
 * ``len(loader)`` is the number of batches of a whole epoch for this rank, the same on every
   rank for training;
 * ``set_epoch(epoch, skip_batches=0)``, called before every pass, selects the epoch's order
@@ -102,6 +103,9 @@ class LoaderSpec:
             whole steps (``batch_size x accumulation_steps`` samples), so a training pass
             yields only batches that are trained on: DALI's file pipeline, which cannot leave
             an epoch half read, is then never rebuilt between epochs.
+        rect_val: rectangular validation (``data.resolution.rect_val``): val batches of like
+            aspect ratio, each centre-cropped to one rectangle of short side ``val_size``
+            (:mod:`largebatch.data.rect_val`); the torchvision pipeline only.
     """
 
     image_size: int
@@ -120,6 +124,7 @@ class LoaderSpec:
     accumulation_steps: int = 1
     train_sizes: Optional[ResolutionSchedule] = None
     val_image_size: Optional[int] = None
+    rect_val: bool = False
 
     def __post_init__(self) -> None:  # accept "cpu"/"cuda:0" and a list crop_scale (the config's)
         object.__setattr__(self, "device", torch.device(self.device))

@@ -52,12 +52,14 @@ class RobustImageFolder(ImageFolder):
     True)`` yields) runs the transform under a torch generator seeded by
     :func:`sample_seed` ``(seed, epoch, i)``, so the augmentation does not depend on the
     process or the order in which samples are decoded; with ``epoch_transforms`` (progressive
-    resizing) the transform itself is the epoch's. Raises :class:`DataError` for a
+    resizing) the transform itself is the epoch's. With ``transform_of`` (rectangular validation)
+    ``dataset[i]``'s transform is ``transform_of(i)``, its batch's. Raises :class:`DataError` for a
     missing root or a class folder without images, instead of torchvision's generic errors.
     """
 
     def __init__(self, root: str | os.PathLike, transform: Callable | None = None, *, seed: int = 0,
-                 epoch_transforms: EpochTransforms | None = None) -> None:
+                 epoch_transforms: EpochTransforms | None = None,
+                 transform_of: Callable[[int], Callable] | None = None) -> None:
         self._listing: tuple[list[str], list[tuple[str, int]]] | None = None
         if epoch_transforms is not None and transform is None:
             transform = epoch_transforms.at(0)  # a key without an epoch: epoch 0's side
@@ -65,6 +67,7 @@ class RobustImageFolder(ImageFolder):
         self._reported: set[str] = set()
         self.seed = seed
         self.epoch_transforms = epoch_transforms
+        self.transform_of = transform_of
 
     def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
         """torchvision's hook for the classes: :func:`list_folder` lists and checks the tree."""
@@ -92,7 +95,7 @@ class RobustImageFolder(ImageFolder):
             return Unreadable(index, target)
         if self.transform is not None:
             if epoch is None:
-                image = self.transform(image)
+                image = (self.transform if self.transform_of is None else self.transform_of(index))(image)
             else:
                 # The transforms draw from torch's global generator: seed a private copy of
                 # it for this sample (fork_rng restores the caller's stream afterwards).

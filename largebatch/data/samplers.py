@@ -13,7 +13,7 @@ its *part*, and a shard is a packed tar file, :mod:`largebatch.data.contract`.)
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch.utils.data import Sampler
@@ -177,21 +177,43 @@ class ExactShardSampler(Sampler[int]):
 
     1,001 images on 4 ranks give 251/250/250/250; 2 images on 4 ranks give 1/1/0/0. Sum the
     per-rank (correct, count) pairs with an all-reduce to get the exact accuracy.
+
+    Args:
+        dataset_len: number of samples in the data set.
+        rank: this process's rank.
+        world_size: number of ranks.
+        order: the indices in the order to read them (a permutation of ``range(dataset_len)``);
+            None: ``range(dataset_len)``.
+        whole_batches: blocks are whole batches of this many samples of ``order`` (a rank
+            batching its block by the same size gets the batches of the whole order, the last
+            one short; rectangular validation gives each batch a shape); None: blocks of samples.
     """
 
-    def __init__(self, dataset_len: int, *, rank: int, world_size: int) -> None:
+    def __init__(self, dataset_len: int, *, rank: int, world_size: int, order: Sequence[int] | None = None,
+                 whole_batches: int | None = None) -> None:
         if dataset_len < 0:
             raise ValueError(f"dataset_len must be >= 0, got {dataset_len}")
+        if order is not None and sorted(order) != list(range(dataset_len)):
+            raise ValueError(f"order must be a permutation of range({dataset_len})")
+        if whole_batches is not None and whole_batches < 1:
+            raise ValueError(f"whole_batches must be >= 1, got {whole_batches}")
         self.dataset_len = dataset_len
         self.rank = rank
         self.world_size = world_size
-        self.begin, self.end = exact_part_bounds(dataset_len, rank, world_size)
+        self.order = None if order is None else list(order)
+        if whole_batches is None:
+            self.begin, self.end = exact_part_bounds(dataset_len, rank, world_size)
+        else:
+            first, last = exact_part_bounds(-(-dataset_len // whole_batches), rank, world_size)
+            self.begin, self.end = (min(b * whole_batches, dataset_len) for b in (first, last))
 
     def set_epoch(self, epoch: int) -> None:
         """No-op (the order is fixed); present so callers can treat both samplers alike."""
 
     def __iter__(self) -> Iterator[int]:
-        return iter(range(self.begin, self.end))
+        if self.order is None:
+            return iter(range(self.begin, self.end))
+        return iter(self.order[self.begin:self.end])
 
     def __len__(self) -> int:
         return self.end - self.begin

@@ -68,8 +68,9 @@ SCHEDULE_KEYS = ("epochs", "schedule.", "optimizer.lr", "base_batch_size", "lr_s
 RUN_KEYS = ("seed", "model.", "optimizer.", "label_smoothing", "bn.", "data.synthetic.",
             "data.image_size", "data.crop_scale", "data.val_crop_ratio", "data.resolution.",
             "batch_schedule.")
-# ... except these: how the same computation runs (and the schedule keys, SCHEDULE_KEYS)
-_HOW_KEYS = ("optimizer.foreach", "model.compile", "model.channels_last")
+# ... except these: how the same computation runs, or only how it is evaluated (rect_val: fast.ai
+# turned it on for the last phase; a checkpoint from before the key has none), and the schedule keys
+_HOW_KEYS = ("optimizer.foreach", "model.compile", "model.channels_last", "data.resolution.rect_val")
 
 log = logging.getLogger("largebatch")
 

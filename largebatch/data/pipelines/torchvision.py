@@ -28,6 +28,9 @@ Batch contract of :func:`build_loaders`:
   epoch (:class:`~largebatch.resolution.ResolutionSchedule`), which each sample key carries
   from the sampler to the worker (``(index, epoch)``), so persistent workers need no rebuild
   and a run resumed inside an epoch gets the same side. Val crops are ``spec.val_size``.
+* Rectangular validation (``spec.rect_val``): val batches of like aspect ratio, each cropped to
+  one ``(H, W)`` of short side ``spec.val_size``, every rank reading whole batches
+  (:mod:`largebatch.data.rect_val`).
 * Val batches drop skipped images (so nothing is counted twice); a batch that loses every
   image is not yielded. A rank whose exact part is empty yields no batch at all.
 """
@@ -47,6 +50,7 @@ from largebatch.data.contract import LoaderSpec
 from largebatch.data.image_folder import EpochTransforms, RobustImageFolder
 from largebatch.data.images import Unreadable, check_same_classes, split_folder
 from largebatch.data.loader_view import LoaderView, UnreadableTally
+from largebatch.data.rect_val import RectTransforms, aspect_ratios, plan_rect_batches
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler
 from largebatch.data.worker_signals import ignoring_stop_signals
 from largebatch.errors import DataError
@@ -128,6 +132,16 @@ class SkipCountingLoader(LoaderView):
                 yield images, labels
 
 
+def _rect_val_sampler(val_set: RobustImageFolder, spec: LoaderSpec) -> ExactShardSampler:
+    """Rectangular validation: ``val_set`` gets each sample's batch shape as its transform; the
+    sampler reads whole batches of the aspect-ratio order (:mod:`largebatch.data.rect_val`)."""
+    ratios = aspect_ratios(val_set.root, [path for path, _ in val_set.samples])
+    plan = plan_rect_batches(ratios, batch_size=spec.val_batch, side=spec.val_size)
+    val_set.transform_of = RectTransforms(plan, side=spec.val_size, crop_ratio=spec.val_crop_ratio)
+    return ExactShardSampler(len(val_set), rank=spec.rank, world_size=spec.world_size, order=plan.order,
+                             whole_batches=spec.val_batch)
+
+
 def build_loaders(root: str | os.PathLike, spec: LoaderSpec) -> tuple[SkipCountingLoader, SkipCountingLoader, int]:
     """Train and val loaders of ``root/train`` and ``root/val`` for one rank.
 
@@ -140,7 +154,8 @@ def build_loaders(root: str | os.PathLike, spec: LoaderSpec) -> tuple[SkipCounti
             once over all ranks). Each training sample's crop and flip come from a generator
             seeded by (``spec.seed``, epoch, sample index), independent of rank, worker count
             and stop point; its side is ``spec.train_size_at(epoch)``, the val crops'
-            ``spec.val_size``. Batches stay on the host, pinned for a CUDA ``spec.device``.
+            ``spec.val_size`` (``spec.rect_val``: rectangles, batches of like aspect ratio).
+            Batches stay on the host, pinned for a CUDA ``spec.device``.
 
     Returns ``(train_loader, val_loader, num_classes)``; see the module docstring for the
     batch and skip contract.
@@ -159,7 +174,8 @@ def build_loaders(root: str | os.PathLike, spec: LoaderSpec) -> tuple[SkipCounti
     check_same_classes(train_set.root, train_set.classes, val_set.root, val_set.classes)
     train_sampler = ShardedSampler(len(train_set), rank=spec.rank, world_size=spec.world_size,
                                    batch_size=spec.step_samples, seed=spec.seed, with_epoch=True)
-    val_sampler = ExactShardSampler(len(val_set), rank=spec.rank, world_size=spec.world_size)
+    val_sampler = _rect_val_sampler(val_set, spec) if spec.rect_val else ExactShardSampler(
+        len(val_set), rank=spec.rank, world_size=spec.world_size)
     workers = spec.workers
     common: dict[str, Any] = dict(num_workers=workers, pin_memory=spec.pin_memory,
                                   persistent_workers=workers > 0)
