@@ -60,7 +60,16 @@ def run_one(arm: str, overrides: list[str], seed: int, out: Path, extra: Sequenc
         raise SystemExit(f"{arm} seed {seed} failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
     return {"arm": arm, "seed": seed, "best_top1": summary["best_top1"], "time_to_target_s": summary["time_to_target_s"],
-            "wall_time_s": summary["wall_time_s"]}
+            "wall_time_s": summary["wall_time_s"], **reached(run_dir)}
+
+
+def reached(run_dir: Path) -> dict[str, Any]:
+    """The epoch and optimizer step of the first evaluation at the run's target (None: never):
+    the other processes on a shared machine change the seconds, not these."""
+    target = json.loads((run_dir / "summary.json").read_text()).get("target_top1")
+    evals = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
+    first = next((r for r in evals if target is not None and r["top1"] >= target), None)
+    return {"epochs_to_target": first and first["epoch"], "steps_to_target": first and first["step"]}
 
 
 def spread(v: Sequence[float], fmt: str) -> str:
@@ -74,8 +83,8 @@ def table(rows: list[dict[str, Any]], arms: Sequence[str], target: str) -> str:
     by = {(r["arm"], r["seed"]): r for r in rows}
     seeds = sorted({r["seed"] for r in rows})
     L = [f"| arm | best val top-1 (mean [min, max]) | minus baseline, per seed | time to {target} (s) | "
-         "time / baseline, per seed | reached | wall (s) | wall / baseline |",
-         "|---|---|---|---|---|---|---|---|"]
+         "time / baseline, per seed | reached | epochs to target | steps to target | wall (s) | wall / baseline |",
+         "|---|---|---|---|---|---|---|---|---|---|"]
     for arm in arms:
         mine = [by[(arm, s)] for s in seeds if (arm, s) in by]
         base = {s: by[("baseline", s)] for s in seeds if ("baseline", s) in by}
@@ -86,8 +95,11 @@ def table(rows: list[dict[str, Any]], arms: Sequence[str], target: str) -> str:
                  if r["seed"] in base and r["time_to_target_s"] and base[r["seed"]]["time_to_target_s"]]
         r_wall = [r["wall_time_s"] / base[r["seed"]]["wall_time_s"] for r in mine if r["seed"] in base]
         same = arm == "baseline"
+        e_tt = [r["epochs_to_target"] for r in mine if r.get("epochs_to_target") is not None]
+        s_tt = [r["steps_to_target"] for r in mine if r.get("steps_to_target") is not None]
         L.append(f"| {arm} | {spread(acc, '.2f')} | {'' if same else spread(d_acc, '+.2f')} | {spread(ttt, '.0f')} | "
-                 f"{'' if same else spread(r_ttt, '.2f')} | {len(ttt)}/{len(mine)} | "
+                 f"{'' if same else spread(r_ttt, '.2f')} | {len(ttt)}/{len(mine)} | {spread(e_tt, '.1f')} | "
+                 f"{spread(s_tt, '.0f')} | "
                  f"{spread([r['wall_time_s'] for r in mine], '.0f')} | {'' if same else spread(r_wall, '.2f')} |")
     return "\n".join(L)
 
@@ -110,6 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows_path = out / "rows.jsonl"
     done = {(r["arm"], r["seed"]): r for r in map(json.loads, rows_path.read_text().splitlines())} \
         if rows_path.exists() else {}
+    for (arm, seed), row in done.items():  # rows written before these columns: read them from the run
+        run_dir = out / f"{arm}-seed{seed}"
+        if "epochs_to_target" not in row and (run_dir / "metrics.jsonl").exists():
+            row.update(reached(run_dir))
     for seed in args.seeds:  # arms interleaved per seed; a rerun with the same --out goes on
         for arm, overrides in arms.items():
             if (arm, seed) in done:
