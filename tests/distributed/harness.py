@@ -1,4 +1,5 @@
-"""Run a function on N real gloo ranks (spawned processes) and collect what each returns.
+"""Run a function on N real gloo ranks (spawned processes) and collect what each returns; or a
+command (torchrun) to its end, stopped in its own session if it overruns (:func:`run_to_end`).
 
 Each rank joins a gloo process group through a ``file://`` rendezvous in a temporary
 directory, runs ``fn(rank, world_size, *args)`` and saves the return value with
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -20,7 +23,25 @@ import torch.multiprocessing as mp
 
 from largebatch.comm.reducers import destroy_process_groups
 
-__all__ = ["run_ranks"]
+__all__ = ["run_ranks", "run_to_end"]
+
+
+def run_to_end(cmd: list[str], *, env: dict[str, str], cwd: Path, log: Path, timeout_s: float) -> Optional[int]:
+    """Run ``cmd`` in its own session with its output in ``log``; its exit code, or None when it
+    ran past ``timeout_s`` (then SIGTERM, as torchrun stops its workers, and SIGKILL to the session
+    a minute later)."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            return None
 
 
 def _entry(rank: int, fn: Callable[..., Any], world_size: int, workdir: str, args: tuple,

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ import pytest
 import torch
 
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
+from tests.distributed.harness import run_to_end
 from tests.smoke import EXACT, smoke
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,18 +49,7 @@ def _torchrun(root: Path, run: Path, noise_sizes: Path, *extra: str) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "largebatch.train", *JOB, f"run_dir={run}", *extra]
     log = root / "torchrun.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
-        try:
-            code = proc.wait(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.terminate()  # torchrun stops its workers
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            code = None
+    code = run_to_end(cmd, env=env, cwd=ROOT, log=log, timeout_s=TIMEOUT_S)
     assert code == 0, f"torchrun {' '.join(extra)} exited with {code}:\n{log.read_text()[-4000:]}"
 
 

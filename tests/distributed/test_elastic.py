@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 
 from largebatch.cli import main
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
+from tests.distributed.harness import run_to_end
 from tests.smoke import smoke
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,18 +43,7 @@ def _torchrun(root: Path, fault: str, *extra: str, max_restarts: int) -> tuple[i
         "-m", "largebatch.train", *JOB, f"output_root={root / 'runs'}", *extra,
     ]
     log = root / "torchrun.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
-        try:
-            code = proc.wait(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.terminate()  # torchrun stops its workers (they run in their own sessions)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            code = None
+    code = run_to_end(cmd, env=env, cwd=ROOT, log=log, timeout_s=TIMEOUT_S)
     text = log.read_text()
     assert code is not None, f"torchrun timed out:\n{text[-4000:]}"
     return code, text
