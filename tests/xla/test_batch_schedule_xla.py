@@ -81,3 +81,19 @@ def test_each_new_factor_compiles_one_step_graph_and_a_resume_is_bit_identical(
     a, b = _last(straight), _last(run)
     assert (b["train_state"]["step"], b["train_state"]["epoch"], b["train_state"]["images_seen"]) == (7, 3, 3 * 32)
     assert [k for k in a["model"] if not torch.equal(a["model"][k], b["model"][k])] == []
+
+
+def test_each_new_side_of_progressive_resizing_compiles_one_step_graph(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step_compiles: list[int]) -> None:
+    """Progressive resizing on XLA: 32, then 40, then 48 px (one epoch each, 4 steps of 8): each new
+    side compiles one step graph, at its epoch's first step, and no other step compiles."""
+    pytest.importorskip("torch_xla")
+    from largebatch.cli import main
+
+    monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "cache"))
+    sides = smoke("backend=xla", "data.image_size=32", "epochs=3", "data.resolution.schedule=steps",
+                  "data.resolution.steps=[[0,32],[1,40],[2,48]]", base=EXACT)
+    assert main([*sides, f"run_dir={tmp_path / 'run'}"]) == 0
+    assert len(step_compiles) == 12
+    assert step_compiles[0] <= 1 and step_compiles[1] <= 1 and step_compiles[2:4] == [0, 0], step_compiles
+    assert step_compiles[4:] == [1, 0, 0, 0, 1, 0, 0, 0], step_compiles
