@@ -41,16 +41,23 @@ Design:
   would otherwise train to ``--max-epochs`` and cost 2-3 hits; it cannot change which lr is
   chosen unless a seed of the best lr needs 4x another run's steps (the row keeps its cap). The
   chosen lr's other seeds run uncapped;
-- power first: ``--plan`` prints, before anything runs, the cost estimate and the smallest
-  ratio of steps between two batches the seeds can resolve (from the seed spread of the
-  fixed-budget study's steps to a test level, its rows being the only ones yet); the report
-  gives the same from this study's own rows.
+- the target, and power first: a first crossing of a level the curve approaches slowly is mostly
+  noise (the first rows, trained to 95% at a constant lr, spread 0.48 in log steps over seeds:
+  5 seeds per batch would resolve only a 4.7x ratio of steps). So a **pilot** at the base batch
+  (``--pilot``, rows of runs trained to 95%) is read at every candidate level
+  (``--candidate-targets``) before the study runs: the seed spread of log first-crossing steps
+  and the ratio of steps the study's seeds resolve at its Bonferroni level; the target is the
+  highest level no pilot run missed that resolves ``--resolve`` (sqrt(2)) or less. ``--plan``
+  prints that table, the cost estimate and the resolution; the report repeats the table and
+  gives the resolution again from the study's own rows.
 
 Running (resumable, as ``scaling_rule.py``: rows go to ``benchmarks/results/steps_to_target.jsonl``
 as they finish; parallel workers claim points with lock files; run at low priority beside other
 work, and stop it while the test suite runs):
 
-    python benchmarks/steps_to_target.py --plan                # cost and resolution, nothing run
+    python benchmarks/steps_to_target.py --out benchmarks/results/steps_to_target_pilot --batches 32 \
+        --recipes sgd+warmup --target 95 --seeds 0 1 2 3 4 5 6 7   # the pilot (the target's choice)
+    python benchmarks/steps_to_target.py --plan                # target, cost and resolution, nothing run
     nice -n 19 python benchmarks/steps_to_target.py --workers 1   # the study, then the report
     python benchmarks/steps_to_target.py --render              # report from the rows: .md and .png
     python benchmarks/steps_to_target.py --quick               # smoke test: tiny, temp folder
@@ -258,7 +265,7 @@ def chosen_lr(rows: dict, recipe: str, batch: int, args: argparse.Namespace) -> 
 
 
 def cells(args: argparse.Namespace) -> list[tuple[str, int]]:
-    return [(r, b) for b in args.batches for r in RECIPES]
+    return [(r, b) for b in args.batches for r in args.recipes]
 
 
 def plan(rows: dict, args: argparse.Namespace) -> tuple[list[dict[str, Any]], int]:
@@ -386,16 +393,76 @@ def resolvable_ratio(sd_log: float, n: int, alpha: float, power: float = 0.8) ->
     return math.exp(fixed.mde(sd_log, n, alpha, power))
 
 
-def prior_spread(path: Path, level: float = 95.0) -> tuple[float, int, int]:
-    """Seed spread of log steps to a test level in the fixed-budget study's rows (the only rows
-    before this study's own): pooled sd over the points with two or more seeds reaching it, its
-    degrees of freedom, and the points used."""
-    by: dict[tuple, list[float]] = {}
-    for r in fixed.read_rows(path).values():
-        if r["epochs"] == 48 and not r["diverged"] and (s := fixed.steps_to(r, level)):
-            by.setdefault((r["recipe"], r["batch"], float(r["lr"])), []).append(math.log(s))
-    sd, df = fixed.pooled_sd(list(by.values()))
-    return sd, df, sum(len(v) > 1 for v in by.values())
+# ---------------------------------------------------------------------------------------------
+# the target, chosen from a pilot's curves before the study runs
+
+
+def crossing(curve: Sequence[Sequence[float]], target: float) -> int | None:
+    """The first evaluated step whose val top-1 is at least ``target`` (None if none is)."""
+    return next((int(step) for step, acc in curve if acc >= target), None)
+
+
+def target_table(pilot: dict, targets: Sequence[float], n: int, alpha: float) -> list[dict[str, Any]]:
+    """For each candidate target: the pilot's seed spread of log first-crossing steps (pooled over
+    its (recipe, batch, lr) points with two or more seeds), the runs that never crossed it, and the
+    smallest ratio of steps ``n`` seeds per batch resolve at ``alpha`` (80% power).
+
+    The pilot trained to a higher target, so every lower target's crossing is in its val curves: a
+    run stopped at the candidate would have taken the same steps up to it (same seed, same data
+    order). A point where some seed never crossed counts as a miss, not as a shorter spread."""
+    table = []
+    for t in targets:
+        groups: dict[tuple, list[float]] = {}
+        missed = 0
+        for r in pilot.values():
+            c = crossing(r["val_curve"], t)
+            if c is None:
+                missed += 1
+            else:
+                groups.setdefault((r["recipe"], r["batch"], float(r["lr"])), []).append(math.log(c))
+        sd, df = fixed.pooled_sd(list(groups.values()))
+        table.append({"target": t, "sd": sd, "df": df, "missed": missed, "runs": len(pilot),
+                      "ratio": resolvable_ratio(sd, n, alpha) if df else math.inf})
+    return table
+
+
+def choose_target(table: Sequence[dict[str, Any]], resolve: float) -> float | None:
+    """The highest candidate no pilot run missed whose resolvable ratio is at most ``resolve``:
+    the highest target is the most demanding (McCandlish et al.'s B_crit grows as the target gets
+    harder), but the study is only worth running where the seeds resolve less than a doubling's gain."""
+    ok = [row["target"] for row in table if not row["missed"] and row["ratio"] <= resolve]
+    return max(ok) if ok else None
+
+
+def target_section(args: argparse.Namespace) -> list[str]:
+    """The report's account of how the target was chosen, from the pilot rows file."""
+    pilot = read_rows(args.pilot)
+    if not pilot:
+        return [f"No pilot rows in `{args.pilot.name}`: the target {args.target:g}% was set by hand.", ""]
+    m, n = comparisons(args), len(args.seeds)
+    table = target_table(pilot, args.candidate_targets, n, 0.05 / m)
+    chosen = choose_target(table, args.resolve)
+    lrs = sorted({float(r["lr"]) for r in pilot.values()})
+    L = [f"From the pilot (`{args.pilot.name}`: {len(pilot)} runs at batch "
+         f"{', '.join(str(b) for b in sorted({r['batch'] for r in pilot.values()}))}, lrs "
+         f"{', '.join(f'{lr:g}' for lr in lrs)}, each trained until {max(r['setup']['target'] for r in pilot.values()):g}% "
+         f"val), before any row of the study: the first crossing of each candidate target in the pilot's val curves, "
+         f"the seed spread of its log steps, and the smallest ratio of steps {n} seeds per batch resolve ({m} neighbour "
+         f"comparisons, alpha 0.05/{m}, 80% power). The rule: the highest target no pilot run missed that resolves "
+         f"{args.resolve:.2f}x or less.", "",
+         "| target (% val) | pilot runs that never reached it | seed spread of log steps (df) | resolved ratio |",
+         "|---|---|---|---|"]
+    for row in table:
+        mark = " **(chosen)**" if row["target"] == chosen else ""
+        sd = f"{row['sd']:.3f} ({row['df']})" if row["df"] else "-"
+        ratio = "-" if math.isinf(row["ratio"]) else f"{row['ratio']:.2f}x"
+        L.append(f"| {row['target']:g}{mark} | {row['missed']}/{row['runs']} | {sd} | {ratio} |")
+    L.append("")
+    if chosen is None:
+        L += ["No candidate meets the rule: the study's design cannot resolve a doubling with these seeds.", ""]
+    elif chosen != args.target:
+        L += [f"**The study runs at {args.target:g}%, not the rule's {chosen:g}%.**", ""]
+    return L
 
 
 # ---------------------------------------------------------------------------------------------
@@ -414,7 +481,7 @@ def geo_ci(v: Sequence[float]) -> str:
 
 def comparisons(args: argparse.Namespace) -> int:
     """Tests the design makes: each batch against the next (per recipe): fixed before any row."""
-    return len(RECIPES) * (len(args.batches) - 1)
+    return len(args.recipes) * (len(args.batches) - 1)
 
 
 def write_report(args: argparse.Namespace, rows: dict) -> str:
@@ -434,6 +501,7 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
         L += [f"**Pending: {len(todo)} trainings runnable now, {blocked} cell(s) waiting on others' rows.**", ""]
     groups = [[math.log(r["steps"]) for r in chosen_rows(rows, rc, b, args) if r["reached"]] for rc, b in cells(args)]
     sd, df = fixed.pooled_sd([g for g in groups if len(g) == n])
+    L += ["## The target", ""] + target_section(args)
     L += ["## What the rows can resolve", ""]
     if df:
         L += [f"Seed spread of log steps-to-target (pooled over the cells with all {n} seeds): {sd:.3f}. With {n} "
@@ -445,7 +513,7 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
           "| recipe | batch | lr | steps (geometric mean, 95% interval) | examples | reached | B_simple at target |",
           "|---|---|---|---|---|---|---|"]
     fits: dict[str, dict[str, Any]] = {}
-    for recipe in RECIPES:
+    for recipe in args.recipes:
         by_batch: dict[int, list[float]] = {}
         for b in args.batches:
             rs = chosen_rows(rows, recipe, b, args)
@@ -502,7 +570,7 @@ def plot(args: argparse.Namespace, rows: dict) -> None:
         print("matplotlib is not installed: no plot", file=sys.stderr)
         return
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for recipe in RECIPES:
+    for recipe in args.recipes:
         pts = {b: [r["steps"] for r in chosen_rows(rows, recipe, b, args) if r["reached"]] for b in args.batches}
         pts = {b: v for b, v in pts.items() if v}
         if not pts:
@@ -530,30 +598,32 @@ def plot(args: argparse.Namespace, rows: dict) -> None:
 
 
 def estimate(args: argparse.Namespace) -> str:
-    """The cost and resolution before running, from the fixed-budget study's rows."""
-    prior = Path(__file__).parent / "results" / "scaling_rule.jsonl"
-    rows = fixed.read_rows(prior)
-    per_epoch = [r["seconds"] / r["epochs"] for r in rows.values() if r["epochs"] == 48]
-    to95 = [fixed.steps_to(r, 95.0) / r["steps_per_epoch"] for r in rows.values()
-            if r["epochs"] == 48 and fixed.steps_to(r, 95.0)]
-    if not per_epoch or not to95:
-        return f"no rows in {prior} to estimate from"
-    # an evaluation (forward of the val split) costs ~0.1 of a training epoch (forward and backward of
-    # train); the probes' second backward, ~0.1 more on average over the batches
-    epoch_s = statistics.median(per_epoch) * (1 + 0.1 * args.evals_per_epoch + 0.1)
-    epochs = statistics.median(to95)
+    """The cost and resolution before running: from the pilot's rows at the study's target (the
+    fixed-budget study's rows, steps to a test level, where there is no pilot)."""
+    pilot = read_rows(args.pilot)
+    hits = [(c, r) for r in pilot.values() if (c := crossing(r["val_curve"], args.target))]
+    if not hits:
+        return f"no pilot rows in {args.pilot} reach {args.target:g}%: no estimate"
+    epoch_s = statistics.median(r["seconds"] / r["steps"] * r["steps_per_epoch"] for _, r in hits)
+    epochs = statistics.median(c / r["steps_per_epoch"] for c, r in hits)
+    # Beyond the base batch the epochs to a target grow with the batch; with no rows yet the guess is
+    # the model's examples-to-target E = S_min (B + B_crit), B_crit guessed at the batches' geometric
+    # middle, capped at --max-epochs: a guess, which the rows replace.
+    guess = math.sqrt(min(args.batches) * max(args.batches))
     per_cell = 3 * args.sweep_seeds + (len(args.seeds) - args.sweep_seeds)  # a settled 3-point grid
+    cell_epochs = [min(args.max_epochs, epochs * (b + guess) / (args.base_batch + guess)) for _, b in cells(args)]
     runs = len(cells(args)) * per_cell
-    minutes = runs * epochs * epoch_s / 60
-    sd, df, pts = prior_spread(prior)
+    minutes = per_cell * sum(cell_epochs) * epoch_s / 60
+    sd, df = fixed.pooled_sd([[math.log(c) for c, r in hits if float(r["lr"]) == lr]
+                              for lr in {float(r["lr"]) for _, r in hits}])
     m = comparisons(args)
     return (f"cost: {len(cells(args))} cells x ~{per_cell} trainings (3-point grids; each grown edge adds "
-            f"{args.sweep_seeds}) = ~{runs} trainings x ~{epochs:.0f} epochs x {epoch_s:.1f} s = ~{minutes:.0f} "
-            f"core-minutes ({minutes / 60:.1f} h of one core)\n"
-            f"resolution (from {pts} points of the fixed-budget study, steps to 95% test): seed spread of log steps "
-            f"{sd:.3f} ({df} df); with {len(args.seeds)} seeds per batch and {m} neighbour comparisons (alpha "
-            f"0.05/{m}, 80% power) a ratio of steps under {resolvable_ratio(sd, len(args.seeds), 0.05 / m):.2f}x is "
-            "not resolved: the curve's bend (perfect scaling 2x per doubling, flat 1x) is.")
+            f"{args.sweep_seeds}) = ~{runs} trainings; {epochs:.1f} epochs to {args.target:g}% at batch "
+            f"{args.base_batch} (pilot median), up to {max(cell_epochs):.0f} at {max(args.batches)} (B_crit guessed "
+            f"{guess:.0f}), {epoch_s:.1f} s an epoch = ~{minutes:.0f} core-minutes ({minutes / 60:.1f} h of one core)\n"
+            f"resolution (pilot, first crossing of {args.target:g}%): seed spread of log steps {sd:.3f} ({df} df); with "
+            f"{len(args.seeds)} seeds per batch and {m} neighbour comparisons (alpha 0.05/{m}, 80% power) a ratio "
+            f"of steps under {resolvable_ratio(sd, len(args.seeds), 0.05 / m):.2f}x is not resolved.")
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -565,7 +635,16 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--batches", type=int, nargs="+", default=[32, 64, 128, 256, 512, 1024, 2048],
                    help="global batches (powers of two); the smallest is the base")
+    p.add_argument("--recipes", nargs="+", choices=list(RECIPES), default=list(RECIPES),
+                   help="the recipes studied (a pilot may run one)")
     p.add_argument("--target", type=float, default=95.0, help="val top-1 (%%) every run trains to")
+    p.add_argument("--pilot", type=Path, default=Path(__file__).parent / "results" / "steps_to_target_pilot.jsonl",
+                   help="rows of runs trained past every candidate target: the target's choice (--plan, the report)")
+    p.add_argument("--candidate-targets", type=float, nargs="+", default=[float(t) for t in range(80, 96)],
+                   help="val top-1 (%%) levels the pilot's curves are read at")
+    p.add_argument("--resolve", type=float, default=round(SQRT2, 2),
+                   help="the largest ratio of steps the chosen target may leave unresolved (default sqrt(2): half a "
+                        "doubling's gain under perfect scaling, on the log scale)")
     p.add_argument("--max-epochs", type=int, default=64, help="a run that has not reached the target stops here")
     p.add_argument("--evals-per-epoch", type=int, default=2)
     p.add_argument("--cap-factor", type=float, default=4.0,
@@ -591,6 +670,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.out is None:
         args.out = (Path(tempfile.gettempdir()) / "steps_to_target_quick" if args.quick
                     else Path(__file__).parent / "results" / "steps_to_target")
+    if args.quick and args.pilot == p.get_default("pilot"):  # the study's pilot is not the smoke test's
+        args.pilot = args.out.parent / (args.out.name + "_pilot.jsonl")
     args.base_batch = min(args.batches)
     if not 1 <= args.sweep_seeds <= len(args.seeds):
         p.error("--sweep-seeds must be between 1 and the number of --seeds")
@@ -611,7 +692,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.worker:
         return worker(args)
     if args.plan:
-        print(estimate(args), flush=True)
+        print("\n".join(target_section(args)) + estimate(args), flush=True)
         return 0
     if not args.render:
         code = fixed.run_workers(__file__, argv, args.workers)
