@@ -36,6 +36,9 @@ Design, each choice against a bias of version 2 (``git log -p`` this file):
   ``--base-only`` runs just that check for another setup (``--width``, ``--classes``,
   ``--epochs``, ...) before a whole study is spent on it: ``benchmarks/README.md`` lists the
   setups measured;
+- the largest batch's convergence is checked the same way (``--largest-check``, on by
+  default): each recipe's tuned point at 2x the budget, every seed, its gain on val; where it
+  still gains, the deficit against the base batch is partly the budget's;
 - rows record their setup (data, model, BN group, warmup); a rows file refuses rows of another;
 - ``--seeds`` (default 5) per reported point: the first ``--sweep-seeds`` (2) run every lr of
   the sweep, the rest only the val-chosen lr and the lrs the rules predict (linear; none);
@@ -348,6 +351,8 @@ def plan(rows: dict, args: argparse.Namespace) -> tuple[list[dict[str, Any]], in
         if recipe == "sgd" and batch == args.base_batch:  # the convergence check
             jobs += [mk(recipe, batch, lr, s, f * args.epochs)
                      for f in (2, 4)[: args.doublings] for s in args.seeds]
+        elif args.largest_check and batch == max(args.batches) != args.base_batch:  # the largest batch's, at 2x
+            jobs += [mk(recipe, batch, lr, s, 2 * args.epochs) for s in args.seeds]
     seen, todo = set(), []
     for j in jobs:
         if key(j) not in rows and key(j) not in seen:
@@ -718,6 +723,28 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
                                                      else converged_word(v, args.margin)))
         shorter = long
     L.append("")
+    top = max(args.batches)
+    if args.largest_check and top != base:
+        L += ["## Has the largest batch converged?", "",
+              f"Each recipe at batch {top}, its tuned lr, every seed at {args.epochs} and {2 * args.epochs} epochs: "
+              "the gain of twice the epochs (95% interval; TOST 90% interval against the margin), decided on val as "
+              "the base batch's; test for the record. Where twice the epochs still gains, the deficit against the "
+              "base batch at this budget is partly the budget's, not only the batch's.", ""]
+        for recipe in [r for r, b in cells(args) if b == top]:
+            lr = chosen_lr(rows, recipe, top, args)
+            short, long = points(rows, recipe, top, lr, args), points(rows, recipe, top, lr, args, 2 * args.epochs)
+            if len(short) < 2 or len(long) < 2:
+                L.append(f"- {recipe}, lr {f'{lr:g}' if lr else 'pending'}: pending")
+                continue
+            for split in ("val", "test"):
+                a, b = [r[split] for r in long], [r[split] for r in short]
+                v = verdict(a, b, args.margin, 0.05)
+                L.append(f"- {recipe}, lr {lr:g}, {args.epochs} -> {2 * args.epochs} epochs, {split}: {fmt_ci(b)} -> "
+                         f"{fmt_ci(a)}; gain {v['diff']:+.2f} [{v['lo']:+.2f}, {v['hi']:+.2f}], TOST "
+                         f"[{v['tost_lo']:+.2f}, {v['tost_hi']:+.2f}] -> "
+                         + (f"**{converged_word(v, args.margin)}**" if split == "val"
+                            else converged_word(v, args.margin)))
+        L.append("")
     # sweeps, and whether they identify the best lr
     h_id = (stats_t(0.975, df_val) * s_val * math.sqrt(2 / args.sweep_seeds)) if df_val else float("nan")
     L += ["## lr sweeps: val top-1, mean over the sweep seeds (the chosen lr in bold)", "",
@@ -896,6 +923,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "setup's budget converged, before the whole study is spent on it")
     p.add_argument("--doublings", type=int, default=1, choices=[1, 2],
                    help="the base batch's convergence check: at 2x the epochs (1), and at 4x (2)")
+    p.add_argument("--largest-check", action=argparse.BooleanOptionalAction, default=True,
+                   help="the largest batch's convergence check: each recipe's tuned lr at 2x the epochs, every seed "
+                        "(are its deficits the budget's?)")
     p.add_argument("--margin", type=float, default=1.0, help="equivalence margin, top-1 points")
     add_data_model_args(p)
     p.add_argument("--out", type=Path, default=None,

@@ -129,6 +129,13 @@ def test_a_tiny_study_runs_resumes_and_reports(study: ModuleType, tmp_path: Path
     assert all(len(r["test_curve"]) == r["epochs"] for r in rows if not r["diverged"])
     md = out.with_suffix(".md").read_text()
     assert "Pending" not in md and "Comparisons (claims 1-4)" in md and "Has the base batch converged?" in md
+    args = study.parse(argv)
+    top = max(args.batches)  # the largest batch's check: every recipe's tuned lr, every seed, at twice the epochs
+    for recipe in ("sgd", "sgd+warmup", "lars"):
+        lr = study.chosen_lr(study.read_rows(out.with_suffix(".jsonl")), recipe, top, args)
+        assert {r["seed"] for r in rows if (r["recipe"], r["batch"], r["lr"], r["epochs"]) ==
+                (recipe, top, lr, 2 * args.epochs)} == set(args.seeds), recipe
+        assert f"- {recipe}, lr {lr:g}, {args.epochs} -> {2 * args.epochs} epochs, val:" in md
     assert out.with_suffix(".png").exists() or "matplotlib" not in sys.modules
     # a second run trains nothing new
     assert study.main(argv) == 0
