@@ -45,6 +45,10 @@ ARMS: dict[str, list[str]] = {
     # Smith et al. 2017's form: the same batches, the lr held (the cosine decay still runs)
     "batch-x2-x4-hold": ["batch_schedule.steps=[[4,128],[6,256]]", "batch_schedule.via=per_device",
                          "batch_schedule.lr=hold"],
+    # NHWC on the CPU (``model.channels_last: null`` means CUDA only): paid 1.3x for ResNet-50 in
+    # benchmarks/cpu_layout.py; whether it pays for the default run, in both precisions (pass
+    # precision=fp32 for the other), is this arm's question
+    "channels-last": ["model.channels_last=true"],
 }
 QUICK = ["debug=smoke", "progress=false", "tensorboard=false", "data.workers=0", "global_batch_size=8",
          "data.synthetic.train_per_class=8", "data.synthetic.val_per_class=2", "data.image_size=16"]
