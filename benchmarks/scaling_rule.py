@@ -66,7 +66,7 @@ Running (resumable: rows go to ``benchmarks/results/scaling_rule.jsonl`` as they
 point already there is not trained again; parallel workers claim points with lock files):
 
     python benchmarks/scaling_rule.py --workers 2        # the whole study, then the report
-    python benchmarks/scaling_rule.py --render           # report from the rows: .md and .png
+    python benchmarks/scaling_rule.py --render           # report from the rows: .md, .png and the page
     python benchmarks/scaling_rule.py --quick            # smoke test: tiny, temp folder
     python benchmarks/scaling_rule.py --base-only --epochs 12 \
         --out benchmarks/results/scaling_rule_width32   # is a setup's base batch converged?
@@ -78,6 +78,12 @@ The first report's points (batches 32, 128, 512) were 117 trainings, about 390 m
 sweeps decide), ~3.3 min of one core each.
 
 Stop it any time (Ctrl-C); run it again to go on. The report lists the points still pending.
+
+The study's page, ``docs/scaling-rule.md``, is rendered from the rows too (``scaling_rule_page.py``,
+its prose in ``scaling_rule_page.md``), by ``--render`` or a finished run at the default ``--out``
+only (the committed study; not ``--quick`` or another ``--out``). The page is committed with the
+rows it shows: whenever rows are committed, run ``--render`` and commit the page with them
+(``tests/test_scaling_rule_page.py`` fails on a page that is not the render of the rows files).
 """
 
 from __future__ import annotations
@@ -594,9 +600,10 @@ def lr_of(rows: dict, recipe: str, batch: int, choice: str, args: argparse.Names
 
 
 def comparisons(rows: dict, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Every comparison the report makes: {name, a, b (test top-1 lists, empty while pending),
-    same (both arms the same points)}. Their number is fixed by the design (batches and recipes),
-    not by the rows, so the Bonferroni correction over them does not move as rows come in:
+    """Every comparison the report makes: {name, a, b (test top-1 lists, empty while pending), arms
+    ((recipe, batch, lr choice) of each), same (both arms the same points)}. Their number is fixed by
+    the design (batches and recipes), not by the rows, so the Bonferroni correction over them does
+    not move as rows come in:
       - each large-batch point (every recipe's tuned lr, the rules' lrs) against the base batch;
       - with warmup, the linear rule's lr against the tuned one, at each large batch;
       - at the linear lr, SGD with warmup against SGD without, at each large batch;
@@ -605,14 +612,14 @@ def comparisons(rows: dict, args: argparse.Namespace) -> list[dict[str, Any]]:
     base = args.base_batch
     large = sorted(b for b in args.batches if b != base)
 
-    def arm(recipe: str, batch: int, choice: str) -> tuple[str, float | None, list[float]]:
+    def arm(recipe: str, batch: int, choice: str) -> tuple[str, float | None, list[float], tuple[str, int, str]]:
         recipe = cell_recipe(recipe, batch, base)
         lr = lr_of(rows, recipe, batch, choice, args)
         txt = f"{recipe} @ {batch}, {choice} lr " + (f"{lr:g}" if lr is not None else "(pending)")
-        return txt, lr, [r["test"] for r in points(rows, recipe, batch, lr, args)]
+        return txt, lr, [r["test"] for r in points(rows, recipe, batch, lr, args)], (recipe, batch, choice)
 
     def pair(a: tuple, b: tuple) -> dict[str, Any]:
-        return {"name": f"{a[0]} - {b[0]}", "a": a[2], "b": b[2],
+        return {"name": f"{a[0]} - {b[0]}", "a": a[2], "b": b[2], "arms": (a[3], b[3]),
                 "same": a[1] is not None and a[0].split(",")[0] == b[0].split(",")[0] and a[1] == b[1]}
 
     ref = arm("sgd", base, "tuned")
@@ -1010,6 +1017,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="rows/report/plot path without suffix (default benchmarks/results/scaling_rule; "
                         "with --quick, scaling_rule_quick in the temp folder)")
     args = p.parse_args(argv)
+    args.page = args.out is None and not args.quick  # the committed study's rows: its page is rendered too
     if args.quick:
         args.train_per_class, args.val_per_class, args.test_per_class, args.epochs = 32, 8, 8, 2
         args.batches, args.bn_group, args.warmup_epochs = [16, 64], 16, 0.5
@@ -1082,7 +1090,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wall {time.perf_counter() - t0:.0f} s", flush=True)
         if code:
             return code
-    print(write_report(args, read_rows(args.out.with_suffix(".jsonl"))), flush=True)
+    rows = read_rows(args.out.with_suffix(".jsonl"))
+    print(write_report(args, rows), flush=True)
+    if args.page:
+        sys.modules.setdefault("scaling_rule", sys.modules[__name__])  # the page's functions are this module's
+        import scaling_rule_page  # here, not at the top: it imports this module
+
+        print(f"page: {scaling_rule_page.write_page(args, rows) and scaling_rule_page.PAGE}", flush=True)
     return 0
 
 

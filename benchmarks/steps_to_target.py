@@ -462,7 +462,7 @@ def target_section(args: argparse.Namespace) -> list[str]:
     lrs = sorted({float(r["lr"]) for r in pilot.values()})
     L = [f"From the pilot (`{args.pilot.name}`: {len(pilot)} runs at batch "
          f"{', '.join(str(b) for b in sorted({r['batch'] for r in pilot.values()}))}, lrs "
-         f"{', '.join(f'{lr:g}' for lr in lrs)}, each trained until {max(r['setup']['target'] for r in pilot.values()):g}% "
+         f"{', '.join(f'{lr:.3g}' for lr in lrs)}, each trained until {max(r['setup']['target'] for r in pilot.values()):g}% "
          f"val), before any row of the study: the first crossing of each candidate target in the pilot's val curves, "
          f"the seed spread of its log steps, that spread smoothed over the neighbouring levels (its variance averaged "
          f"with theirs: one level's estimate has few degrees of freedom, and the least of 16 would be the luckiest), the "
