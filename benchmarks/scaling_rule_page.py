@@ -69,7 +69,9 @@ def signed(v: dict[str, Any]) -> str:
     return f"{v['diff']:+.2f} [{v['lo']:+.2f}, {v['hi']:+.2f}]"
 
 
-def comparison_id(arms: tuple[tuple[str, int, str], tuple[str, int, str]], base: int, top: int) -> str:
+def comparison_id(arms: tuple[tuple[str, int, str], tuple[str, int, str]], base: int) -> str:
+    """A comparison's placeholder name: ``<recipe>_<choice>_k<k>`` against the base batch, ``lin_tuned_k<k>``,
+    ``warmup_gain_k<k>`` (with warmup against without, at the linear lr), ``lars_warm_top``."""
     (ra, ba, ca), (rb, bb, cb) = arms
     k = ba // base
     if (rb, bb) == ("sgd", base):
@@ -95,7 +97,7 @@ def judged(rows: dict, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
             c["verdict"] = {"verdict": "pending"}
         else:
             c["verdict"] = study.verdict(c["a"], c["b"], args.margin, alpha)
-        out[comparison_id(c["arms"], args.base_batch, max(args.batches))] = c
+        out[comparison_id(c["arms"], args.base_batch)] = c
     return out
 
 
@@ -421,9 +423,10 @@ def render(args: argparse.Namespace, rows: dict) -> str:
     return page
 
 
-def write_page(args: argparse.Namespace, rows: dict, path: Path = PAGE) -> str:
+def write_page(args: argparse.Namespace, rows: dict, path: Path | None = None) -> str:
+    """Render the page and write it (``PAGE`` unless ``path``)."""
     page = render(args, rows)
-    path.write_text(page, encoding="utf-8")
+    (path or PAGE).write_text(page, encoding="utf-8")
     return page
 
 
