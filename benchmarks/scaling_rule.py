@@ -66,7 +66,7 @@ Running (resumable: rows go to ``benchmarks/results/scaling_rule.jsonl`` as they
 point already there is not trained again; parallel workers claim points with lock files):
 
     python benchmarks/scaling_rule.py --workers 2        # the whole study, then the report
-    python benchmarks/scaling_rule.py --render           # report from the rows: .md and .png
+    python benchmarks/scaling_rule.py --render           # report from the rows: .md, .png and the page
     python benchmarks/scaling_rule.py --quick            # smoke test: tiny, temp folder
     python benchmarks/scaling_rule.py --base-only --epochs 12 \
         --out benchmarks/results/scaling_rule_width32   # is a setup's base batch converged?
@@ -78,6 +78,12 @@ The first report's points (batches 32, 128, 512) were 117 trainings, about 390 m
 sweeps decide), ~3.3 min of one core each.
 
 Stop it any time (Ctrl-C); run it again to go on. The report lists the points still pending.
+
+The study's page, ``docs/scaling-rule.md``, is rendered from the rows too (``scaling_rule_page.py``,
+its prose in ``scaling_rule_page.md``), by ``--render`` or a finished run at the default ``--out``
+only (the committed study; not ``--quick`` or another ``--out``). The page is committed with the
+rows it shows: whenever rows are committed, run ``--render`` and commit the page with them
+(``tests/test_scaling_rule_page.py`` fails on a page that is not the render of the rows files).
 """
 
 from __future__ import annotations
@@ -114,6 +120,8 @@ RECIPES = {"sgd": ("sgd", None), "sgd+warmup": ("sgd", "goyal"), "lars": ("lars"
 # The embedded generator's seeds per split: train and val as ``largebatch.data.synthetic``
 # renders them; test is a third, disjoint stream.
 SPLIT_IDS = {"train": 0, "val": 1, "test": 2}
+# the training's fixed hyperparameters (not options: every row of every setup has them)
+MOMENTUM, WEIGHT_DECAY, POLY_POWER, LARS_TRUST = 0.9, 5e-4, 2.0, 0.001
 MEAN = torch.tensor([0.5, 0.5, 0.5]).view(1, 3, 1, 1)
 STD = torch.tensor([0.25, 0.25, 0.25]).view(1, 3, 1, 1)
 
@@ -205,13 +213,13 @@ def train_one(job: dict[str, Any], data: dict[str, torch.Tensor], args: argparse
     torch.manual_seed(job["seed"])
     gen = torch.Generator().manual_seed(job["seed"])
     model = small_net(args.classes, args.width, args.bn_group)
-    options: dict[str, Any] = {"momentum": 0.9}
+    options: dict[str, Any] = {"momentum": MOMENTUM}
     if opt_name == "lars":
-        options.update(trust_coefficient=0.001, lr_in_momentum=True)
-    opt = build_optimizer(opt_name, model, lr=lr, weight_decay=5e-4, exclude_bn_bias=True, **options)
+        options.update(trust_coefficient=LARS_TRUST, lr_in_momentum=True)
+    opt = build_optimizer(opt_name, model, lr=lr, weight_decay=WEIGHT_DECAY, exclude_bn_bias=True, **options)
     steps_per_epoch = n // batch
     start = {None: 1.0, "goyal": args.base_batch / batch, "zero": 0.0}[warmup]
-    sched = build_lr_scheduler(opt, name="poly", power=2.0, steps_per_epoch=steps_per_epoch, epochs=epochs,
+    sched = build_lr_scheduler(opt, name="poly", power=POLY_POWER, steps_per_epoch=steps_per_epoch, epochs=epochs,
                                warmup_epochs=0.0 if start == 1.0 else args.warmup_epochs,
                                warmup_start_factor=start)
     curve: list[float] = []
@@ -592,9 +600,10 @@ def lr_of(rows: dict, recipe: str, batch: int, choice: str, args: argparse.Names
 
 
 def comparisons(rows: dict, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Every comparison the report makes: {name, a, b (test top-1 lists, empty while pending),
-    same (both arms the same points)}. Their number is fixed by the design (batches and recipes),
-    not by the rows, so the Bonferroni correction over them does not move as rows come in:
+    """Every comparison the report makes: {name, a, b (test top-1 lists, empty while pending), arms
+    ((recipe, batch, lr choice) of each), same (both arms the same points)}. Their number is fixed by
+    the design (batches and recipes), not by the rows, so the Bonferroni correction over them does
+    not move as rows come in:
       - each large-batch point (every recipe's tuned lr, the rules' lrs) against the base batch;
       - with warmup, the linear rule's lr against the tuned one, at each large batch;
       - at the linear lr, SGD with warmup against SGD without, at each large batch;
@@ -603,14 +612,14 @@ def comparisons(rows: dict, args: argparse.Namespace) -> list[dict[str, Any]]:
     base = args.base_batch
     large = sorted(b for b in args.batches if b != base)
 
-    def arm(recipe: str, batch: int, choice: str) -> tuple[str, float | None, list[float]]:
+    def arm(recipe: str, batch: int, choice: str) -> tuple[str, float | None, list[float], tuple[str, int, str]]:
         recipe = cell_recipe(recipe, batch, base)
         lr = lr_of(rows, recipe, batch, choice, args)
         txt = f"{recipe} @ {batch}, {choice} lr " + (f"{lr:g}" if lr is not None else "(pending)")
-        return txt, lr, [r["test"] for r in points(rows, recipe, batch, lr, args)]
+        return txt, lr, [r["test"] for r in points(rows, recipe, batch, lr, args)], (recipe, batch, choice)
 
     def pair(a: tuple, b: tuple) -> dict[str, Any]:
-        return {"name": f"{a[0]} - {b[0]}", "a": a[2], "b": b[2],
+        return {"name": f"{a[0]} - {b[0]}", "a": a[2], "b": b[2], "arms": (a[3], b[3]),
                 "same": a[1] is not None and a[0].split(",")[0] == b[0].split(",")[0] and a[1] == b[1]}
 
     ref = arm("sgd", base, "tuned")
@@ -641,6 +650,125 @@ def converged_word(v: dict[str, Any], margin: float) -> str:
             "inconclusive": "inconclusive"}[v["verdict"]]
 
 
+def steps_reached(pts: Sequence[dict[str, Any]], target: float | None) -> list[int]:
+    """Each seed's steps to ``target`` (test top-1, evaluated every epoch), for the seeds that reach it."""
+    return [] if target is None else [x for r in pts if (x := steps_to(r, target)) is not None]
+
+
+def resolution(rows: dict, args: argparse.Namespace, family: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """What the rows can resolve at the corrected level (alpha 0.05 over the ``family``'s number):
+    the seed spread (test, val), the minimal detectable effect at the pooled test's and at the
+    Welch tests' degrees of freedom, the margin against the base batch's test error, and how often
+    TOST calls a true difference of 0 "no loss". ``None`` while no point has all its seeds."""
+    n, m = len(args.seeds), len(family)
+    alpha = 0.05 / m
+    groups = seed_groups(rows, args, "test")
+    s_test, df_test = pooled_sd(groups)
+    if not df_test:
+        return None
+    dfs = [welch(c["a"], c["b"])[2] for c in family if not c["same"] and len(c["a"]) > 1 and len(c["b"]) > 1]
+    ref = points(rows, "sgd", args.base_batch, chosen_lr(rows, "sgd", args.base_batch, args), args)
+    base_err = 100 - statistics.mean(r["test"] for r in ref) if ref else float("nan")
+    return {"points": len(groups), "sd_test": s_test, "sd_val": pooled_sd(seed_groups(rows, args, "val"))[0],
+            "m": m, "alpha": alpha, "df": 2 * n - 2, "mde": mde(s_test, n, alpha),
+            "mde_normal": mde_normal(s_test, n, alpha),
+            "welch_df": (min(dfs), max(dfs)) if dfs else None,
+            "mde_welch": (mde(s_test, n, alpha, df=max(dfs)), mde(s_test, n, alpha, df=min(dfs))) if dfs else None,
+            "base_err": base_err, "margin_share": 100 * args.margin / base_err,
+            "tost_power": tost_power_at_zero(s_test, n, alpha, args.margin)}
+
+
+def doubling_check(short: Sequence[dict[str, Any]], long: Sequence[dict[str, Any]], margin: float
+                   ) -> dict[str, tuple[list[float], list[float], dict[str, Any]]] | None:
+    """Twice the epochs against the budget, per split: (short, long top-1s, ``verdict`` at 0.05);
+    ``None`` while either side has under two seeds."""
+    if len(short) < 2 or len(long) < 2:
+        return None
+    out = {}
+    for split in ("val", "test"):
+        a, b = [r[split] for r in long], [r[split] for r in short]
+        out[split] = (b, a, verdict(a, b, margin, 0.05))
+    return out
+
+
+def base_convergence(rows: dict, args: argparse.Namespace) -> list[tuple[int, dict | None]]:
+    """The base batch's chosen point per doubling of the budget (each against the one before it):
+    (epochs of the longer run, ``doubling_check``); it stops at the first pending doubling."""
+    eta = chosen_lr(rows, "sgd", args.base_batch, args)
+    shorter, out = points(rows, "sgd", args.base_batch, eta, args), []
+    for f in (2, 4)[: args.doublings]:
+        long = points(rows, "sgd", args.base_batch, eta, args, f * args.epochs)
+        out.append((f * args.epochs, doubling_check(shorter, long, args.margin)))
+        if out[-1][1] is None:
+            break
+        shorter = long
+    return out
+
+
+def largest_convergence(rows: dict, args: argparse.Namespace) -> list[tuple[str, float | None, dict | None]]:
+    """Each recipe at the largest batch, its tuned lr: (recipe, lr, ``doubling_check`` of 2x the epochs)."""
+    top, out = max(args.batches), []
+    for recipe in [r for r, b in cells(args) if b == top]:
+        lr = chosen_lr(rows, recipe, top, args)
+        short, long = points(rows, recipe, top, lr, args), points(rows, recipe, top, lr, args, 2 * args.epochs)
+        out.append((recipe, lr, doubling_check(short, long, args.margin)))
+    return out
+
+
+def check_line(label: str, check: tuple[list[float], list[float], dict[str, Any]], margin: float, bold: bool) -> str:
+    b, a, v = check
+    word = converged_word(v, margin)
+    return (f"- {label}: {fmt_ci(b)} -> {fmt_ci(a)}; gain {v['diff']:+.2f} [{v['lo']:+.2f}, {v['hi']:+.2f}], TOST "
+            f"[{v['tost_lo']:+.2f}, {v['tost_hi']:+.2f}] -> " + (f"**{word}**" if bold else word))
+
+
+def largest_check_section(rows: dict, args: argparse.Namespace, heading: str = "##") -> list[str]:
+    """The report's (and the page's) "Has the largest batch converged?"."""
+    top = max(args.batches)
+    L = [f"{heading} Has the largest batch converged?", "",
+         f"Each recipe at batch {top}, its tuned lr, every seed at {args.epochs} and {2 * args.epochs} epochs: "
+         "the gain of twice the epochs (95% interval; TOST 90% interval against the margin), decided on val as "
+         "the base batch's; test for the record. Where twice the epochs still gains, the deficit against the "
+         "base batch at this budget is partly the budget's, not only the batch's.", ""]
+    for recipe, lr, check in largest_convergence(rows, args):
+        if check is None:
+            L.append(f"- {recipe}, lr {f'{lr:g}' if lr else 'pending'}: pending")
+            continue
+        L += [check_line(f"{recipe}, lr {lr:g}, {args.epochs} -> {2 * args.epochs} epochs, {split}", check[split],
+                         args.margin, split == "val") for split in ("val", "test")]
+    return L + [""]
+
+
+def identified(rows: dict, args: argparse.Namespace, s_val: float, df_val: int) -> dict[tuple[str, int], list[float]]:
+    """Per cell whose sweep is done: the lrs its rows cannot tell from the chosen one (``tied_lrs``)."""
+    tied = {}
+    for recipe, batch in cells(args):
+        grid = grid_of(rows, recipe, batch, args)
+        means = sweep_means(rows, recipe, batch, grid, args) if grid else None
+        if chosen_lr(rows, recipe, batch, args) is not None and means is not None and df_val:
+            tied[(recipe, batch)] = tied_lrs(means, s_val, df_val, args.sweep_seeds)
+    return tied
+
+
+def exponent_fits(rows: dict, args: argparse.Namespace, tied: dict[tuple[str, int], list[float]]
+                  ) -> dict[str, dict[str, Any]]:
+    """Per recipe: the chosen lr and the tied lrs per batch, the exponent a of lr* ~ k^a the chosen
+    lrs fit and its range over the tied lrs, over the batches whose sweeps are done (``ks``)."""
+    base, out = args.base_batch, {}
+    for recipe in RECIPES:
+        crs = [cell_recipe(recipe, b, base) for b in args.batches]
+        lrs = [chosen_lr(rows, cr, b, args) for cr, b in zip(crs, args.batches)]
+        sets = [tied.get((cr, b)) for cr, b in zip(crs, args.batches)]
+        have = [i for i, (lr, t) in enumerate(zip(lrs, sets)) if lr and t]
+        ks = [args.batches[i] / base for i in have]
+        done = len(have) > 1
+        out[recipe] = {"lrs": lrs, "sets": sets, "ks": ks, "all": len(have) == len(args.batches),
+                       "a": float(np.polyfit([math.log2(k) for k in ks], [math.log2(lrs[i]) for i in have], 1)[0])
+                       if done else None,
+                       "range": exponent_range(ks, [sets[i] for i in have]) if done else None}
+    return out
+
+
 def write_report(args: argparse.Namespace, rows: dict) -> str:
     base = args.base_batch
     todo, blocked = plan(rows, args)
@@ -651,8 +779,8 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
     m = len(family)
     alpha = 0.05 / m
     n = len(args.seeds)
-    s_test, df_test = pooled_sd(seed_groups(rows, args, "test"))
     s_val, df_val = pooled_sd(seed_groups(rows, args, "val"))
+    res = resolution(rows, args, family)
     L = ["# The scaling-rule study, version 3", "",
          f"Rows: `{args.out.with_suffix('.jsonl').name}` (one per training); written by `benchmarks/scaling_rule.py "
          "--render`; the design and the commands are in that module's docstring.", "",
@@ -677,28 +805,23 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
               "other cell below is pending.**", ""]
     # what the rows can resolve: the seed spread, the smallest effect m corrected tests find
     L += ["## What the rows can resolve", ""]
-    if df_test:
-        d_mde = mde(s_test, n, alpha)
-        L += [f"Seed spread (pooled standard deviation over the {len(seed_groups(rows, args, 'test'))} points run "
-              f"with all {n} seeds): test {s_test:.2f} points, val {s_val:.2f} points. Minimal detectable effect "
-              f"with {n} seeds per arm at the corrected level (two-sided, alpha 0.05/{m}, 80% power, t with "
-              f"{2 * n - 2} degrees of freedom): **{d_mde:.2f} points** of test top-1 (normal approximation: "
-              f"{mde_normal(s_test, n, alpha):.2f}). A true difference smaller than that is more likely missed "
+    if res:
+        L += [f"Seed spread (pooled standard deviation over the {res['points']} points run "
+              f"with all {n} seeds): test {res['sd_test']:.2f} points, val {res['sd_val']:.2f} points. Minimal "
+              f"detectable effect with {n} seeds per arm at the corrected level (two-sided, alpha 0.05/{m}, 80% "
+              f"power, t with {res['df']} degrees of freedom): **{res['mde']:.2f} points** of test top-1 (normal "
+              f"approximation: {res['mde_normal']:.2f}). A true difference smaller than that is more likely missed "
               f"than found; an \"inconclusive\" below says no more than that.", ""]
-        dfs = [welch(c["a"], c["b"])[2] for c in family
-               if not c["same"] and len(c["a"]) > 1 and len(c["b"]) > 1]
-        if dfs:
-            lo_df, hi_df = min(dfs), max(dfs)
-            L += [f"The comparisons' Welch tests run at {lo_df:.1f} to {hi_df:.1f} degrees of freedom (unequal "
-                  f"spreads cost some), where the same effect is {mde(s_test, n, alpha, df=hi_df):.2f} to "
-                  f"**{mde(s_test, n, alpha, df=lo_df):.2f} points**.", ""]
-        base_err = 100 - statistics.mean(r["test"] for r in ref) if ref else float("nan")
-        p0 = tost_power_at_zero(s_test, n, alpha, args.margin)
-        L += [f"The equivalence margin, {args.margin:g} point{'' if args.margin == 1 else 's'}, is {100 * args.margin / base_err:.0f}% of the "
-              f"base batch's test error ({base_err:.2f}%). With this spread and {n} seeds, TOST at the corrected "
-              f"level calls a comparison \"no loss\" only {100 * p0:.0f}% of the time when the true difference "
-              "is 0 (simulated): a missing \"no loss\" is no evidence of a loss, and each \"no loss\" below is "
-              "given with the largest loss its interval leaves.", ""]
+        if res["welch_df"]:
+            L += [f"The comparisons' Welch tests run at {res['welch_df'][0]:.1f} to {res['welch_df'][1]:.1f} degrees "
+                  f"of freedom (unequal spreads cost some), where the same effect is {res['mde_welch'][0]:.2f} to "
+                  f"**{res['mde_welch'][1]:.2f} points**.", ""]
+        L += [f"The equivalence margin, {args.margin:g} point{'' if args.margin == 1 else 's'}, is "
+              f"{res['margin_share']:.0f}% of the base batch's test error ({res['base_err']:.2f}%). With this spread "
+              f"and {n} seeds, TOST at the corrected level calls a comparison \"no loss\" only "
+              f"{100 * res['tost_power']:.0f}% of the time when the true difference is 0 (simulated): a missing "
+              "\"no loss\" is no evidence of a loss, and each \"no loss\" below is given with the largest loss its "
+              "interval leaves.", ""]
     else:
         L += ["Seed spread: pending (no point has all its seeds yet).", ""]
     # convergence: the base batch's chosen point at 2x and 4x the epochs, each against the
@@ -708,43 +831,15 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
           + (" and 4x" if args.doublings == 2 else "") + " the epoch budget; each doubling against the budget "
           "before it (95% interval of the gain; TOST 90% interval against the margin). The verdict is on val; "
           "test is given for the record.", ""]
-    shorter = ref
-    for f in (2, 4)[: args.doublings]:
-        long = points(rows, "sgd", base, eta, args, f * args.epochs)
-        if len(shorter) < 2 or len(long) < 2:
-            L.append(f"- {f * args.epochs} epochs: pending")
+    for epochs, check in base_convergence(rows, args):
+        if check is None:
+            L.append(f"- {epochs} epochs: pending")
             break
-        for split in ("val", "test"):
-            a, b = [r[split] for r in long], [r[split] for r in shorter]
-            v = verdict(a, b, args.margin, 0.05)
-            L.append(f"- {f // 2 * args.epochs} -> {f * args.epochs} epochs, {split}: {fmt_ci(b)} -> {fmt_ci(a)}; "
-                     f"gain {v['diff']:+.2f} [{v['lo']:+.2f}, {v['hi']:+.2f}], TOST [{v['tost_lo']:+.2f}, "
-                     f"{v['tost_hi']:+.2f}] -> " + (f"**{converged_word(v, args.margin)}**" if split == "val"
-                                                     else converged_word(v, args.margin)))
-        shorter = long
+        L += [check_line(f"{epochs // 2} -> {epochs} epochs, {split}", check[split], args.margin, split == "val")
+              for split in ("val", "test")]
     L.append("")
-    top = max(args.batches)
-    if args.largest_check and top != base:
-        L += ["## Has the largest batch converged?", "",
-              f"Each recipe at batch {top}, its tuned lr, every seed at {args.epochs} and {2 * args.epochs} epochs: "
-              "the gain of twice the epochs (95% interval; TOST 90% interval against the margin), decided on val as "
-              "the base batch's; test for the record. Where twice the epochs still gains, the deficit against the "
-              "base batch at this budget is partly the budget's, not only the batch's.", ""]
-        for recipe in [r for r, b in cells(args) if b == top]:
-            lr = chosen_lr(rows, recipe, top, args)
-            short, long = points(rows, recipe, top, lr, args), points(rows, recipe, top, lr, args, 2 * args.epochs)
-            if len(short) < 2 or len(long) < 2:
-                L.append(f"- {recipe}, lr {f'{lr:g}' if lr else 'pending'}: pending")
-                continue
-            for split in ("val", "test"):
-                a, b = [r[split] for r in long], [r[split] for r in short]
-                v = verdict(a, b, args.margin, 0.05)
-                L.append(f"- {recipe}, lr {lr:g}, {args.epochs} -> {2 * args.epochs} epochs, {split}: {fmt_ci(b)} -> "
-                         f"{fmt_ci(a)}; gain {v['diff']:+.2f} [{v['lo']:+.2f}, {v['hi']:+.2f}], TOST "
-                         f"[{v['tost_lo']:+.2f}, {v['tost_hi']:+.2f}] -> "
-                         + (f"**{converged_word(v, args.margin)}**" if split == "val"
-                            else converged_word(v, args.margin)))
-        L.append("")
+    if args.largest_check and max(args.batches) != base:
+        L += largest_check_section(rows, args)
     # sweeps, and whether they identify the best lr
     h_id = (stats_t(0.975, df_val) * s_val * math.sqrt(2 / args.sweep_seeds)) if df_val else float("nan")
     L += ["## lr sweeps: val top-1, mean over the sweep seeds (the chosen lr in bold)", "",
@@ -752,7 +847,7 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
           f"a difference of two {args.sweep_seeds}-seed means with the rows' val seed spread: "
           + (f"{h_id:.2f} points (standard error {s_val * math.sqrt(2 / args.sweep_seeds):.2f})" if df_val
              else "pending") + ". Elsewhere the lrs it cannot tell from the chosen one are listed.", ""]
-    tied: dict[tuple[str, int], list[float]] = {}
+    tied = identified(rows, args, s_val, df_val)
     for recipe, batch in cells(args):
         grid = grid_of(rows, recipe, batch, args) or []
         lr = chosen_lr(rows, recipe, batch, args)
@@ -762,9 +857,7 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
             s = "pending" if len(v) < args.sweep_seeds else (
                 "div" if all(r["diverged"] for r in v) else f"{statistics.mean(r['val'] for r in v):.1f}")
             cellv.append(f"**{g:g}: {s}**" if g == lr else f"{g:g}: {s}")
-        means = sweep_means(rows, recipe, batch, grid, args) if grid else None
-        if lr is not None and means is not None and df_val:
-            tied[(recipe, batch)] = tied_lrs(means, s_val, df_val, args.sweep_seeds)
+        if (recipe, batch) in tied:
             t = tied[(recipe, batch)]
             note = " -> identified" if t == [lr] else " -> **not identified**: " + ", ".join(f"{x:g}" for x in t)
         else:
@@ -775,21 +868,13 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
           "| recipe | " + " | ".join(f"batch {b} (k={b // base})" for b in args.batches) +
           " | a in lr* ~ k^a, chosen lrs | a over the lrs the rows cannot tell apart |",
           "|---|" + "---:|" * len(args.batches) + "---:|---:|"]
-    for recipe in RECIPES:
-        crs = [cell_recipe(recipe, b, base) for b in args.batches]
-        lrs = [chosen_lr(rows, cr, b, args) for cr, b in zip(crs, args.batches)]
-        sets = [tied.get((cr, b)) for cr, b in zip(crs, args.batches)]
-        # fitted over the batches whose sweeps are done (all of them once nothing is pending)
-        have = [i for i, (lr, t) in enumerate(zip(lrs, sets)) if lr and t]
-        ks = [args.batches[i] / base for i in have]
-        done = len(have) > 1
-        fit = (f"{np.polyfit([math.log2(k) for k in ks], [math.log2(lrs[i]) for i in have], 1)[0]:.2f}" if done
-               else "pending") + ("" if len(have) == len(args.batches) or not done
-                                  else f" (k = {', '.join(f'{k:g}' for k in ks)})")
-        rng = exponent_range(ks, [sets[i] for i in have]) if done else None
+    for recipe, f in exponent_fits(rows, args, tied).items():
+        fit = ("pending" if f["a"] is None else f"{f['a']:.2f}" + (
+            "" if f["all"] else f" (k = {', '.join(f'{k:g}' for k in f['ks'])})"))
+        rng = f["range"]
         L.append(f"| {recipe} | " + " | ".join(
             (f"{lr:g}" + ("" if t == [lr] else f" ({', '.join(f'{x:g}' for x in t)})") if t else f"{lr:g}")
-            if lr else "pending" for lr, t in zip(lrs, sets))
+            if lr else "pending" for lr, t in zip(f["lrs"], f["sets"]))
             + f" | {fit} | " + (f"{rng[0]:.2f} to {rng[1]:.2f}" if rng else "pending") + " |")
     L += ["", "In parentheses: the lrs the sweep cannot tell from the chosen one. Linear scaling is a = 1, "
           "square-root scaling a = 0.5; where a batch's best lr is not identified, neither is a: the last column "
@@ -816,7 +901,7 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
                 continue
             done_lr[float(lr)] = name
             pts = points(rows, recipe, batch, lr, args)
-            st = [x for r in pts if (x := steps_to(r, target)) is not None] if target is not None else []
+            st = steps_reached(pts, target)
             stxt = (f"{statistics.mean(st):.0f} ({len(st)}/{len(pts)})" if st
                     else f"never (0/{len(pts)})" if pts else "-")
             steps = pts[0]["steps"] if pts else "-"
@@ -932,6 +1017,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="rows/report/plot path without suffix (default benchmarks/results/scaling_rule; "
                         "with --quick, scaling_rule_quick in the temp folder)")
     args = p.parse_args(argv)
+    args.page = args.out is None and not args.quick  # the committed study's rows: its page is rendered too
     if args.quick:
         args.train_per_class, args.val_per_class, args.test_per_class, args.epochs = 32, 8, 8, 2
         args.batches, args.bn_group, args.warmup_epochs = [16, 64], 16, 0.5
@@ -1004,7 +1090,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wall {time.perf_counter() - t0:.0f} s", flush=True)
         if code:
             return code
-    print(write_report(args, read_rows(args.out.with_suffix(".jsonl"))), flush=True)
+    rows = read_rows(args.out.with_suffix(".jsonl"))
+    print(write_report(args, rows), flush=True)
+    if args.page:
+        sys.modules.setdefault("scaling_rule", sys.modules[__name__])  # the page's functions are this module's
+        import scaling_rule_page  # here, not at the top: it imports this module
+
+        print(f"page: {scaling_rule_page.write_page(args, rows) and scaling_rule_page.PAGE}", flush=True)
     return 0
 
 

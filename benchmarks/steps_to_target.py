@@ -462,7 +462,7 @@ def target_section(args: argparse.Namespace) -> list[str]:
     lrs = sorted({float(r["lr"]) for r in pilot.values()})
     L = [f"From the pilot (`{args.pilot.name}`: {len(pilot)} runs at batch "
          f"{', '.join(str(b) for b in sorted({r['batch'] for r in pilot.values()}))}, lrs "
-         f"{', '.join(f'{lr:g}' for lr in lrs)}, each trained until {max(r['setup']['target'] for r in pilot.values()):g}% "
+         f"{', '.join(f'{lr:.3g}' for lr in lrs)}, each trained until {max(r['setup']['target'] for r in pilot.values()):g}% "
          f"val), before any row of the study: the first crossing of each candidate target in the pilot's val curves, "
          f"the seed spread of its log steps, that spread smoothed over the neighbouring levels (its variance averaged "
          f"with theirs: one level's estimate has few degrees of freedom, and the least of 16 would be the luckiest), the "
@@ -507,32 +507,11 @@ def comparisons(args: argparse.Namespace) -> int:
     return max(1, len(args.recipes) * (len(args.batches) - 1))
 
 
-def write_report(args: argparse.Namespace, rows: dict) -> str:
-    todo, blocked = plan(rows, args)
-    n = len(args.seeds)
-    m = comparisons(args)
-    alpha = 0.05 / m
-    n_train = args.classes * args.train_per_class
-    L = ["# The scaling study, version 4: steps to a target", "",
-         f"Rows: `{args.out.with_suffix('.jsonl').name}`; written by `benchmarks/steps_to_target.py --render` (the "
-         "design is in that module's docstring).", "",
-         f"{n_train} training images ({args.classes} classes of the embedded generator), conv net width {args.width}, "
-         f"BN over groups of {args.bn_group}; target **{args.target:g}% val top-1**, checked {args.evals_per_epoch} "
-         f"times per epoch, at most {args.max_epochs} epochs; constant lr after a {args.warmup_epochs:g}-epoch "
-         f"warmup; lr tuned per batch on a sqrt(2) grid; seeds {args.seeds} ({args.sweep_seeds} over each sweep).", ""]
-    if todo or blocked:
-        L += [f"**Pending: {len(todo)} trainings runnable now, {blocked} cell(s) waiting on others' rows.**", ""]
-    groups = [[math.log(r["steps"]) for r in chosen_rows(rows, rc, b, args) if r["reached"]] for rc, b in cells(args)]
-    sd, df = fixed.pooled_sd([g for g in groups if len(g) == n])
-    L += ["## The target", ""] + target_section(args)
-    L += ["## What the rows can resolve", ""]
-    if df:
-        L += [f"Seed spread of log steps-to-target (pooled over the cells with all {n} seeds): {sd:.3f}. With {n} "
-              f"seeds per batch, comparing neighbouring batches ({m} tests, alpha 0.05/{m}, 80% power): a ratio of "
-              f"mean steps under **{resolvable_ratio(sd, n, alpha):.2f}x** is more likely missed than found.", ""]
-    else:
-        L += ["Seed spread: pending (no cell has all its seeds yet).", ""]
-    L += ["## Steps to the target", "",
+def results_section(args: argparse.Namespace, rows: dict, heading: str = "##") -> list[str]:
+    """The steps table (each batch's chosen lr, its seeds' steps to the target, B_simple there) and,
+    per recipe with three batches at the target, the fit S = S_min (1 + B_crit / B), its bootstrap
+    interval and B_simple against it: the report's results, and the scaling-rule page's."""
+    L = [f"{heading} Steps to the target", "",
           "| recipe | batch | lr | steps (geometric mean, 95% interval) | examples | reached | B_simple at target |",
           "|---|---|---|---|---|---|---|"]
     fits: dict[str, dict[str, Any]] = {}
@@ -561,7 +540,7 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
             fits[recipe] = {"s_min": s_min, "b_crit": b_crit, "s": (s_lo, s_hi), "b": (b_lo, b_hi),
                             "noise": noise, "batches": sorted(by_batch)}
     L.append("")
-    L += ["## The fit S = S_min (1 + B_crit / B) and the noise scale", ""]
+    L += [f"{heading} The fit S = S_min (1 + B_crit / B) and the noise scale", ""]
     if not fits:
         L += ["No fit yet: it needs three batches with every seed at the target.", ""]
     for recipe, f in fits.items():
@@ -581,6 +560,35 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
     L += [f"Regions as named above: perfect scaling where doubling the batch cuts the steps by {PERFECT_RATIO}x or "
           f"more in the fitted model (B <= B_crit/8), maximal data parallelism where by {FLAT_RATIO}x or less "
           "(B >= 4.5 B_crit), diminishing returns between.", ""]
+    return L
+
+
+def write_report(args: argparse.Namespace, rows: dict) -> str:
+    todo, blocked = plan(rows, args)
+    n = len(args.seeds)
+    m = comparisons(args)
+    alpha = 0.05 / m
+    n_train = args.classes * args.train_per_class
+    L = ["# The scaling study, version 4: steps to a target", "",
+         f"Rows: `{args.out.with_suffix('.jsonl').name}`; written by `benchmarks/steps_to_target.py --render` (the "
+         "design is in that module's docstring).", "",
+         f"{n_train} training images ({args.classes} classes of the embedded generator), conv net width {args.width}, "
+         f"BN over groups of {args.bn_group}; target **{args.target:g}% val top-1**, checked {args.evals_per_epoch} "
+         f"times per epoch, at most {args.max_epochs} epochs; constant lr after a {args.warmup_epochs:g}-epoch "
+         f"warmup; lr tuned per batch on a sqrt(2) grid; seeds {args.seeds} ({args.sweep_seeds} over each sweep).", ""]
+    if todo or blocked:
+        L += [f"**Pending: {len(todo)} trainings runnable now, {blocked} cell(s) waiting on others' rows.**", ""]
+    groups = [[math.log(r["steps"]) for r in chosen_rows(rows, rc, b, args) if r["reached"]] for rc, b in cells(args)]
+    sd, df = fixed.pooled_sd([g for g in groups if len(g) == n])
+    L += ["## The target", ""] + target_section(args)
+    L += ["## What the rows can resolve", ""]
+    if df:
+        L += [f"Seed spread of log steps-to-target (pooled over the cells with all {n} seeds): {sd:.3f}. With {n} "
+              f"seeds per batch, comparing neighbouring batches ({m} tests, alpha 0.05/{m}, 80% power): a ratio of "
+              f"mean steps under **{resolvable_ratio(sd, n, alpha):.2f}x** is more likely missed than found.", ""]
+    else:
+        L += ["Seed spread: pending (no cell has all its seeds yet).", ""]
+    L += results_section(args, rows)
     return "\n".join(L)
 
 
@@ -620,13 +628,15 @@ def plot(args: argparse.Namespace, rows: dict) -> None:
     plt.close(fig)
 
 
-def estimate(args: argparse.Namespace) -> str:
-    """The cost and resolution before running: from the pilot's rows at the study's target (the
-    fixed-budget study's rows, steps to a test level, where there is no pilot)."""
+def cost_estimate(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The cost and resolution before running, from the pilot's rows at the study's target: cells,
+    trainings per cell and in all, epochs to the target at the base batch and at most per cell,
+    seconds an epoch, core-minutes; the smoothed seed spread of log steps there (its df) and the
+    ratio of steps the seeds resolve. ``None`` where no pilot run reaches the target."""
     pilot = read_rows(args.pilot)
     hits = [(c, r) for r in pilot.values() if (c := crossing(r["val_curve"], args.target))]
     if not hits:
-        return f"no pilot rows in {args.pilot} reach {args.target:g}%: no estimate"
+        return None
     epoch_s = statistics.median(r["seconds"] / r["steps"] * r["steps_per_epoch"] for _, r in hits)
     epochs = statistics.median(c / r["steps_per_epoch"] for c, r in hits)
     # Beyond the base batch the epochs to a target grow with the batch; with no rows yet the guess is
@@ -635,20 +645,30 @@ def estimate(args: argparse.Namespace) -> str:
     guess = math.sqrt(min(args.batches) * max(args.batches))
     per_cell = 3 * args.sweep_seeds + (len(args.seeds) - args.sweep_seeds)  # a settled 3-point grid
     cell_epochs = [min(args.max_epochs, epochs * (b + guess) / (args.base_batch + guess)) for _, b in cells(args)]
-    runs = len(cells(args)) * per_cell
-    minutes = per_cell * sum(cell_epochs) * epoch_s / 60
     m = comparisons(args)
     t = args.target
     at = target_table(pilot, [t - 1, t, t + 1], len(args.seeds), 0.05 / m, args.resolve)[1]
-    sd, df = at["smoothed"], at["df"]
-    return (f"cost: {len(cells(args))} cells x ~{per_cell} trainings (3-point grids; each grown edge adds "
-            f"{args.sweep_seeds}) = ~{runs} trainings; {epochs:.1f} epochs to {args.target:g}% at batch "
-            f"{args.base_batch} (pilot median), up to {max(cell_epochs):.0f} at {max(args.batches)} (B_crit guessed "
-            f"{guess:.0f}), {epoch_s:.1f} s an epoch = ~{minutes:.0f} core-minutes ({minutes / 60:.1f} h of one core)\n"
-            f"resolution (pilot, first crossing of {args.target:g}%): seed spread of log steps {sd:.3f} (smoothed over "
-            f"{t - 1:g}-{t + 1:g}%; {df} df a level); with "
+    return {"cells": len(cells(args)), "per_cell": per_cell, "runs": len(cells(args)) * per_cell,
+            "epochs": epochs, "max_cell_epochs": max(cell_epochs), "guess": guess, "epoch_s": epoch_s,
+            "minutes": per_cell * sum(cell_epochs) * epoch_s / 60, "m": m, "sd": at["smoothed"], "df": at["df"],
+            "ratio": resolvable_ratio(at["smoothed"], len(args.seeds), 0.05 / m)}
+
+
+def estimate(args: argparse.Namespace) -> str:
+    """``cost_estimate`` in words (``--plan``)."""
+    e = cost_estimate(args)
+    if e is None:
+        return f"no pilot rows in {args.pilot} reach {args.target:g}%: no estimate"
+    t, m = args.target, e["m"]
+    return (f"cost: {e['cells']} cells x ~{e['per_cell']} trainings (3-point grids; each grown edge adds "
+            f"{args.sweep_seeds}) = ~{e['runs']} trainings; {e['epochs']:.1f} epochs to {t:g}% at batch "
+            f"{args.base_batch} (pilot median), up to {e['max_cell_epochs']:.0f} at {max(args.batches)} (B_crit guessed "
+            f"{e['guess']:.0f}), {e['epoch_s']:.1f} s an epoch = ~{e['minutes']:.0f} core-minutes "
+            f"({e['minutes'] / 60:.1f} h of one core)\n"
+            f"resolution (pilot, first crossing of {t:g}%): seed spread of log steps {e['sd']:.3f} (smoothed over "
+            f"{t - 1:g}-{t + 1:g}%; {e['df']} df a level); with "
             f"{len(args.seeds)} seeds per batch and {m} neighbour comparisons (alpha 0.05/{m}, 80% power) a ratio "
-            f"of steps under {resolvable_ratio(sd, len(args.seeds), 0.05 / m):.2f}x is not resolved.")
+            f"of steps under {e['ratio']:.2f}x is not resolved.")
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
