@@ -88,6 +88,8 @@ def _data(cfg: TrainConfig, backend: Backend, plan: BatchPlan, dtype: Optional[t
         world_size=backend.world_size, device=device, dtype=dtype or torch.float32, channels_last=channels_last,
         shuffle_buffer=data.shuffle_buffer, accumulation_steps=plan.accumulation_steps,
         train_sizes=_resolution(cfg), val_image_size=data.resolution.eval_size, rect_val=data.resolution.rect_val,
+        crop_scale_steps=tuple((int(e), float(m)) for e, m in data.resolution.crop_scale_steps),
+        val_follows_train=data.resolution.eval_follows_train, rect_val_from_epoch=data.resolution.rect_val_from_epoch,
     )
     try:
         train, val, num_classes = build_run_loaders(root, spec, loader=data.loader, shards=data.shards,
