@@ -228,8 +228,9 @@ class ResolutionConfig:
     eval_follows_train: bool = False
     # [[epoch, min_scale], ...], epochs ascending from >= 0: from that epoch on, the training
     # crop's minimum area fraction (fast.ai 2018: 0.5 in its 288 px phase); data.crop_scale[0]
-    # before the first step, data.crop_scale[1] the maximum throughout
-    crop_scale_steps: List[Any] = field(default_factory=list)  # (pairs of an int and a float: checks.py)
+    # before the first step, data.crop_scale[1] the maximum throughout (typed as schedule.points:
+    # the pairs are checked by largebatch.config.checks)
+    crop_scale_steps: List[Any] = field(default_factory=list)
     # evaluation in batches of like aspect ratio (fast.ai, DAWNBench 2018): the val set sorted
     # by width/height, each batch centre-cropped to one rectangle, short side the evaluation
     # side, long side from the batch's mean ratio (a multiple of 8); torchvision loader only,
