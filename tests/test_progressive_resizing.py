@@ -4,6 +4,7 @@ other loader (nvjpeg, DALI over files and over packed shards) at the same sides.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -428,7 +429,7 @@ def test_the_torchvision_crops_sample_each_phases_area(image_set: dict[str, Path
         return params
 
     monkeypatch.setattr(v2.RandomResizedCrop, "make_params", recording)
-    spec = _spec(SCHEDULES["steps"], crop_scale_steps=((1, 0.5),), workers=0)
+    spec = dataclasses.replace(_spec(SCHEDULES["steps"], crop_scale_steps=((1, 0.5),)), workers=0)
     train = tv.build_loaders(image_set["root"], spec)[0]
     assert [train.dataset.epoch_transforms.at(e).transforms[0].scale for e in range(3)] == [
         (0.08, 1.0), (0.5, 1.0), (0.5, 1.0)]
