@@ -5,7 +5,13 @@ fast.ai's DAWNBench 2018 ResNet-50 trained at 128, then 224, then 288 px (steps)
 configs ramp the side linearly between two epochs (e.g. 160 -> 192 px), rounded to a multiple
 of 32 so that only a few distinct sizes (and compiled shapes) occur. Evaluating at a higher
 resolution than the training crops helps, as Touvron et al. 2019 explain ("Fixing the
-train-test resolution discrepancy", arXiv 1906.06423): evaluation has its own side.
+train-test resolution discrepancy", arXiv 1906.06423): evaluation has its own side, or
+follows the training side's phase as fast.ai's evaluated each phase at its own side.
+
+The same run changed its random-resized crop with the side: its last phase (288 px) took crops
+of at least half the image (``min_scale`` 0.5), the earlier ones of 8%: :func:`min_scale_at`
+reads such per-epoch steps (``data.resolution.crop_scale_steps``), :func:`check_crop_scale_steps`
+checks them.
 
 :class:`ResolutionSchedule` is pure data (picklable: loader workers evaluate it); its
 :meth:`~ResolutionSchedule.size_at` depends on the epoch only, so a run resumed inside an epoch
@@ -23,7 +29,7 @@ from typing import Optional, Sequence
 
 from largebatch.errors import ConfigError
 
-__all__ = ["ResolutionSchedule", "ramp_size"]
+__all__ = ["ResolutionSchedule", "check_crop_scale_steps", "min_scale_at", "ramp_size"]
 
 
 def ramp_size(epoch: int, *, start_epoch: int, end_epoch: int, start_size: int, end_size: int,
@@ -130,6 +136,10 @@ def _int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def _bad(key: str, value: object, must: str) -> None:
     raise ConfigError(f"{key}={value} is out of range: it must be {must}; set {key}= to such a value")
 
@@ -146,3 +156,33 @@ def _check_steps(steps: Sequence[Sequence[int]], epochs: Optional[int]) -> list[
     if epochs is not None and epochs_named[-1] >= epochs:
         _bad(key, pairs, f"{must}, each epoch < epochs ({epochs})")
     return [(e, s) for e, s in pairs]
+
+
+def min_scale_at(steps: Sequence[tuple[int, float]], epoch: int, default: float) -> float:
+    """The random-resized crop's minimum area fraction of epoch ``epoch`` (from 0): the value of
+    the last ``(epoch, min_scale)`` step at or before it, ``default`` before the first."""
+    scale = default
+    for start, value in steps:
+        if epoch >= start:
+            scale = value
+    return scale
+
+
+def check_crop_scale_steps(steps: Sequence[Sequence[float]], *, max_scale: float,
+                           epochs: Optional[int] = None) -> tuple[tuple[int, float], ...]:
+    """``data.resolution.crop_scale_steps`` as ``((epoch, min_scale), ...)``, checked: epochs
+    ascending from >= 0 (and < ``epochs``), each ``0 < min_scale <= max_scale``
+    (``data.crop_scale[1]``); else one-line :class:`ConfigError` naming the key."""
+    key = "data.resolution.crop_scale_steps"
+    must = (f"[[epoch, min_scale], ...] with epochs ascending from >= 0 and 0 < min_scale <= data.crop_scale[1] "
+            f"({max_scale})")
+    pairs = [list(p) for p in steps]
+    if any(len(p) != 2 or not all(_number(v) for v in p) or float(p[0]) != int(p[0]) for p in pairs):
+        _bad(key, pairs, must)  # the config types the pairs as floats: a whole-number epoch is an epoch
+    epochs_named = [e for e, _ in pairs]
+    if any(e < 0 for e in epochs_named) or any(b <= a for a, b in zip(epochs_named, epochs_named[1:])) or any(
+            not 0 < s <= max_scale for _, s in pairs):
+        _bad(key, pairs, must)
+    if epochs is not None and epochs_named and epochs_named[-1] >= epochs:
+        _bad(key, pairs, f"{must}, each epoch < epochs ({epochs})")
+    return tuple((int(e), float(s)) for e, s in pairs)

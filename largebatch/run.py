@@ -87,7 +87,7 @@ def _data(cfg: TrainConfig, backend: Backend, plan: BatchPlan, dtype: Optional[t
         val_crop_ratio=data.val_crop_ratio, rank=backend.rank,
         world_size=backend.world_size, device=device, dtype=dtype or torch.float32, channels_last=channels_last,
         shuffle_buffer=data.shuffle_buffer, accumulation_steps=plan.accumulation_steps,
-        train_sizes=_resolution(cfg), val_image_size=data.resolution.eval_size, rect_val=data.resolution.rect_val,
+        **_resolution_options(cfg),
     )
     try:
         train, val, num_classes = build_run_loaders(root, spec, loader=data.loader, shards=data.shards,
@@ -95,6 +95,15 @@ def _data(cfg: TrainConfig, backend: Backend, plan: BatchPlan, dtype: Optional[t
     except TooFewSamplesError as err:
         raise batch_too_large(plan, num_samples=err.num_samples) from None
     return root, train, val, num_classes
+
+
+def _resolution_options(cfg: TrainConfig) -> dict[str, Any]:
+    """The ``LoaderSpec`` options of ``data.resolution``: the training side and crop scale per
+    epoch, the evaluation side and shape per epoch."""
+    res = cfg.data.resolution
+    return dict(train_sizes=_resolution(cfg), val_image_size=res.eval_size, rect_val=res.rect_val,
+                crop_scale_steps=tuple((int(e), float(m)) for e, m in res.crop_scale_steps),
+                val_follows_train=res.eval_follows_train, rect_val_from_epoch=res.rect_val_from_epoch)
 
 
 def _resolution(cfg: TrainConfig) -> Optional[ResolutionSchedule]:

@@ -268,9 +268,10 @@ def _devices_of_the_outputs(monkeypatch: pytest.MonkeyPatch, loader) -> tuple[li
     monkeypatch.setattr(plugin, "DALIGenericIterator", lambda pipe, names, **kw: handed.append((pipe, names)))
     asked: list[bool] = []
 
-    def graph(encoded, gpu, side):  # type: ignore[no-untyped-def]
+    def graph(encoded, gpu, side, phase):  # type: ignore[no-untyped-def]
         asked.append(gpu)
-        return dg._train_images(encoded, gpu=gpu, image_size=24 if side is None else side, crop_scale=(0.25, 1.0),
+        return dg._train_images(encoded, gpu=gpu, image_size=24 if side is None else side,
+                                crop_scale=(0.25, 1.0) if phase is None else phase,
                                 layout="NCHW", dtype=torch.float32, hw_decoder_load=0.5)
 
     loader._graph = graph
@@ -290,7 +291,7 @@ def test_the_file_loaders_labels_follow_its_images_to_the_gpu(
 
     loader = DaliLoader([str(tmp_path / "a.jpg")], [0], sampler=ExactShardSampler(1, rank=0, world_size=1),
                         batch_size=1, drop_last=False, seed=0,
-                        pipeline=DaliPipeline(lambda e, g, s: e, 1, device_id, "NCHW"))
+                        pipeline=DaliPipeline(lambda e, g, s, p: e, 1, device_id, "NCHW"))
     on = "gpu" if device_id is not None else "cpu"
     assert _devices_of_the_outputs(monkeypatch, loader) == ([device_id is not None], [on, on])
 
@@ -304,6 +305,6 @@ def test_the_shard_loaders_labels_follow_its_images_to_the_gpu(
 
     spec = LoaderSpec(image_size=24, batch_size=2, workers=0, device="cpu", seed=5)
     loader = DaliShardLoader([str(tmp_path / "0.tar")], [str(tmp_path / "0.idx")], 4, spec, train=True,
-                             pipeline=DaliPipeline(lambda e, g, s: e, 1, device_id, "NCHW"))
+                             pipeline=DaliPipeline(lambda e, g, s, p: e, 1, device_id, "NCHW"))
     on = "gpu" if device_id is not None else "cpu"
     assert _devices_of_the_outputs(monkeypatch, loader) == ([device_id is not None], [on, on])

@@ -341,9 +341,12 @@ def test_plain_lars_keeps_torchs_momentum_form(optimizer: str) -> None:
 
 # fast.ai's DAWNBench 2018 run on 16 machines x 8 V100s: diux-dev/imagenet18 (cybertronai/
 # imagenet18_old) at 5534ba11f3378cad0c5ffcdf16333c7af8233983, train.py `sixteen_machines`:
-# (first epoch, side px, per-GPU batch) and the lr phases, as the source writes them (lr = 0.235 * 8).
+# (first epoch, side px, per-GPU batch, min_scale, rect_val) and the lr phases, as the source writes
+# them (lr = 0.235 * 8); min_scale 0.08 and rect_val False are training/dataloader.py get_loaders'
+# defaults, and a 'keep_dl' phase (epochs 6, 19) keeps the loader of the phase before.
 FASTAI_GPUS = 128
-FASTAI_DATA = [(0, 128, 64), (6, 128, 128), (16, 224, 64), (19, 224, 192), (37, 288, 128)]
+FASTAI_DATA = [(0, 128, 64, 0.08, False), (6, 128, 128, 0.08, False), (16, 224, 64, 0.08, False),
+               (19, 224, 192, 0.08, False), (37, 288, 128, 0.5, True)]
 _L = 0.235 * 8
 FASTAI_LR = [((0, 6), (_L, _L * 2)), (6, _L * 2), (16, _L), (19, 2 * _L / (10 / 1.5)), (31, 2 * _L / (100 / 1.5)),
              (37, 2 * _L / 100), ((38, 50), 2 * _L / 1000)]
@@ -360,17 +363,27 @@ def _fastai_lr(epoch: int, batch_num: int, batch_tot: int) -> float:
 
 
 def test_fastai2018_phases_are_the_sources() -> None:
-    """Every epoch's global batch and training side, and the lr at every optimizer step of an
-    ImageNet run, against the source's phases (the ramp one iteration apart at most)."""
-    from largebatch.run import _batch_schedule, _resolution
+    """Every epoch's global batch, training side and crop scale, the side and shape of the
+    evaluation after it, and the lr at every optimizer step of an ImageNet run, against the
+    source's phases (the ramp one iteration apart at most). The crop scale is read off the
+    torchvision transform the loader builds for the epoch."""
+    from largebatch.data.contract import LoaderSpec
+    from largebatch.data.image_folder import EpochTransforms
+    from largebatch.run import _batch_schedule, _resolution, _resolution_options
 
     cfg = _cfg("fastai2018_rn50_128gpu")
     batches, sides = _batch_schedule(cfg), _resolution(cfg)
     assert batches is not None and sides is not None and cfg.epochs == 50
+    spec = LoaderSpec(image_size=cfg.data.image_size, batch_size=64, workers=0, crop_scale=tuple(cfg.data.crop_scale),
+                      **_resolution_options(cfg))
+    transforms = EpochTransforms(spec.train_size_at, scale_at=spec.crop_scale_at)
     for epoch in range(cfg.epochs):
-        first, side, per_gpu = next(p for p in reversed(FASTAI_DATA) if epoch >= p[0])
+        first, side, per_gpu, min_scale, rect_val = next(p for p in reversed(FASTAI_DATA) if epoch >= p[0])
         assert (batches.batch_at(epoch), sides.size_at(epoch)) == (per_gpu * FASTAI_GPUS, side), epoch
-    assert cfg.data.resolution.eval_size == 288 and cfg.data.val_crop_ratio == pytest.approx(1 / 1.14, abs=1e-3)
+        crop = transforms.at(epoch).transforms[0]
+        assert (list(crop.size), crop.scale) == ([side, side], (min_scale, 1.0)), epoch
+        assert (spec.val_size_at(epoch), spec.rect_val_at(epoch)) == (side, rect_val), epoch
+    assert cfg.data.val_crop_ratio == pytest.approx(1 / 1.14, abs=1e-3)
     assert (cfg.optimizer.momentum, cfg.optimizer.weight_decay, cfg.optimizer.nesterov) == (0.9, 1e-4, False)
     assert cfg.model.zero_init_last_bn and cfg.optimizer.exclude_bn_bias and cfg.precision.name == "fp16"
 

@@ -4,6 +4,7 @@ other loader (nvjpeg, DALI over files and over packed shards) at the same sides.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -16,7 +17,7 @@ from largebatch.cli import main
 from largebatch.data.pipelines import torchvision as tv
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
 from largebatch.errors import ConfigError
-from largebatch.resolution import ResolutionSchedule, ramp_size
+from largebatch.resolution import ResolutionSchedule, check_crop_scale_steps, min_scale_at, ramp_size
 from tests.smoke import EXACT, smoke
 
 # ---------------------------------------------------------------------------------------
@@ -66,16 +67,53 @@ def test_bad_schedules_are_one_clear_error(args: dict[str, Any], pattern: str) -
     assert pattern in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_crop_scale_per_phase_holds_from_its_epoch_on() -> None:
+    from largebatch.data.contract import LoaderSpec
+
+    steps = check_crop_scale_steps([[2.0, 0.5], [4, 0.25]], max_scale=1.0, epochs=6)  # the config's floats
+    assert steps == ((2, 0.5), (4, 0.25))
+    assert [min_scale_at(steps, e, 0.08) for e in range(6)] == [0.08, 0.08, 0.5, 0.5, 0.25, 0.25]
+    spec = LoaderSpec(image_size=16, batch_size=1, workers=0, crop_scale=(0.1, 0.9), crop_scale_steps=steps)
+    assert [spec.crop_scale_at(e) for e in (0, 2, 5)] == [(0.1, 0.9), (0.5, 0.9), (0.25, 0.9)]
+
+
+@pytest.mark.parametrize("steps,pattern", [
+    ([[0, 0.0]], "0 < min_scale <= data.crop_scale[1] (1.0)"),
+    ([[0, 1.5]], "0 < min_scale"),
+    ([[3, 0.5], [2, 0.6]], "epochs ascending"),
+    ([[-1, 0.5]], "epochs ascending from >= 0"),
+    ([[1.5, 0.5]], "[[epoch, min_scale], ...]"),
+    ([[8, 0.5]], "each epoch < epochs (8)"),
+    ([[1, 0.5, 2]], "[[epoch, min_scale], ...]"),
+])
+def test_bad_crop_scale_steps_are_one_clear_error(steps: list, pattern: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        check_crop_scale_steps(steps, max_scale=1.0, epochs=8)
+    msg = str(err.value)
+    assert msg.startswith("data.resolution.crop_scale_steps=") and pattern in msg and "\n" not in msg, msg
+
+
 @pytest.mark.parametrize("override,pattern", [
     ("data.resolution.schedule=steps", "data.resolution.steps=[] is out of range"),
     ("data.resolution.eval_size=0", "data.resolution.eval_size=0 is out of range"),
     ("data.resolution.steps=[[0,16]]", "is set but data.resolution.schedule=none"),
     ("data.resolution.schedule=fast", "data.resolution.schedule"),
+    ("data.resolution.crop_scale_steps=[[1,0.9]]", "data.resolution.crop_scale_steps=[[1, 0.9]] is out of range: "
+                                                   "it must be [[epoch, min_scale], ...] with epochs ascending from >= 0 "
+                                                   "and 0 < min_scale <= data.crop_scale[1] (0.5)"),
+    ("data.resolution.crop_scale_steps=[[9,0.5]]", "each epoch < epochs (2)"),
+    ("data.resolution.eval_follows_train=true data.resolution.eval_size=28",
+     "both set the evaluation side: set data.resolution.eval_size=null"),
+    ("data.resolution.rect_val_from_epoch=1", "data.resolution.rect_val_from_epoch=1 is set but "
+                                              "data.resolution.rect_val=false: set data.resolution.rect_val=true"),
+    ("data.resolution.rect_val=true data.resolution.rect_val_from_epoch=2",
+     "data.resolution.rect_val_from_epoch=2 is out of range: it must be an integer >= 0 and < epochs (2)"),
 ])
 def test_bad_settings_stop_at_compose_time_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture,
                                                        override: str, pattern: str) -> None:
     run = tmp_path / "run"
-    assert main(["debug=smoke", "progress=false", f"run_dir={run}", override]) == 2
+    crop = ["data.crop_scale=[0.08,0.5]"] if "crop_scale_steps=[[1," in override else []
+    assert main(["debug=smoke", "progress=false", f"run_dir={run}", "epochs=2", *crop, *override.split()]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("largebatch: error:") and "\n" not in err and "Traceback" not in err
     assert pattern in err, err
@@ -245,6 +283,8 @@ def _have_dali() -> bool:
 
 
 def _build(loader: str, image_set: dict[str, Path], spec: Any) -> tuple[Any, Any]:
+    if loader == "torchvision":
+        return tv.build_loaders(image_set["root"], spec)[:2]
     if loader == "nvjpeg":
         from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 
@@ -343,3 +383,108 @@ def test_a_dali_run_follows_the_schedule_and_the_evaluation_side(tmp_path: Path,
     assert "resolution: training crops steps 16 px from epoch 0, 24 px from epoch 1, 32 px from epoch 2; " \
            "evaluation crops 28 px" in log
     assert [(r["epoch"], r["image_size"]) for r in _epoch_records(run)] == [(1, 16), (2, 24), (3, 32)]
+
+
+# ---------------------------------------------------------------------------------------
+# a crop scale per phase, and evaluation at each epoch's training side (fast.ai 2018)
+
+
+def _symmetric(images: torch.Tensor) -> torch.Tensor:
+    return images + images.flip(-1)  # the same whichever way each image was flipped
+
+
+@pytest.mark.parametrize("loader", ["torchvision", *LOADERS])
+def test_every_loader_takes_each_phases_crop_scale(image_set: dict[str, Path], loader: str) -> None:
+    """From epoch 1 the crop area is 1.0 (``crop_scale_steps=[[1, 1.0]]``): the whole (square)
+    image, the same pixels (up to each image's flip) as a loader whose crop_scale is (1, 1)
+    throughout; epoch 0 still draws crops of 8%..100% of the image."""
+    phased = _build(loader, image_set, _spec(SCHEDULES["steps"], crop_scale_steps=((1, 1.0),)))[0]
+    whole = _build(loader, image_set, _spec(SCHEDULES["steps"], crop_scale=(1.0, 1.0)))[0]
+    try:
+        first, first_whole = _pass(phased, 0), _pass(whole, 0)
+        second, second_whole = _pass(phased, 1), _pass(whole, 1)
+    finally:
+        phased.close()
+        whole.close()
+    assert len(second) == len(second_whole) == 4
+    for (a, la), (b, lb) in zip(second, second_whole):
+        assert a.shape[-1] == 24 and torch.equal(la, lb)
+        assert torch.allclose(_symmetric(a), _symmetric(b), atol=1e-5), loader
+    assert not all(torch.allclose(_symmetric(a), _symmetric(b), atol=1e-3) for (a, _), (b, _) in zip(first, first_whole))
+
+
+def test_the_torchvision_crops_sample_each_phases_area(image_set: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """The transform's own parameters and the boxes it draws: area 0.08..1 in epoch 0, 0.5..1 from
+    epoch 1 (``crop_scale_steps=[[1, 0.5]]``, fast.ai's last phase), in this process (workers=0)."""
+    from torchvision.transforms import v2
+
+    areas: list[float] = []
+    real = v2.RandomResizedCrop.make_params
+
+    def recording(self: Any, flat_inputs: list[Any]) -> dict[str, Any]:
+        params = real(self, flat_inputs)
+        height, width = flat_inputs[0].size[::-1]
+        areas.append(params["height"] * params["width"] / (height * width))
+        return params
+
+    monkeypatch.setattr(v2.RandomResizedCrop, "make_params", recording)
+    spec = dataclasses.replace(_spec(SCHEDULES["steps"], crop_scale_steps=((1, 0.5),)), workers=0)
+    train = tv.build_loaders(image_set["root"], spec)[0]
+    assert [train.dataset.epoch_transforms.at(e).transforms[0].scale for e in range(3)] == [
+        (0.08, 1.0), (0.5, 1.0), (0.5, 1.0)]
+    by_epoch = []
+    for epoch in range(3):
+        areas.clear()
+        _pass(train, epoch)
+        by_epoch.append(list(areas))
+    assert all(len(a) == 16 for a in by_epoch)
+    assert min(by_epoch[0]) < 0.4  # 8%..100%
+    assert min(by_epoch[1] + by_epoch[2]) >= 0.5 - 0.05  # 50%..100% (the box's sides are rounded)
+
+
+@pytest.mark.parametrize("loader", ["torchvision", *LOADERS])
+def test_every_loader_evaluates_at_each_epochs_training_side(image_set: dict[str, Path], loader: str) -> None:
+    """``val_follows_train`` (``data.resolution.eval_follows_train``): the evaluation after epoch e
+    crops ``size_at(e)``, the epoch the val loader's ``set_epoch`` names, back and forth."""
+    from largebatch.data.contract import LoaderSpec
+
+    spec = LoaderSpec(image_size=16, batch_size=4, workers=1, seed=3, train_sizes=SCHEDULES["steps"],
+                      val_follows_train=True)
+    val = _build(loader, image_set, spec)[1]
+    try:
+        for epoch in (0, 1, 2, 0, 2):
+            evaluated = _pass(val, epoch)
+            side = SCHEDULES["steps"].size_at(epoch)
+            assert {tuple(images.shape[-2:]) for images, _ in evaluated} == {(side, side)}, (loader, epoch)
+            assert sum(len(labels) for _, labels in evaluated) == 4
+    finally:
+        val.close()
+
+
+def test_a_run_evaluates_each_epoch_at_its_training_side(tmp_path: Path, sides: dict[str, list[int]]) -> None:
+    run = tmp_path / "run"
+    assert main(smoke(*STEPS, "data.resolution.eval_follows_train=true", "data.resolution.crop_scale_steps=[[2,0.5]]",
+                      f"run_dir={run}")) == 0
+    assert sides["train"] == [16] * 4 + [24] * 4 + [32] * 4
+    assert sides["val"] == [16, 24, 32]  # 8 val images, one batch of the per-device batch (8) after each epoch
+    log = (run / "train.log").read_text()
+    assert ("resolution: training crops steps 16 px from epoch 0, 24 px from epoch 1, 32 px from epoch 2; crop area "
+            "0.5..1 from epoch 2; evaluation crops at each epoch's training side") in log
+
+
+def test_a_resume_with_another_crop_scale_or_evaluation_side_is_refused(tmp_path: Path) -> None:
+    """Like the other resolution keys, what is trained or reported: another run. A checkpoint from
+    before the keys ran without them (and resumes with them off)."""
+    from largebatch.engine.resume import check_same_run
+    from largebatch.errors import CheckpointError
+
+    off = {"schedule": "steps", "eval_size": None, "crop_scale_steps": [], "eval_follows_train": False,
+           "rect_val_from_epoch": 0}
+    before_the_keys = {"data": {"resolution": {"schedule": "steps", "eval_size": None}}}
+    check_same_run(before_the_keys, {"data": {"resolution": off}}, tmp_path)
+    for key, value in (("crop_scale_steps", [[37.0, 0.5]]), ("eval_follows_train", True)):
+        now = {"data": {"resolution": {**off, key: value}}}
+        for saved in (before_the_keys, {"data": {"resolution": off}}):
+            with pytest.raises(CheckpointError, match=f"data.resolution.{key}"):
+                check_same_run(saved, now, tmp_path)

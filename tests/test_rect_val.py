@@ -118,6 +118,7 @@ def test_a_resume_may_turn_it_on_or_off(tmp_path: Path) -> None:
     before = {"data": {"resolution": {"schedule": "none", "eval_size": None}}}
     now = {"data": {"resolution": {"schedule": "none", "eval_size": None, "rect_val": True}}}
     check_same_run(before, now, tmp_path)
+    check_same_run(now, {"data": {"resolution": {**now["data"]["resolution"], "rect_val_from_epoch": 37}}}, tmp_path)
     with pytest.raises(CheckpointError, match="data.resolution.eval_size"):
         check_same_run(before, {"data": {"resolution": {**now["data"]["resolution"], "eval_size": 288}}}, tmp_path)
 
@@ -150,6 +151,37 @@ def test_every_image_once_over_the_ranks(image_root: Path, world_size: int) -> N
             shapes.append(tuple(x.shape[-2:]))
     assert sorted(seen) == sorted(_colour(i) for i in range(len(VAL_SIZES)))  # each once, none twice
     assert shapes == [shape for shape, _ in _expected_batches()]  # whole batches, in order over the ranks
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_from_an_epoch_on_rectangles_and_squares_before(image_root: Path, workers: int) -> None:
+    """``rect_val_from_epoch=2`` (fast.ai: its last phase only): the evaluations after epochs 0
+    and 1 are centre squares in the data set's order, from epoch 2 on the rectangles of the
+    sorted ratios; the epoch reaches persistent workers with each key, and may go back."""
+    _, val, _ = tv.build_loaders(image_root, _spec(rect_val_from_epoch=2, workers=workers))
+    expected = _expected_batches()
+    for epoch in (0, 1, 2, 3, 0, 2):
+        val.set_epoch(epoch)
+        batches = list(val)
+        assert len(batches) == len(val) == 3
+        if epoch < 2:
+            assert {tuple(x.shape[-2:]) for x, _ in batches} == {(SIDE, SIDE)}, epoch
+            assert [y.tolist() for _, y in batches] == [[0] * 4, [1] * 4, [2] * 3]  # class folders in order
+        else:
+            assert [tuple(x.shape[-2:]) for x, _ in batches] == [shape for shape, _ in expected], epoch
+            assert [_identities(x) for x, _ in batches] == [[_colour(i) for i in chunk] for _, chunk in expected]
+
+
+def test_rectangles_at_each_epochs_training_side(image_root: Path) -> None:
+    """With ``val_follows_train`` the rectangles' short side is the epoch's training side."""
+    from largebatch.resolution import ResolutionSchedule
+
+    sizes = ResolutionSchedule.of("steps", steps=[[0, 8], [1, SIDE]], image_size=SIDE, epochs=3)
+    _, val, _ = tv.build_loaders(image_root, _spec(train_sizes=sizes, val_follows_train=True, rect_val_from_epoch=1))
+    val.set_epoch(0)
+    assert {tuple(x.shape[-2:]) for x, _ in val} == {(8, 8)}
+    val.set_epoch(1)
+    assert [tuple(x.shape[-2:]) for x, _ in val] == [shape for shape, _ in _expected_batches()]
 
 
 def test_off_every_val_batch_is_square(image_root: Path) -> None:
@@ -193,6 +225,17 @@ def test_a_run_evaluates_the_same_images_in_rectangles(tmp_path: Path, val_shape
     assert val_shapes == [shape for shape, _ in _expected_batches()]
     assert _evaluated(tmp_path / "rect") == _evaluated(tmp_path / "square") == [len(VAL_SIZES)]
     assert "a rectangle per batch of like aspect ratio (rect_val)" in (tmp_path / "rect" / "train.log").read_text()
+
+
+def test_a_run_evaluates_in_rectangles_from_an_epoch_on(tmp_path: Path, val_shapes: list[tuple[int, int]]) -> None:
+    root = _make_root(tmp_path / "ds", train_per_class=2)
+    base = smoke(f"data.root={root}", "data.loader=torchvision", "epochs=3", "global_batch_size=4")
+    assert main([*base, "data.resolution.rect_val=true", "data.resolution.rect_val_from_epoch=2",
+                 f"run_dir={tmp_path / 'run'}"]) == 0
+    rectangles = [shape for shape, _ in _expected_batches()]
+    assert val_shapes == [(SIDE, SIDE)] * 3 * 2 + rectangles  # after epochs 0 and 1: squares; after 2: rectangles
+    assert _evaluated(tmp_path / "run") == [len(VAL_SIZES)] * 3
+    assert "(rect_val) from epoch 2" in (tmp_path / "run" / "train.log").read_text()
 
 
 @pytest.mark.parametrize("override,pattern", [

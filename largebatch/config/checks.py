@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, MutableMapping
 from largebatch.defaults import COMPILE_MODES, CUDA_GRAPH_MODES, MAX_CLASSES, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, parse_compile_mode
 from largebatch.errors import ConfigError, UsageError
 from largebatch.batch_schedule import AdaptiveBatchSchedule, BatchSchedule
-from largebatch.resolution import ResolutionSchedule
+from largebatch.resolution import ResolutionSchedule, check_crop_scale_steps
 
 __all__ = ["canonicalise_choices", "check_ranges", "value_ranges"]
 
@@ -107,6 +107,10 @@ _RESOLUTION = {
     "data.resolution.end_size": "schedule=ramp: null or an integer >= multiple",
     "data.resolution.multiple": "schedule=ramp: an integer >= 1",
     "data.resolution.eval_size": "null or an integer >= 1",
+    "data.resolution.eval_follows_train": "true or false; true needs eval_size=null",
+    "data.resolution.crop_scale_steps": "[[epoch, min_scale], ...], epochs ascending from >= 0 and < epochs, "
+                                        "0 < min_scale <= data.crop_scale[1]",
+    "data.resolution.rect_val_from_epoch": "an integer >= 0 and < epochs; > 0 needs rect_val=true",
 }
 _POINTS = "schedule=piecewise: [[epoch, factor], ...] with epochs ascending from >= 0 and factors >= 0"
 # batch_schedule: checked together by BatchSchedule.of (its messages name the key)
@@ -200,12 +204,18 @@ def _check_batch_schedule(cfg: Mapping[str, Any]) -> None:
 
 
 def _check_resolution(cfg: Mapping[str, Any]) -> None:
-    """``data.resolution``: the schedule (:meth:`ResolutionSchedule.of` names the bad key) and
-    ``eval_size``."""
+    """``data.resolution``: the schedule (:meth:`ResolutionSchedule.of` names the bad key),
+    ``eval_size`` or ``eval_follows_train``, and ``crop_scale_steps`` (:func:`check_crop_scale_steps`)."""
     res = _get(cfg, "data.resolution")
     eval_size = res["eval_size"]
     if eval_size is not None and not (_num(eval_size) and eval_size >= 1):
         _fail("data.resolution.eval_size", eval_size, _RESOLUTION["data.resolution.eval_size"])
+    if res["eval_follows_train"] and eval_size is not None:
+        raise ConfigError(f"data.resolution.eval_follows_train=true and data.resolution.eval_size={eval_size} both "
+                          "set the evaluation side: set data.resolution.eval_size=null, or "
+                          "data.resolution.eval_follows_train=false")
+    check_crop_scale_steps([list(p) for p in res["crop_scale_steps"]], max_scale=_get(cfg, "data.crop_scale")[1],
+                           epochs=_get(cfg, "epochs"))
     kind = getattr(res["schedule"], "value", res["schedule"])
     if kind == "none" and len(res["steps"]):
         raise ConfigError(f"data.resolution.steps={list(map(list, res['steps']))} is set but "
@@ -218,8 +228,15 @@ def _check_resolution(cfg: Mapping[str, Any]) -> None:
 
 def _check_rect_val(cfg: Mapping[str, Any]) -> None:
     """``data.resolution.rect_val``: the torchvision loader reads it, and no backend compiling a graph per
-    shape. ``data.loader=auto`` is checked where the loader is chosen (``largebatch.data.build``)."""
+    shape. ``data.loader=auto`` is checked where the loader is chosen (``largebatch.data.build``).
+    ``rect_val_from_epoch``: an epoch of the run, and only with ``rect_val``."""
+    start, epochs = _get(cfg, "data.resolution.rect_val_from_epoch"), _get(cfg, "epochs")
+    if not (isinstance(start, int) and not isinstance(start, bool) and 0 <= start < epochs):
+        _fail("data.resolution.rect_val_from_epoch", start, f"an integer >= 0 and < epochs ({epochs})")
     if not _get(cfg, "data.resolution.rect_val"):
+        if start:
+            raise ConfigError(f"data.resolution.rect_val_from_epoch={start} is set but data.resolution.rect_val=false: "
+                              "set data.resolution.rect_val=true to use it, or data.resolution.rect_val_from_epoch=0")
         return
     loader = getattr(_get(cfg, "data.loader"), "value", _get(cfg, "data.loader"))
     backend = getattr(_get(cfg, "backend.name"), "value", _get(cfg, "backend.name"))

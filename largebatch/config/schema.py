@@ -205,9 +205,10 @@ class SyntheticDataConfig:
 
 @dataclass
 class ResolutionConfig:
-    """Progressive resizing: the training crop side per epoch (``largebatch.resolution``),
-    and the evaluation side. Epochs count from 0. Every loader (torchvision, nvjpeg, DALI over
-    files or ``data.shards``) follows it; ``rect_val`` only the torchvision loader."""
+    """Progressive resizing: the training crop side and crop scale per epoch
+    (``largebatch.resolution``), and the evaluation side. Epochs count from 0. Every loader
+    (torchvision, nvjpeg, DALI over files or ``data.shards``) follows it; ``rect_val`` only the
+    torchvision loader."""
 
     # none: every epoch at data.image_size; steps: data.resolution.steps; ramp: linear between
     # start_epoch and end_epoch, rounded to a multiple of `multiple`
@@ -222,11 +223,22 @@ class ResolutionConfig:
     # [pixels] evaluation crop side (centre crop of the image resized to eval_size /
     # data.val_crop_ratio); null: data.image_size
     eval_size: Optional[int] = None
+    # evaluate after each epoch at that epoch's training side (fast.ai, DAWNBench 2018: each
+    # phase at its own side); needs eval_size=null
+    eval_follows_train: bool = False
+    # [[epoch, min_scale], ...], epochs ascending from >= 0: from that epoch on, the training
+    # crop's minimum area fraction (fast.ai 2018: 0.5 in its 288 px phase); data.crop_scale[0]
+    # before the first step, data.crop_scale[1] the maximum throughout (typed as schedule.points:
+    # the pairs are checked by largebatch.config.checks)
+    crop_scale_steps: List[Any] = field(default_factory=list)
     # evaluation in batches of like aspect ratio (fast.ai, DAWNBench 2018): the val set sorted
     # by width/height, each batch centre-cropped to one rectangle, short side the evaluation
     # side, long side from the batch's mean ratio (a multiple of 8); torchvision loader only,
     # not on XLA (a graph per shape)
     rect_val: bool = False
+    # [epochs] rect_val=true only for evaluations after this epoch and later ones (fast.ai 2018:
+    # its last phase); the earlier ones take the centre square
+    rect_val_from_epoch: int = 0
 
 
 @dataclass

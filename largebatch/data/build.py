@@ -158,11 +158,18 @@ def _agree_on_dali(requested: str, root: Path, backend: Backend, fallback: str) 
 
 def _log_resolution(spec: LoaderSpec) -> None:
     """The run log's line for ``data.resolution`` (every pipeline follows it), when it is set."""
-    if spec.resized or spec.rect_val:
-        log.info("resolution: training crops %s; evaluation crops %s",
-                 spec.train_sizes.describe() if spec.train_sizes else f"{spec.image_size} px",
-                 f"of short side {spec.val_size} px, a rectangle per batch of like aspect ratio (rect_val)"
-                 if spec.rect_val else f"{spec.val_size} px")
+    if not (spec.resized or spec.rect_val):
+        return
+    train = spec.train_sizes.describe() if spec.train_sizes else f"{spec.image_size} px"
+    if spec.crop_scale_steps:
+        train += "; crop area " + ", ".join(f"{m:g}..{spec.crop_scale[1]:g} from epoch {e}"
+                                            for e, m in spec.crop_scale_steps)
+    side = "at each epoch's training side" if spec.val_follows_train else f"{spec.val_size} px"
+    if spec.rect_val:
+        since = f" from epoch {spec.rect_val_from_epoch}" if spec.rect_val_from_epoch else ""
+        side = (f"of short side {side.removeprefix('at ')}, a rectangle per batch of like aspect ratio "
+                f"(rect_val){since}")
+    log.info("resolution: training crops %s; evaluation crops %s", train, side)
 
 
 def _refuse_rect_val(spec: LoaderSpec, *, loader: str, reads_with: str, backend: Backend) -> None:

@@ -13,7 +13,9 @@ all four. The contract, written once:
   rank for training;
 * ``set_epoch(epoch, skip_batches=0)``, called before every pass, selects the epoch's order
   and augmentation and makes the pass skip the epoch's first ``skip_batches`` batches (a run
-  resumed mid-epoch reads the batches the uninterrupted run would have read);
+  resumed mid-epoch reads the batches the uninterrupted run would have read); on an evaluation
+  loader (called before each evaluation with the epoch just trained) it selects that epoch's
+  evaluation side and shape (:meth:`LoaderSpec.val_size_at`, :meth:`LoaderSpec.rect_val_at`);
 * ``skipped`` counts the distinct unreadable files this process met, each once however often
   it was read (:class:`largebatch.data.loader_view.UnreadableTally`, which also stops training
   on a class left without a readable image); DALI cannot skip a file, so the data check leaves them out and its
@@ -48,7 +50,7 @@ import torch
 from torch import Tensor
 
 from largebatch.defaults import SHUFFLE_BUFFER, TRAIN_CROP_SCALE, VAL_CROP_RATIO, check_val_crop_ratio
-from largebatch.resolution import ResolutionSchedule
+from largebatch.resolution import ResolutionSchedule, min_scale_at
 
 __all__ = ["Loader", "LoaderSpec"]
 
@@ -106,6 +108,13 @@ class LoaderSpec:
         rect_val: rectangular validation (``data.resolution.rect_val``): val batches of like
             aspect ratio, each centre-cropped to one rectangle of short side ``val_size``
             (:mod:`largebatch.data.rect_val`); the torchvision pipeline only.
+        crop_scale_steps: ``((epoch, min_scale), ...)``: from each epoch on, the training crop's
+            minimum area fraction (``data.resolution.crop_scale_steps``); ``crop_scale[0]``
+            before the first, ``crop_scale[1]`` its maximum throughout.
+        val_follows_train: evaluate after each epoch at that epoch's training side
+            (``data.resolution.eval_follows_train``) instead of ``val_size``.
+        rect_val_from_epoch: with ``rect_val``, the first epoch evaluated with rectangles
+            (``data.resolution.rect_val_from_epoch``); earlier ones take the centre square.
     """
 
     image_size: int
@@ -125,10 +134,14 @@ class LoaderSpec:
     train_sizes: Optional[ResolutionSchedule] = None
     val_image_size: Optional[int] = None
     rect_val: bool = False
+    crop_scale_steps: tuple[tuple[int, float], ...] = ()
+    val_follows_train: bool = False
+    rect_val_from_epoch: int = 0
 
     def __post_init__(self) -> None:  # accept "cpu"/"cuda:0" and a list crop_scale (the config's)
         object.__setattr__(self, "device", torch.device(self.device))
         object.__setattr__(self, "crop_scale", tuple(self.crop_scale))
+        object.__setattr__(self, "crop_scale_steps", tuple((int(e), float(m)) for e, m in self.crop_scale_steps))
         if self.accumulation_steps < 1:
             raise ValueError(f"accumulation_steps must be >= 1, got {self.accumulation_steps}")
         check_val_crop_ratio(self.val_crop_ratio)  # here, once for every pipeline
@@ -137,15 +150,41 @@ class LoaderSpec:
         """The training crop side of epoch ``epoch`` (from 0), pixels."""
         return self.image_size if self.train_sizes is None else self.train_sizes.size_at(epoch)
 
+    def crop_scale_at(self, epoch: int) -> tuple[float, float]:
+        """The training random-resized crop's area range of epoch ``epoch`` (from 0)."""
+        if not self.crop_scale_steps:
+            return self.crop_scale
+        return (min_scale_at(self.crop_scale_steps, epoch, self.crop_scale[0]), self.crop_scale[1])
+
     @property
     def val_size(self) -> int:
-        """The val centre crop side, pixels."""
+        """The val centre crop side, pixels (with :attr:`val_follows_train`: of a fresh loader,
+        before any ``set_epoch``, which is epoch 0's)."""
+        return self.val_size_at(0)
+
+    def val_size_at(self, epoch: int) -> int:
+        """The evaluation side after training epoch ``epoch`` (from 0), pixels."""
+        if self.val_follows_train:
+            return self.train_size_at(epoch)
         return self.image_size if self.val_image_size is None else self.val_image_size
+
+    def rect_val_at(self, epoch: int) -> bool:
+        """Rectangular validation after training epoch ``epoch`` (from 0)."""
+        return self.rect_val and epoch >= self.rect_val_from_epoch
+
+    @property
+    def eval_by_epoch(self) -> bool:
+        """The evaluation crops change with the epoch (a side that follows the training side's
+        phase, or rectangles from an epoch on): the evaluation loader's ``set_epoch`` picks them."""
+        return (self.val_follows_train and self.train_sizes is not None) or (
+            self.rect_val and self.rect_val_from_epoch > 0)
 
     @property
     def resized(self) -> bool:
-        """Progressive resizing or an evaluation side of its own (``data.resolution``)."""
-        return self.train_sizes is not None or self.val_image_size is not None
+        """Progressive resizing, an evaluation side of its own or per-epoch crop scales
+        (``data.resolution``)."""
+        return (self.train_sizes is not None or self.val_image_size is not None or self.val_follows_train
+                or bool(self.crop_scale_steps))
 
     @property
     def on_gpu(self) -> bool:

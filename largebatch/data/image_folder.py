@@ -21,7 +21,6 @@ from torchvision.datasets import ImageFolder
 from largebatch.data.augment import build_train_transform
 from largebatch.data.images import Unreadable, list_folder, load_rgb
 from largebatch.data.samplers import sample_seed
-from largebatch.resolution import ResolutionSchedule
 
 __all__ = ["EpochTransforms", "RobustImageFolder"]
 
@@ -29,18 +28,20 @@ logger = logging.getLogger(__name__)
 
 
 class EpochTransforms:
-    """The training transform of each epoch (progressive resizing): :func:`build_train_transform`
-    at ``schedule.size_at(epoch)``, built once per side in each process that uses it."""
+    """The training transform of each epoch (progressive resizing, a crop scale per phase):
+    :func:`build_train_transform` at side ``size_at(epoch)`` and area range ``scale_at(epoch)``
+    (``LoaderSpec.train_size_at``, ``LoaderSpec.crop_scale_at``), built once per pair in each
+    process that uses it."""
 
-    def __init__(self, schedule: ResolutionSchedule, *, scale: Sequence[float]) -> None:
-        self.schedule, self.scale = schedule, tuple(scale)
-        self._by_size: dict[int, Callable] = {}
+    def __init__(self, size_at: Callable[[int], int], *, scale_at: Callable[[int], Sequence[float]]) -> None:
+        self.size_at, self.scale_at = size_at, scale_at
+        self._built: dict[tuple[int, tuple[float, ...]], Callable] = {}
 
     def at(self, epoch: int) -> Callable:
-        size = self.schedule.size_at(epoch)
-        if size not in self._by_size:
-            self._by_size[size] = build_train_transform(size, scale=self.scale)
-        return self._by_size[size]
+        key = (self.size_at(epoch), tuple(self.scale_at(epoch)))
+        if key not in self._built:
+            self._built[key] = build_train_transform(key[0], scale=key[1])
+        return self._built[key]
 
 
 class RobustImageFolder(ImageFolder):
@@ -52,14 +53,16 @@ class RobustImageFolder(ImageFolder):
     True)`` yields) runs the transform under a torch generator seeded by
     :func:`sample_seed` ``(seed, epoch, i)``, so the augmentation does not depend on the
     process or the order in which samples are decoded; with ``epoch_transforms`` (progressive
-    resizing) the transform itself is the epoch's. With ``transform_of`` (rectangular validation)
-    ``dataset[i]``'s transform is ``transform_of(i)``, its batch's. Raises :class:`DataError` for a
+    resizing) the transform itself is the epoch's. With ``transform_of`` (evaluation crops that
+    depend on the sample or the epoch: rectangular validation, an evaluation side per phase)
+    ``dataset[i]``'s transform is ``transform_of(i, None)``, ``dataset[(i, epoch)]``'s
+    ``transform_of(i, epoch)``, unseeded (evaluation draws nothing). Raises :class:`DataError` for a
     missing root or a class folder without images, instead of torchvision's generic errors.
     """
 
     def __init__(self, root: str | os.PathLike, transform: Callable | None = None, *, seed: int = 0,
                  epoch_transforms: EpochTransforms | None = None,
-                 transform_of: Callable[[int], Callable] | None = None) -> None:
+                 transform_of: Callable[[int, int | None], Callable] | None = None) -> None:
         self._listing: tuple[list[str], list[tuple[str, int]]] | None = None
         if epoch_transforms is not None and transform is None:
             transform = epoch_transforms.at(0)  # a key without an epoch: epoch 0's side
@@ -93,9 +96,11 @@ class RobustImageFolder(ImageFolder):
                 self._reported.add(path)
                 logger.warning("skipping unreadable image %s: %s", path, err)
             return Unreadable(index, target)
-        if self.transform is not None:
+        if self.transform_of is not None:
+            image = self.transform_of(index, epoch)(image)
+        elif self.transform is not None:
             if epoch is None:
-                image = (self.transform if self.transform_of is None else self.transform_of(index))(image)
+                image = self.transform(image)
             else:
                 # The transforms draw from torch's global generator: seed a private copy of
                 # it for this sample (fork_rng restores the caller's stream afterwards).

@@ -18,6 +18,10 @@ code after the one in diux-dev/imagenet18 (cybertronai/imagenet18_old) at commit
   every image once over all ranks, so top-1/top-5 stay exact; a rank may get fewer batches or
   none (the source gives every rank the same count, padding with empty batches).
 
+fast.ai turned it on for the last phase only; with ``data.resolution.rect_val_from_epoch`` (and
+an evaluation side that follows the training side's phase) the crops change with the epoch:
+:class:`EvalCrops` gives each epoch's plan and transforms.
+
 Each image is resized as for square evaluation (the shorter side to ``side / val_crop_ratio``),
 then centre-cropped to its batch's shape; where that leaves an image of another ratio than its
 batch's mean smaller than the shape, it is scaled up to cover it (the source pads it with black).
@@ -37,7 +41,7 @@ from PIL import Image
 from largebatch.data.augment import build_val_transform
 from largebatch.defaults import VAL_CROP_RATIO
 
-__all__ = ["RectPlan", "RectTransforms", "aspect_ratios", "plan_rect_batches", "read_aspect_ratio", "rect_shape"]
+__all__ = ["EvalCrops", "RectPlan", "RectTransforms", "aspect_ratios", "plan_rect_batches", "read_aspect_ratio", "rect_shape"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,8 +133,53 @@ class RectTransforms:
         self.shape_of = plan.shape_by_index()
         self._by_shape: dict[tuple[int, int], Callable] = {}
 
-    def __call__(self, index: int) -> Callable:
+    def __call__(self, index: int, epoch: int | None = None) -> Callable:
+        """The transform of sample ``index`` (``epoch``: unused, the data set's key)."""
         shape = self.shape_of[index]
         if shape not in self._by_shape:
             self._by_shape[shape] = build_val_transform(self.side, crop_ratio=self.crop_ratio, shape=shape)
         return self._by_shape[shape]
+
+
+class EvalCrops:
+    """The evaluation crops of each epoch, where they change with it: after epoch ``e`` the side
+    ``side_at(e)`` and rectangles when ``rect_at(e)`` (``LoaderSpec.val_size_at``,
+    ``LoaderSpec.rect_val_at``), else the centre square. ``ratios`` (each sample's width /
+    height) are needed only for rectangles. Plans and transforms are built once per (side,
+    rectangles) in each process that uses them: the loader's for the order, each worker's for
+    the pixels (the data set's ``transform_of``: ``crops(index, epoch)``)."""
+
+    def __init__(self, *, side_at: Callable[[int], int], rect_at: Callable[[int], bool], batch_size: int,
+                 crop_ratio: float = VAL_CROP_RATIO, ratios: Sequence[float] | None = None) -> None:
+        self.side_at, self.rect_at, self.batch_size = side_at, rect_at, batch_size
+        self.crop_ratio, self.ratios = crop_ratio, ratios
+        self._plans: dict[int, RectPlan] = {}
+        self._squares: dict[int, Callable] = {}
+        self._rects: dict[int, RectTransforms] = {}
+
+    def phase(self, epoch: int) -> tuple[int, bool]:
+        """``(side, rectangles)`` of the evaluation after epoch ``epoch``."""
+        return self.side_at(epoch), self.rect_at(epoch)
+
+    def plan(self, epoch: int) -> RectPlan | None:
+        """The rectangular plan of epoch ``epoch``'s evaluation; None for centre squares."""
+        side, rect = self.phase(epoch)
+        if not rect:
+            return None
+        if self.ratios is None:
+            raise ValueError("rectangular validation needs the samples' aspect ratios")
+        if side not in self._plans:
+            self._plans[side] = plan_rect_batches(self.ratios, batch_size=self.batch_size, side=side)
+        return self._plans[side]
+
+    def __call__(self, index: int, epoch: int | None) -> Callable:
+        side, rect = self.phase(0 if epoch is None else epoch)
+        if not rect:
+            if side not in self._squares:
+                self._squares[side] = build_val_transform(side, crop_ratio=self.crop_ratio)
+            return self._squares[side]
+        if side not in self._rects:
+            plan = self.plan(0 if epoch is None else epoch)
+            assert plan is not None  # rect: a plan
+            self._rects[side] = RectTransforms(plan, side=side, crop_ratio=self.crop_ratio)
+        return self._rects[side](index)

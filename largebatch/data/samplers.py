@@ -13,14 +13,14 @@ its *part*, and a shard is a packed tar file, :mod:`largebatch.data.contract`.)
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch.utils.data import Sampler
 
 from largebatch.errors import TooFewSamplesError
 
-__all__ = ["ExactShardSampler", "ShardedSampler", "exact_part_bounds", "sample_seed"]
+__all__ = ["EpochExactSampler", "ExactShardSampler", "ShardedSampler", "exact_part_bounds", "sample_seed"]
 
 
 def _check_rank(rank: int, world_size: int) -> None:
@@ -217,3 +217,25 @@ class ExactShardSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return self.end - self.begin
+
+
+class EpochExactSampler(ExactShardSampler):
+    """Evaluation whose order changes with the epoch (rectangular validation from an epoch on,
+    an evaluation side per phase): ``sampler_of(epoch)`` is the epoch's
+    :class:`ExactShardSampler`, picked by :meth:`set_epoch`; it yields ``(index, epoch)`` keys
+    so that the data set crops each sample for that epoch. Every index once over all ranks, as
+    its base."""
+
+    def __init__(self, sampler_of: Callable[[int], ExactShardSampler]) -> None:
+        self.sampler_of = sampler_of
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch``'s order (the evaluation after training epoch ``epoch``)."""
+        self.epoch, self.current = epoch, self.sampler_of(epoch)
+        self.dataset_len, self.rank, self.world_size = (self.current.dataset_len, self.current.rank,
+                                                        self.current.world_size)
+        self.order, self.begin, self.end = self.current.order, self.current.begin, self.current.end
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        return iter([(index, self.epoch) for index in self.current])

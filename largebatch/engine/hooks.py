@@ -367,6 +367,9 @@ class EvalHook(Hook):
         epoch = t.state.epoch
         if epoch % self.every and epoch != t.settings.epochs:
             return
+        if hasattr(self.val_loader, "set_epoch"):  # a loader (a list of batches has no epoch)
+            # the epoch just trained (state.epoch counts it done): its evaluation side and shape
+            self.val_loader.set_epoch(epoch - 1)
         metrics = evaluate(
             t.model, self.val_loader, backend=t.backend, autocast_dtype=t.settings.autocast_dtype,
             channels_last=self.channels_last,

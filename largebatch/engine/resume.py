@@ -70,7 +70,10 @@ RUN_KEYS = ("seed", "model.", "optimizer.", "label_smoothing", "bn.", "data.synt
             "batch_schedule.")
 # ... except these: how the same computation runs, or only how it is evaluated (rect_val: fast.ai
 # turned it on for the last phase; a checkpoint from before the key has none), and the schedule keys
-_HOW_KEYS = ("optimizer.foreach", "model.compile", "model.channels_last", "data.resolution.rect_val")
+_HOW_KEYS = ("optimizer.foreach", "model.compile", "model.channels_last", "data.resolution.rect_val",
+             "data.resolution.rect_val_from_epoch")
+# data.resolution keys added later, and the value that means what a checkpoint without them did
+_RESOLUTION_ADDED = {"crop_scale_steps": [], "eval_follows_train": False, "rect_val_from_epoch": 0}
 
 log = logging.getLogger("largebatch")
 
@@ -226,13 +229,20 @@ def schedule_changes(saved: Optional[dict[str, Any]], current: Optional[dict[str
 def _resolution_off_if_absent(saved: Optional[dict[str, Any]], current: Optional[dict[str, Any]]
                               ) -> Optional[dict[str, Any]]:
     """A checkpoint made before ``data.resolution`` existed trained every epoch at
-    ``data.image_size``: the same as this run's resolution settings when they are off."""
+    ``data.image_size``: the same as this run's resolution settings when they are off. One made
+    before a key of it (:data:`_RESOLUTION_ADDED`) ran as that key's default says."""
     data_saved, data_now = (saved or {}).get("data"), (current or {}).get("data")
-    if not (isinstance(data_saved, dict) and isinstance(data_now, dict)) or "resolution" in data_saved:
+    if not (isinstance(data_saved, dict) and isinstance(data_now, dict)):
         return saved
-    res = data_now.get("resolution") or {}
-    if res.get("schedule") == "none" and res.get("eval_size") is None:
-        return {**(saved or {}), "data": {**data_saved, "resolution": res}}
+    now = data_now.get("resolution") or {}
+    if isinstance(data_saved.get("resolution"), dict):  # keys added since: what the run did without them
+        added = {k: v for k, v in _RESOLUTION_ADDED.items() if k in now}
+        return {**(saved or {}), "data": {**data_saved, "resolution": {**added, **data_saved["resolution"]}}}
+    if "resolution" in data_saved:
+        return saved
+    if now.get("schedule") == "none" and now.get("eval_size") is None:
+        added = {k: v for k, v in _RESOLUTION_ADDED.items() if k in now}
+        return {**(saved or {}), "data": {**data_saved, "resolution": {**now, **added}}}
     return saved
 
 

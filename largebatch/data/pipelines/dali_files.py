@@ -91,7 +91,9 @@ class DaliLoader:
     (tried: the same bits as the constant), so one pipeline serves every side: no pipeline
     per side to build, hold and close, and the augmentation's random stream runs on across
     epochs as it does without a schedule. The side follows ``set_epoch``, so a resume inside
-    an epoch reads that epoch's side.
+    an epoch reads that epoch's side. The graph's constants (``pipeline.phase_at(epoch)``: the
+    training crop's area range, the evaluation side) change only between phases: an epoch of
+    another phase rebuilds the pipeline (seeded as the first).
     """
 
     def __init__(
@@ -118,6 +120,8 @@ class DaliLoader:
         self._source = _BatchSource(paths, np.asarray(labels, dtype=np.int64))
         self._graph = pipeline.graph
         self._side_at = pipeline.side_at
+        self._phase_at = pipeline.phase_at
+        self._phase: Any = None  # the phase the pipeline was built for
         self._workers = max(1, pipeline.workers)
         self._seed = seed
         self._depth = pipeline.prefetch_queue_depth
@@ -174,7 +178,7 @@ class DaliLoader:
             outputs = dali.fn.external_source(source=source, num_outputs=2 if self._side_at is None else 3,
                                               batch=True, batch_info=True)
             names, labels, side = outputs if self._side_at is not None else (*outputs, None)
-            images = self._graph(dali.fn.io.file.read(names), gpu, side)
+            images = self._graph(dali.fn.io.file.read(names), gpu, side, self._phase)
             if gpu:  # the labels follow the images to the GPU
                 labels = labels.gpu()  # gpu-only
             return images, labels
@@ -195,6 +199,9 @@ class DaliLoader:
                 pass
         self._source.batches = batches
         self._source.side = None if self._side_at is None else self._side_at(self.epoch)
+        phase = self._phase_at(self.epoch)
+        if phase != self._phase:  # the graph's constants change: a pipeline of this phase
+            self._iterator, self._phase = None, phase
         if self._iterator is None:
             self._iterator = self._build()
         else:
@@ -300,27 +307,28 @@ def build_dali_loaders(
 
     layout = spec.layout
 
-    def train_graph(encoded: Any, gpu: bool, side: Any) -> Any:
-        return _train_images(encoded, gpu=gpu, image_size=side, crop_scale=spec.crop_scale,
+    def train_graph(encoded: Any, gpu: bool, side: Any, crop_scale: tuple[float, float]) -> Any:
+        return _train_images(encoded, gpu=gpu, image_size=side, crop_scale=crop_scale,
                              layout=layout, dtype=dtype, hw_decoder_load=hw_decoder_load)
 
-    def val_graph(encoded: Any, gpu: bool, side: Any) -> Any:
-        return _val_images(encoded, gpu=gpu, image_size=spec.val_size, val_crop_ratio=spec.val_crop_ratio,
+    def val_graph(encoded: Any, gpu: bool, side: Any, val_size: int) -> Any:
+        return _val_images(encoded, gpu=gpu, image_size=val_size, val_crop_ratio=spec.val_crop_ratio,
                            layout=layout, dtype=dtype, hw_decoder_load=hw_decoder_load)
 
-    def pipeline(graph: Callable[[Any, bool, Any], Any],
+    def pipeline(graph: Callable[[Any, bool, Any, Any], Any], phase_at: Callable[[int], Any],
                  side_at: Callable[[int], int] | None = None) -> DaliPipeline:
-        return DaliPipeline(graph, spec.workers, dali_device_id(spec), layout, prefetch_queue_depth, side_at)
+        return DaliPipeline(graph, spec.workers, dali_device_id(spec), layout, prefetch_queue_depth, side_at,
+                            phase_at)
 
     seed = _aug_seed(spec.seed, spec.rank)
     train = DaliLoader(
-        train_paths, train_labels, batch_size=spec.batch_size, drop_last=True, pipeline=pipeline(train_graph, spec.train_size_at),
+        train_paths, train_labels, batch_size=spec.batch_size, drop_last=True, pipeline=pipeline(train_graph, spec.crop_scale_at, spec.train_size_at),
         sampler=ShardedSampler(len(train_paths), rank=spec.rank, world_size=spec.world_size,
                                batch_size=spec.step_samples, seed=spec.seed),
         seed=seed, data_root=root,
     )
     val = DaliLoader(
-        val_paths, val_labels, batch_size=spec.val_batch, drop_last=False, pipeline=pipeline(val_graph),
+        val_paths, val_labels, batch_size=spec.val_batch, drop_last=False, pipeline=pipeline(val_graph, spec.val_size_at),
         sampler=ExactShardSampler(len(val_paths), rank=spec.rank, world_size=spec.world_size),
         seed=seed, data_root=root,
     )

@@ -62,21 +62,27 @@ _SHARD_IMAGE_EXT = "jpg;jpeg;png;bmp;tif;tiff;webp"
 @dataclass(frozen=True)
 class DaliPipeline:
     """How a DALI loader builds and runs its pipeline, the same for both readers:
-    ``graph(encoded, gpu, side)`` adds the decode / augment operators to the files read, ``workers``
+    ``graph(encoded, gpu, side, phase)`` adds the decode / augment operators to the files read, ``workers``
     CPU threads, ``device_id`` its GPU (None: everything on the CPU), ``layout`` of the batches
     (``NCHW`` or ``NHWC``), ``prefetch_queue_depth`` batches prepared ahead of the one in use.
 
     ``side_at`` (training) is the crop side of each epoch (``LoaderSpec.train_size_at``:
     progressive resizing, or ``image_size`` every epoch); the loader hands the epoch's side to
     ``graph`` as ``side``, a constant or a per-sample DALI argument input (see the readers).
-    None (evaluation): ``side`` is None and the graph crops to its own constant side."""
+    None (evaluation): ``side`` is None and the graph crops to its own constant side.
 
-    graph: Callable[[Any, bool, Any], Any]
+    ``phase_at`` gives the graph's constants of each epoch (``phase``): training's crop area range
+    (``LoaderSpec.crop_scale_at``; DALI's ``random_area`` takes no per-sample input), evaluation's
+    side (``LoaderSpec.val_size_at``). They change only between phases (``data.resolution``), and a
+    loader rebuilds its pipeline for an epoch whose phase differs from the one it was built with."""
+
+    graph: Callable[[Any, bool, Any, Any], Any]
     workers: int
     device_id: Optional[int]
     layout: str
     prefetch_queue_depth: int = 2
     side_at: Optional[Callable[[int], int]] = None
+    phase_at: Callable[[int], Any] = lambda epoch: None
 
 
 def dali_device_id(spec: LoaderSpec) -> Optional[int]:

@@ -7,7 +7,8 @@ into ``world_size`` contiguous, disjoint parts, one per rank (what DALI's ``shar
 be started), and ``skip_batches`` reads and drops batches. Decode and augmentation:
 :mod:`largebatch.data.pipelines.dali_graph`. Progressive resizing costs nothing more here: the
 training pipeline, built per epoch anyway, is built with that epoch's crop side as a constant
-(``LoaderSpec.train_size_at``); evaluation crops ``LoaderSpec.val_size``.
+(``LoaderSpec.train_size_at``) and crop area range (``LoaderSpec.crop_scale_at``); evaluation
+crops ``LoaderSpec.val_size_at`` the epoch its ``set_epoch`` named (a pipeline per evaluation side).
 """
 
 from __future__ import annotations
@@ -84,11 +85,12 @@ class DaliShardLoader:
         self.skipped = 0  # never grows (see DaliLoader.skipped)
         self._graph = pipeline.graph
         self._side_at = pipeline.side_at
+        self._phase_at = pipeline.phase_at
         self._workers = max(1, pipeline.workers)
         self._depth = pipeline.prefetch_queue_depth
         self._buffer = spec.shuffle_buffer
         self._iterator: Any = None
-        self._iterator_epoch: int | None = None
+        self._iterator_phase: Any = None  # evaluation: the phase (side) its pipeline crops to
         self._pending = 0
 
     @property
@@ -131,6 +133,7 @@ class DaliShardLoader:
         gpu = self.device_id is not None
         order = self.archive_order(self.epoch)
         side = None if self._side_at is None else self._side_at(self.epoch)  # fixed in this epoch's graph
+        phase = self._phase_at(self.epoch)
         reader_args: dict[str, Any] = dict(
             paths=[self.tars[i] for i in order], index_paths=[self.indexes[i] for i in order],
             ext=[_SHARD_IMAGE_EXT, "lbl"], dtypes=[dali.types.UINT8, dali.types.INT64],
@@ -149,7 +152,7 @@ class DaliShardLoader:
                            prefetch_queue_depth=self._depth)
         def pipeline() -> tuple[Any, Any]:
             encoded, labels = dali.fn.readers.webdataset(**reader_args)
-            images = self._graph(encoded, gpu, side)
+            images = self._graph(encoded, gpu, side, phase)
             if gpu:  # the labels follow the images to the GPU
                 labels = labels.gpu()  # gpu-only
             return images, labels
@@ -168,13 +171,13 @@ class DaliShardLoader:
         if total - skip <= 0:
             return
         reuse = (not self.train and self._iterator is not None and self._pending == 0
-                 and self._iterator_epoch == self.epoch)
+                 and self._iterator_phase == self._phase_at(self.epoch))
         if reuse:
             self._iterator.reset()  # validation: same order every time, keep the pipeline
         else:
             self._iterator = None  # free the old pipeline's threads and buffers first
             self._iterator = self._build()
-            self._iterator_epoch = self.epoch
+            self._iterator_phase = self._phase_at(self.epoch)
         self._pending = total
         for k in range(total):
             out = next(self._iterator)[0]
@@ -228,15 +231,16 @@ def build_dali_shard_loaders(
         train = split == "train"
         num_classes = max(num_classes, len(meta["classes"]))
 
-        def graph(encoded: Any, gpu: bool, side: Any, train: bool = train) -> Any:
-            if train:
-                return _train_images(encoded, gpu=gpu, image_size=side, crop_scale=spec.crop_scale,
+        def graph(encoded: Any, gpu: bool, side: Any, phase: Any, train: bool = train) -> Any:
+            if train:  # phase: the epoch's crop area range
+                return _train_images(encoded, gpu=gpu, image_size=side, crop_scale=phase,
                                      layout=layout, dtype=dtype, hw_decoder_load=hw_decoder_load)
-            return _val_images(encoded, gpu=gpu, image_size=spec.val_size, val_crop_ratio=spec.val_crop_ratio,
+            return _val_images(encoded, gpu=gpu, image_size=phase, val_crop_ratio=spec.val_crop_ratio,
                                layout=layout, dtype=dtype, hw_decoder_load=hw_decoder_load)
 
         pipeline = DaliPipeline(graph, spec.workers, dali_device_id(spec), layout, prefetch_queue_depth,
-                                spec.train_size_at if train else None)
+                                spec.train_size_at if train else None,
+                                spec.crop_scale_at if train else spec.val_size_at)
         loaders.append(DaliShardLoader(tars, indexes, int(meta["num_samples"]), spec, train=train, pipeline=pipeline))
     if loaders[0].num_samples == 0:
         raise TooFewSamplesError(f"{loaders[0].total} packed samples on {world_size} ranks give no full "

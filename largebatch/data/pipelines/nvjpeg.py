@@ -15,9 +15,10 @@ val_crop_ratio`` and takes the centre crop. Each sample's crop and flip come fro
 keyed by ``(seed, epoch, sample index)``: the batches do not depend on the number of workers,
 and a run resumed mid-epoch gets the very crops the uninterrupted run would have got.
 Progressive resizing: a training batch is cut to its epoch's side
-(``LoaderSpec.train_size_at``), an evaluation batch to ``LoaderSpec.val_size``; the side is
-chosen where the batch is assembled, from the epoch the pass was started with, so the workers
-(which only read bytes) need no rebuild. The next batch is decoded and augmented in a
+(``LoaderSpec.train_size_at``, its crop area range ``LoaderSpec.crop_scale_at``), an evaluation
+batch to ``LoaderSpec.val_size_at`` the epoch its ``set_epoch`` named; the side is chosen where
+the batch is assembled, from the epoch the pass was started with, so the workers (which only
+read bytes) need no rebuild. The next batch is decoded and augmented in a
 background thread (:func:`largebatch.data.background.in_background`).
 
 Batch contract (that of :func:`largebatch.data.pipelines.torchvision.build_loaders`, on the device):
@@ -356,7 +357,8 @@ class NvjpegLoader(LoaderView):
         # the crop geometry the tensor path draws (at image_size; each batch's side: side_at())
         self.recipe = CropRecipe(spec.image_size, crop_scale=spec.crop_scale, val_crop_ratio=spec.val_crop_ratio)
         self._train_size_at = spec.train_size_at
-        self._val_size = spec.val_size
+        self._val_size_at = spec.val_size_at
+        self._crop_scale_at = spec.crop_scale_at
         self.dtype = spec.dtype
         self.channels_last = spec.channels_last
         self.epoch = 0
@@ -385,8 +387,8 @@ class NvjpegLoader(LoaderView):
 
     def side_at(self, epoch: int) -> int:
         """The crop side of the batches of epoch ``epoch``: the schedule's for training, the
-        evaluation side for evaluation (pixels)."""
-        return self._train_size_at(epoch) if self.train else self._val_size
+        evaluation side after training epoch ``epoch`` for evaluation (pixels)."""
+        return self._train_size_at(epoch) if self.train else self._val_size_at(epoch)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This epoch's batches. A new pass ends the previous one first: with persistent
@@ -460,8 +462,9 @@ class NvjpegLoader(LoaderView):
         # on the CPU, where the batched path's dense resize matrices measured 1.1-21x slower
         # (benchmarks/augment.py, benchmarks/README.md). Both give the same crops.
         augment = augment_each if self.device.type == "cpu" else augment_batch
-        side = self.side_at(epoch)
-        recipe = self.recipe if side == self.recipe.size else replace(self.recipe, size=side)
+        side, scale = self.side_at(epoch), self._crop_scale_at(epoch)
+        recipe = self.recipe if (side, scale) == (self.recipe.size, self.recipe.crop_scale) else replace(
+            self.recipe, size=side, crop_scale=scale)
         images = augment([image for _, _, image in good], [index for _, index, _ in good], recipe,
                          train=self.train, epoch=epoch, seed=self.seed)
         images = normalise_cast(images, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, self.dtype, self.channels_last)

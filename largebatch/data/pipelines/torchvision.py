@@ -27,10 +27,14 @@ Batch contract of :func:`build_loaders`:
 * Progressive resizing (``spec.train_sizes``): the training crop side is a function of the
   epoch (:class:`~largebatch.resolution.ResolutionSchedule`), which each sample key carries
   from the sampler to the worker (``(index, epoch)``), so persistent workers need no rebuild
-  and a run resumed inside an epoch gets the same side. Val crops are ``spec.val_size``.
+  and a run resumed inside an epoch gets the same side; so does a crop scale per phase
+  (``spec.crop_scale_at``). Val crops are ``spec.val_size``.
 * Rectangular validation (``spec.rect_val``): val batches of like aspect ratio, each cropped to
   one ``(H, W)`` of short side ``spec.val_size``, every rank reading whole batches
   (:mod:`largebatch.data.rect_val`).
+* Evaluation crops that change with the epoch (``spec.eval_by_epoch``: a side per phase,
+  rectangles from an epoch on): the val loader's ``set_epoch(e)`` picks epoch ``e``'s order, and
+  its keys ``(index, e)`` carry the epoch to the workers (:class:`~largebatch.data.rect_val.EvalCrops`).
 * Val batches drop skipped images (so nothing is counted twice); a batch that loses every
   image is not yielded. A rank whose exact part is empty yields no batch at all.
 """
@@ -50,8 +54,8 @@ from largebatch.data.contract import LoaderSpec
 from largebatch.data.image_folder import EpochTransforms, RobustImageFolder
 from largebatch.data.images import Unreadable, check_same_classes, split_folder
 from largebatch.data.loader_view import LoaderView, UnreadableTally
-from largebatch.data.rect_val import RectTransforms, aspect_ratios, plan_rect_batches
-from largebatch.data.samplers import ExactShardSampler, ShardedSampler
+from largebatch.data.rect_val import EvalCrops, RectTransforms, aspect_ratios, plan_rect_batches
+from largebatch.data.samplers import EpochExactSampler, ExactShardSampler, ShardedSampler
 from largebatch.data.worker_signals import ignoring_stop_signals
 from largebatch.errors import DataError
 
@@ -142,6 +146,33 @@ def _rect_val_sampler(val_set: RobustImageFolder, spec: LoaderSpec) -> ExactShar
                              whole_batches=spec.val_batch)
 
 
+def _epoch_val_sampler(val_set: RobustImageFolder, spec: LoaderSpec) -> EpochExactSampler:
+    """Evaluation crops that change with the epoch: ``val_set`` crops each ``(index, epoch)`` key
+    for that epoch, the sampler reads that epoch's order (rectangles: whole batches of the
+    aspect-ratio order; squares: contiguous blocks)."""
+    ratios = aspect_ratios(val_set.root, [path for path, _ in val_set.samples]) if spec.rect_val else None
+    crops = EvalCrops(side_at=spec.val_size_at, rect_at=spec.rect_val_at, batch_size=spec.val_batch,
+                      crop_ratio=spec.val_crop_ratio, ratios=ratios)
+    val_set.transform_of = crops
+
+    def sampler_of(epoch: int) -> ExactShardSampler:
+        plan = crops.plan(epoch)
+        if plan is None:
+            return ExactShardSampler(len(val_set), rank=spec.rank, world_size=spec.world_size)
+        return ExactShardSampler(len(val_set), rank=spec.rank, world_size=spec.world_size, order=plan.order,
+                                 whole_batches=spec.val_batch)
+
+    return EpochExactSampler(sampler_of)
+
+
+def _val_sampler(val_set: RobustImageFolder, spec: LoaderSpec) -> ExactShardSampler:
+    if spec.eval_by_epoch:
+        return _epoch_val_sampler(val_set, spec)
+    if spec.rect_val:
+        return _rect_val_sampler(val_set, spec)
+    return ExactShardSampler(len(val_set), rank=spec.rank, world_size=spec.world_size)
+
+
 def build_loaders(root: str | os.PathLike, spec: LoaderSpec) -> tuple[SkipCountingLoader, SkipCountingLoader, int]:
     """Train and val loaders of ``root/train`` and ``root/val`` for one rank.
 
@@ -153,29 +184,29 @@ def build_loaders(root: str | os.PathLike, spec: LoaderSpec) -> tuple[SkipCounti
             epoch via ``set_epoch``), evaluation with :class:`ExactShardSampler` (every image
             once over all ranks). Each training sample's crop and flip come from a generator
             seeded by (``spec.seed``, epoch, sample index), independent of rank, worker count
-            and stop point; its side is ``spec.train_size_at(epoch)``, the val crops'
-            ``spec.val_size`` (``spec.rect_val``: rectangles, batches of like aspect ratio).
+            and stop point; its side is ``spec.train_size_at(epoch)``, its area range
+            ``spec.crop_scale_at(epoch)``, the val crops' ``spec.val_size_at(epoch)``
+            (``spec.rect_val_at(epoch)``: rectangles, batches of like aspect ratio).
             Batches stay on the host, pinned for a CUDA ``spec.device``.
 
     Returns ``(train_loader, val_loader, num_classes)``; see the module docstring for the
     batch and skip contract.
     """
     root = os.fspath(root)
-    if spec.train_sizes is None:
+    if spec.train_sizes is None and not spec.crop_scale_steps:
         train_set = RobustImageFolder(
             split_folder(root, "train"), build_train_transform(spec.image_size, scale=spec.crop_scale), seed=spec.seed
         )
     else:
-        train_set = RobustImageFolder(split_folder(root, "train"), seed=spec.seed,
-                                      epoch_transforms=EpochTransforms(spec.train_sizes, scale=spec.crop_scale))
+        train_set = RobustImageFolder(split_folder(root, "train"), seed=spec.seed, epoch_transforms=EpochTransforms(
+            spec.train_size_at, scale_at=spec.crop_scale_at))
     val_set = RobustImageFolder(
         split_folder(root, "val"), build_val_transform(spec.val_size, crop_ratio=spec.val_crop_ratio)
     )
     check_same_classes(train_set.root, train_set.classes, val_set.root, val_set.classes)
     train_sampler = ShardedSampler(len(train_set), rank=spec.rank, world_size=spec.world_size,
                                    batch_size=spec.step_samples, seed=spec.seed, with_epoch=True)
-    val_sampler = _rect_val_sampler(val_set, spec) if spec.rect_val else ExactShardSampler(
-        len(val_set), rank=spec.rank, world_size=spec.world_size)
+    val_sampler = _val_sampler(val_set, spec)
     workers = spec.workers
     common: dict[str, Any] = dict(num_workers=workers, pin_memory=spec.pin_memory,
                                   persistent_workers=workers > 0)
