@@ -437,9 +437,22 @@ def target_table(pilot: dict, targets: Sequence[float], n: int, alpha: float, re
         row["smoothed"] = math.sqrt(statistics.mean(near)) if row["df"] and near else math.nan
         ok = row["df"] and row["smoothed"] > 0
         row["ratio"] = resolvable_ratio(row["smoothed"], n, alpha) if ok else (1.0 if row["df"] else math.inf)
-        row["seeds_needed"] = next((k for k in range(3, 33) if not ok or resolvable_ratio(row["smoothed"], k, alpha)
-                                    <= resolve), None) if row["df"] else None
+        if not row["df"]:
+            row["seeds_needed"] = None
+        elif not ok:  # no spread at all: the fewest seeds a spread can be read from
+            row["seeds_needed"] = 3
+        else:
+            row["seeds_needed"] = seeds_for(row["smoothed"], resolve, alpha)
     return raw
+
+
+def seeds_for(sd: float, resolve: float, alpha: float, most: int = 32) -> int | None:
+    """The fewest seeds per batch (3 to ``most``) that resolve a ratio of ``resolve`` with seed
+    spread ``sd``; None when even ``most`` do not."""
+    for k in range(3, most + 1):
+        if resolvable_ratio(sd, k, alpha) <= resolve:
+            return k
+    return None
 
 
 def choose_target(table: Sequence[dict[str, Any]], resolve: float) -> float | None:
