@@ -528,6 +528,7 @@ def results_section(args: argparse.Namespace, rows: dict, heading: str = "##") -
           "| recipe | batch | lr | steps (geometric mean, 95% interval) | examples | reached | B_simple at target |",
           "|---|---|---|---|---|---|---|"]
     fits: dict[str, dict[str, Any]] = {}
+    doublings: dict[str, dict[int, list[float]]] = {}
     for recipe in args.recipes:
         by_batch: dict[int, list[float]] = {}
         for b in args.batches:
@@ -543,6 +544,7 @@ def results_section(args: argparse.Namespace, rows: dict, heading: str = "##") -
             L.append(f"| {recipe} | {b} | {lr:g} | {geo_ci(got) if got else 'not reached'} | "
                      f"{statistics.mean(got) * b:,.0f} | {len(got)}/{len(rs)} | "
                      f"{f'{statistics.median(noise):.0f} (n={len(noise)})' if noise else 'not probed'} |")
+        doublings[recipe] = by_batch
         if len(by_batch) >= 3:
             xs = [b for b in by_batch for _ in by_batch[b]]
             ys = [s for b in by_batch for s in by_batch[b]]
@@ -553,6 +555,7 @@ def results_section(args: argparse.Namespace, rows: dict, heading: str = "##") -
             fits[recipe] = {"s_min": s_min, "b_crit": b_crit, "s": (s_lo, s_hi), "b": (b_lo, b_hi),
                             "noise": noise, "batches": sorted(by_batch)}
     L.append("")
+    L += doubling_section(args, doublings, heading)
     L += [f"{heading} The fit S = S_min (1 + B_crit / B) and the noise scale", ""]
     if not fits:
         L += ["No fit yet: it needs three batches with every seed at the target.", ""]
@@ -565,8 +568,10 @@ def results_section(args: argparse.Namespace, rows: dict, heading: str = "##") -
         if f["noise"]:
             med = statistics.median(f["noise"])
             inside = f["b"][0] <= med <= f["b"][1]
+            far = f"{med / f['b'][0]:.2f}" if f["b"][0] > 0 else "unbounded"
             L += [f"B_simple at the target (median of {len(f['noise'])} runs): **{med:.0f}**, "
-                  f"{med / f['b_crit']:.2f} x the fitted B_crit: "
+                  f"{med / f['b_crit']:.2f} x the fitted B_crit ({med / f['b'][1]:.2g} to {far} x the ends of its "
+                  "interval); "
                   + ("inside B_crit's interval: the noise scale predicts the bend here." if inside else
                      "outside B_crit's interval: the noise scale does not predict the bend within it.")]
         L.append("")
@@ -574,6 +579,43 @@ def results_section(args: argparse.Namespace, rows: dict, heading: str = "##") -
           f"more in the fitted model (B <= B_crit/8), maximal data parallelism where by {FLAT_RATIO}x or less "
           "(B >= 4.5 B_crit), diminishing returns between.", ""]
     return L
+
+
+def doubling_word(lo: float, hi: float) -> str:
+    """The verdict on a doubling from the interval [lo, hi] of its ratio of steps (before / after)."""
+    if hi < 1:
+        return "more steps"
+    if lo <= 1:
+        return "not resolved"
+    if hi < 2:
+        return "fewer steps, less than halved"
+    if lo > 2:
+        return "more than halved"
+    return "fewer steps; halving not excluded"
+
+
+def doubling_section(args: argparse.Namespace, by_recipe: dict[str, dict[int, list[float]]],
+                     heading: str = "##") -> list[str]:
+    """Each batch against the next, per recipe: the ratio of geometric-mean steps (before / after),
+    its interval at the design's Bonferroni level (Welch's t on log steps) and what it shows:
+    perfect scaling halves the steps; an interval holding 1 is "not resolved", and the study says
+    so rather than sweeping further."""
+    from scipy import stats
+    m = comparisons(args)
+    L = [f"{heading} Doubling the batch", "",
+         f"Each batch against the next: how many times fewer steps the larger one took (geometric means), "
+         f"with its interval at alpha 0.05/{m} ({m} comparisons, Welch's t on log steps). Perfect scaling is 2x.", "",
+         "| recipe | batches | fewer steps (x) | interval | shows |", "|---|---|---|---|---|"]
+    for recipe, by_batch in by_recipe.items():
+        for b, b2 in zip(args.batches, args.batches[1:]):
+            if b not in by_batch or b2 not in by_batch:
+                L.append(f"| {recipe} | {b} -> {b2} | pending | | |")
+                continue
+            d, se, df = fixed.welch([math.log(x) for x in by_batch[b]], [math.log(x) for x in by_batch[b2]])
+            h = stats.t.ppf(1 - 0.05 / m / 2, df) * se if se > 0 else 0.0
+            lo, hi = math.exp(d - h), math.exp(d + h)
+            L.append(f"| {recipe} | {b} -> {b2} | {math.exp(d):.2f} | [{lo:.2f}, {hi:.2f}] | {doubling_word(lo, hi)} |")
+    return L + [""]
 
 
 def write_report(args: argparse.Namespace, rows: dict) -> str:

@@ -190,3 +190,44 @@ def test_the_target_is_the_highest_level_the_pilots_seeds_resolve(study: ModuleT
     assert "| 80 **(chosen)** | 0/4 |" in text and "| 95 | 3/4 | - | - | - | - |" in text and "not the rule" not in text
     args = _args(study, tmp_path, "--pilot", str(path), *cands, "--target", "88")
     assert "**The study runs at 88%, not the rule's 80%.**" in "\n".join(study.target_section(args))
+
+
+def test_a_doubling_is_read_from_its_interval(study: ModuleType) -> None:
+    assert study.doubling_word(0.7, 0.95) == "more steps"
+    assert study.doubling_word(0.9, 1.6) == "not resolved"
+    assert study.doubling_word(1.2, 1.8) == "fewer steps, less than halved"
+    assert study.doubling_word(1.6, 2.4) == "fewer steps; halving not excluded"
+    assert study.doubling_word(2.1, 2.9) == "more than halved"
+
+
+def test_the_results_compare_each_doubling_and_the_noise_scale_with_the_fit(study: ModuleType, tmp_path: Path) -> None:
+    """Rows of a known curve S = 400 (1 + 128 / B), 6 seeds a batch at a settled grid's centre (the
+    largest batch's seeds spread wider): each
+    doubling's ratio and verdict, the fit, and B_simple read against B_crit's interval."""
+    batches = [64, 128, 256, 512, 1024]
+    args = study.parse(["--out", str(tmp_path / "s"), "--recipes", "lars", "--batches", *map(str, batches),
+                        "--seeds", *map(str, range(6)), "--sweep-seeds", "2"])
+    rng = np.random.default_rng(3)
+    rows, c = {}, args.lars_lr
+    for b in batches:
+        for seed in range(6):
+            steps = round(400 * (1 + 128 / b) * float(np.exp(rng.normal(0, 0.15 if b == 1024 else 0.04))))
+            r = {**_row(b, study.on_grid(c, 0), seed, steps, recipe="lars"), "b_simple_at_target": 128.0}
+            rows[study.key(r)] = r
+            for j in ((-1, 1) if seed < 2 else ()):  # the sweep's edges: slower, so the centre is chosen
+                r = {**_row(b, study.on_grid(c, j), seed, 3 * steps, recipe="lars"), "b_simple_at_target": None}
+                rows[study.key(r)] = r
+    text = "\n".join(study.results_section(args, rows))
+    lines = {line.split("|")[2].strip(): line for line in text.splitlines() if line.startswith("| lars |") and "->" in line}
+    # 64 -> 128 takes 3/2 = 1.5x fewer steps (resolved, short of halving); 512 -> 1024 takes 1.11x,
+    # which its wider spread leaves unresolved
+    ratio = {pair: float(line.split("|")[3]) for pair, line in lines.items()}
+    assert ratio["64 -> 128"] == pytest.approx(1.5, abs=0.1) and ratio["512 -> 1024"] == pytest.approx(1.11, abs=0.1)
+    assert lines["64 -> 128"].endswith("fewer steps, less than halved |"), text
+    assert lines["512 -> 1024"].endswith("not resolved |"), text
+    assert "B_crit **1" in text and "inside B_crit's interval" in text, text
+    # a batch whose seeds did not all reach the target leaves its doublings pending
+    miss = dict(rows[("lars", 1024, study.on_grid(c, 0), 5)], reached=False)
+    rows[study.key(miss)] = miss
+    text = "\n".join(study.results_section(args, rows))
+    assert "| lars | 512 -> 1024 | pending |" in text and "1024 -> " not in text, text
