@@ -424,9 +424,14 @@ def render(args: argparse.Namespace, rows: dict) -> str:
 
 
 def write_page(args: argparse.Namespace, rows: dict, path: Path | None = None) -> str:
-    """Render the page and write it (``PAGE`` unless ``path``)."""
+    """Render the page and write it (``PAGE`` unless ``path``); with ``PAGE``, the steps-to-target
+    study's report and plot too (the page shows the plot, ``img/steps_to_target.png``)."""
     page = render(args, rows)
     (path or PAGE).write_text(page, encoding="utf-8")
+    if path is None:
+        import steps_to_target as stt  # here, not at the top: steps_to_target imports scaling_rule
+
+        stt.render(stt.parse(["--render"]))
     return page
 
 

@@ -663,7 +663,10 @@ def plot(args: argparse.Namespace, rows: dict) -> None:
             continue
         bs = sorted(pts)
         gm = [math.exp(statistics.mean(math.log(s) for s in pts[b])) for b in bs]
-        line = ax.plot(bs, gm, marker="o", label=recipe)[0]
+        cis = [fixed.mean_ci([math.log(s) for s in pts[b]]) if len(pts[b]) > 1 else (0.0, 0.0, 0.0) for b in bs]
+        err = [[g - (math.exp(lo) if len(pts[b]) > 1 else g) for g, b, (_, lo, _) in zip(gm, bs, cis)],
+               [(math.exp(hi) if len(pts[b]) > 1 else g) - g for g, b, (_, _, hi) in zip(gm, bs, cis)]]
+        line = ax.errorbar(bs, gm, yerr=err, marker="o", capsize=3, label=recipe)[0]
         if len(bs) >= 3:
             s_min, b_crit = fit_curve([b for b in bs for _ in pts[b]], [s for b in bs for s in pts[b]])
             xs = np.geomspace(bs[0], bs[-1], 50)
@@ -671,11 +674,13 @@ def plot(args: argparse.Namespace, rows: dict) -> None:
                     label=f"{recipe} fit, B_crit {b_crit:.0f}")
         ax.plot(bs, [gm[0] * bs[0] / b for b in bs], ls=":", color="grey", alpha=0.6)
     ax.set_xscale("log", base=2)
+    ax.set_xticks(args.batches, [str(b) for b in args.batches])
+    ax.set_xlim(args.batches[0] / 1.3, args.batches[-1] * 1.3)
     if ax.get_lines():
         ax.set_yscale("log")
     ax.set_xlabel("global batch size")
     ax.set_ylabel(f"steps to {args.target:g}% val top-1")
-    ax.set_title("steps to target (dotted: perfect scaling)")
+    ax.set_title("steps to target: geometric mean, 95% interval over seeds (dotted: perfect scaling)", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -799,12 +804,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = fixed.run_workers(__file__, argv, args.workers)
         if code:
             return code
+    print(render(args), flush=True)
+    return 0
+
+
+def render(args: argparse.Namespace) -> str:
+    """The report (``.md``) and plot (``.png``) beside the rows, from them; the report's text."""
     rows = read_rows(args.out.with_suffix(".jsonl"))
     report = write_report(args, rows)
     args.out.with_suffix(".md").write_text(report + "\n", encoding="utf-8")
     plot(args, rows)
-    print(report, flush=True)
-    return 0
+    return report
 
 
 if __name__ == "__main__":

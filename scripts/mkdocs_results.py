@@ -11,7 +11,8 @@ from typing import Any
 from mkdocs.structure.files import File, Files
 
 # site path -> the script's output, relative to the repository
-PLOTS = {"img/scaling_rule.png": "benchmarks/results/scaling_rule.png"}
+PLOTS = {"img/scaling_rule.png": "benchmarks/results/scaling_rule.png",
+         "img/steps_to_target.png": "benchmarks/results/steps_to_target.png"}
 
 
 def on_files(files: Files, config: Any, **_: Any) -> Files:
