@@ -26,7 +26,8 @@ Design:
   first reaches the target (checked ``--evals-per-epoch`` times per epoch) or at
   ``--max-epochs`` (then "not reached");
 - the lr is tuned per batch on a sqrt(2) grid by mean log steps-to-target over the sweep seeds
-  (a lr where a sweep seed misses the target scores infinity); a grid whose best point is at an
+  (a lr where a sweep seed misses the target scores infinity, and its other sweep seeds are not
+  run: they cannot change that score); a grid whose best point is at an
   edge grows that edge by sqrt(2); SGD's grid at k x the base batch is centred on k x the base's
   chosen lr, LARS's on ``--lars-lr`` at every batch; the chosen lr then gets the other seeds;
 - the noise scale (``largebatch.diagnostics.noise_scale.GradientNoiseScale``, McCandlish et
@@ -219,11 +220,14 @@ def on_grid(centre: float, j: int) -> float:
 
 
 def score(rows: dict, recipe: str, batch: int, lr: float, seeds: Sequence[int]) -> float | None:
-    """Mean log steps-to-target over ``seeds`` (inf where one misses it); None until all ran."""
+    """Mean log steps-to-target over ``seeds``; inf as soon as one has missed it (the others
+    cannot change that, so they are not run); None until all ran."""
     rs = [rows.get((recipe, batch, float(lr), s)) for s in seeds]
+    if any(r is not None and not r["reached"] for r in rs):
+        return math.inf
     if any(r is None for r in rs):
         return None
-    return math.inf if any(not r["reached"] for r in rs) else statistics.mean(math.log(r["steps"]) for r in rs)
+    return statistics.mean(math.log(r["steps"]) for r in rs)
 
 
 def grid_of(rows: dict, recipe: str, batch: int, args: argparse.Namespace) -> list[float] | None:
@@ -281,8 +285,9 @@ def plan(rows: dict, args: argparse.Namespace) -> tuple[list[dict[str, Any]], in
         if grid is None:
             blocked += 1
             continue
+        sweep = args.seeds[: args.sweep_seeds]
         jobs += [{"recipe": recipe, "batch": batch, "lr": lr, "seed": s}
-                 for s in args.seeds[: args.sweep_seeds] for lr in grid]
+                 for s in sweep for lr in grid if score(rows, recipe, batch, lr, sweep) != math.inf]
         lr = chosen_lr(rows, recipe, batch, args)
         if lr is not None:
             jobs += [{"recipe": recipe, "batch": batch, "lr": lr, "seed": s} for s in args.seeds[args.sweep_seeds:]]

@@ -231,3 +231,25 @@ def test_the_results_compare_each_doubling_and_the_noise_scale_with_the_fit(stud
     rows[study.key(miss)] = miss
     text = "\n".join(study.results_section(args, rows))
     assert "| lars | 512 -> 1024 | pending |" in text and "1024 -> " not in text, text
+
+
+def test_a_sweep_seed_that_misses_spares_the_other_sweep_seeds_at_its_lr(study: ModuleType, tmp_path: Path) -> None:
+    """A miss scores the lr infinity whatever the other sweep seeds do, so they are not run there;
+    a grid all of whose points have missed grows downward at once."""
+    args = _args(study, tmp_path, "--recipes", "lars", "--sweep-seeds", "2", "--max-grow", "2")
+    base, c, (s0, s1) = args.base_batch, args.lars_lr, args.seeds[:2]
+
+    def base_jobs(rows: dict) -> set:
+        return {(j["lr"], j["seed"]) for j in study.plan(rows, args)[0] if j["batch"] == base}
+
+    rows = {}
+    for j in (1, 0, -1):
+        r = _row(base, study.on_grid(c, j), s0, 999, reached=False, recipe="lars")
+        rows[study.key(r)] = r
+        assert study.score(rows, "lars", base, study.on_grid(c, j), [s0, s1]) == float("inf")
+        assert (study.on_grid(c, j), s1) not in base_jobs(rows)
+        if j > -1:  # some point not yet scored: the grid waits
+            assert study.grid_of(rows, "lars", base, args) == [study.on_grid(c, k) for k in (-1, 0, 1)]
+    assert study.grid_of(rows, "lars", base, args)[0] == study.on_grid(c, -2)
+    assert base_jobs(rows) == {(study.on_grid(c, -2), s0), (study.on_grid(c, -2), s1)}
+    assert study.chosen_lr(rows, "lars", base, args) is None
