@@ -98,3 +98,15 @@ def test_other_rows_give_other_numbers_and_verdicts(modules: tuple[ModuleType, M
     assert "!!! warning" in altered and "    - warm_linear_k8: no loss\n" in altered
     assert "warm_linear_k4: no loss" not in altered.split("# The scaling rule")[1].split("## Setup")[0]
     assert len(altered.splitlines()) > len(committed.splitlines())
+
+
+def test_the_exponents_the_tied_lrs_fit_are_worded_from_the_ranges(modules: tuple[ModuleType, ModuleType]) -> None:
+    page = modules[1]
+    fits = {"sgd": {"range": (-0.2, 1.2)}, "sgd+warmup": {"range": (0.4, 1.3)}, "lars": {"range": (0.2, 1.0)}}
+    assert page.tied_a_clause(fits) == ("a = -0.20 to 1.20 (SGD), 0.40 to 1.30 (SGD+warmup) and 0.20 to 1.00 (LARS): "
+                                        "linear growth (a = 1) is not excluded for any, and the ranges of SGD and LARS "
+                                        "also hold a = 0.25")
+    assert page.tied_a_clause({"lars": {"range": (0.2, 1.0)}}).endswith("every range holds a = 0.25 too")
+    assert page.tied_a_clause({"sgd": {"range": (0.5, 1.0)}, "lars": {"range": (0.2, 1.0)}}).endswith(
+        "the range of LARS also holds a = 0.25")
+    assert page.tied_a_clause({"sgd": {"range": (0.5, 1.0)}}).endswith("no range holds a = 0.25")
