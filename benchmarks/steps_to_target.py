@@ -514,9 +514,15 @@ def chosen_rows(rows: dict, recipe: str, batch: int, args: argparse.Namespace) -
     return [] if lr is None else [r for s in args.seeds if (r := rows.get((recipe, batch, lr, s)))]
 
 
-def geo_ci(v: Sequence[float]) -> str:
+def geo_interval(v: Sequence[float]) -> tuple[float, float, float]:
+    """Geometric mean of ``v`` and its 95% t interval (both ends the mean for one value)."""
     m, lo, hi = fixed.mean_ci([math.log(x) for x in v])
-    return f"{math.exp(m):.0f} [{math.exp(lo):.0f}, {math.exp(hi):.0f}]" if len(v) > 1 else f"{v[0]:.0f}"
+    return (math.exp(m), math.exp(lo), math.exp(hi)) if len(v) > 1 else (math.exp(m),) * 3
+
+
+def geo_ci(v: Sequence[float]) -> str:
+    m, lo, hi = geo_interval(v)
+    return f"{m:.0f} [{lo:.0f}, {hi:.0f}]" if len(v) > 1 else f"{v[0]:.0f}"
 
 
 def comparisons(args: argparse.Namespace) -> int:
@@ -605,7 +611,6 @@ def doubling_section(args: argparse.Namespace, by_recipe: dict[str, dict[int, li
     its interval at the design's Bonferroni level (Welch's t on log steps) and what it shows:
     perfect scaling halves the steps; an interval holding 1 is "not resolved", and the study says
     so rather than sweeping further."""
-    from scipy import stats
     m = comparisons(args)
     L = [f"{heading} Doubling the batch", "",
          f"Each batch against the next: how many times fewer steps the larger one took (geometric means), "
@@ -616,10 +621,11 @@ def doubling_section(args: argparse.Namespace, by_recipe: dict[str, dict[int, li
             if b not in by_batch or b2 not in by_batch:
                 L.append(f"| {recipe} | {b} -> {b2} | pending | | |")
                 continue
-            d, se, df = fixed.welch([math.log(x) for x in by_batch[b]], [math.log(x) for x in by_batch[b2]])
-            h = stats.t.ppf(1 - 0.05 / m / 2, df) * se if se > 0 else 0.0
-            lo, hi = math.exp(d - h), math.exp(d + h)
-            L.append(f"| {recipe} | {b} -> {b2} | {math.exp(d):.2f} | [{lo:.2f}, {hi:.2f}] | {doubling_word(lo, hi)} |")
+            v = fixed.verdict([math.log(x) for x in by_batch[b]], [math.log(x) for x in by_batch[b2]],
+                              margin=0.0, alpha=0.05 / m)  # its two-sided interval; no equivalence asked
+            lo, hi = math.exp(v["lo"]), math.exp(v["hi"])
+            L.append(f"| {recipe} | {b} -> {b2} | {math.exp(v['diff']):.2f} | [{lo:.2f}, {hi:.2f}] | "
+                     f"{doubling_word(lo, hi)} |")
     return L + [""]
 
 
@@ -667,10 +673,8 @@ def plot(args: argparse.Namespace, rows: dict) -> None:
         if not pts:
             continue
         bs = sorted(pts)
-        gm = [math.exp(statistics.mean(math.log(s) for s in pts[b])) for b in bs]
-        cis = [fixed.mean_ci([math.log(s) for s in pts[b]]) if len(pts[b]) > 1 else (0.0, 0.0, 0.0) for b in bs]
-        err = [[g - (math.exp(lo) if len(pts[b]) > 1 else g) for g, b, (_, lo, _) in zip(gm, bs, cis)],
-               [(math.exp(hi) if len(pts[b]) > 1 else g) - g for g, b, (_, _, hi) in zip(gm, bs, cis)]]
+        gm, lo, hi = zip(*(geo_interval(pts[b]) for b in bs))
+        err = [[g - x for g, x in zip(gm, lo)], [x - g for g, x in zip(gm, hi)]]
         line = ax.errorbar(bs, gm, yerr=err, marker="o", capsize=3, label=recipe)[0]
         if len(bs) >= 3:
             s_min, b_crit = fit_curve([b for b in bs for _ in pts[b]], [s for b in bs for s in pts[b]])
