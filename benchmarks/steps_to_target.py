@@ -540,6 +540,7 @@ def results_section(args: argparse.Namespace, rows: dict, heading: str = "##") -
           "|---|---|---|---|---|---|---|"]
     fits: dict[str, dict[str, Any]] = {}
     doublings: dict[str, dict[int, list[float]]] = {}
+    missed: dict[str, dict[int, str]] = {}  # batches where a seed of the chosen lr never reached the target
     for recipe in args.recipes:
         by_batch: dict[int, list[float]] = {}
         for b in args.batches:
@@ -552,6 +553,8 @@ def results_section(args: argparse.Namespace, rows: dict, heading: str = "##") -
             noise = [r["b_simple_at_target"] for r in rs if r["b_simple_at_target"] is not None]
             if got and len(got) == len(rs):
                 by_batch[b] = [float(s) for s in got]
+            elif len(got) < len(rs):
+                missed.setdefault(recipe, {})[b] = f"{len(got)}/{len(rs)}"
             L.append(f"| {recipe} | {b} | {lr:g} | {geo_ci(got) if got else 'not reached'} | "
                      f"{statistics.mean(got) * b:,.0f} | {len(got)}/{len(rs)} | "
                      f"{f'{statistics.median(noise):.0f} (n={len(noise)})' if noise else 'not probed'} |")
@@ -566,7 +569,7 @@ def results_section(args: argparse.Namespace, rows: dict, heading: str = "##") -
             fits[recipe] = {"s_min": s_min, "b_crit": b_crit, "s": (s_lo, s_hi), "b": (b_lo, b_hi),
                             "noise": noise, "batches": sorted(by_batch)}
     L.append("")
-    L += doubling_section(args, doublings, heading)
+    L += doubling_section(args, doublings, heading, missed)
     L += [f"{heading} The fit S = S_min (1 + B_crit / B) and the noise scale", ""]
     if not fits:
         L += ["No fit yet: it needs three batches with every seed at the target.", ""]
@@ -605,28 +608,67 @@ def doubling_word(lo: float, hi: float) -> str:
     return "fewer steps; halving not excluded"
 
 
+HALVING = ("fewer steps; halving not excluded", "more than halved")  # the words perfect scaling allows
+
+
+def doubling_summary(recipe: str, words: Sequence[tuple[int, int, str | None]], pending: int = 0) -> str:
+    """One line per recipe answering the study's question from its doublings' words, in batch
+    order ((b, 2b, word), None where pending), and the count of the doublings after them
+    still pending: up to which batch the rows cannot exclude that doubling halves the steps, then
+    each later stretch of doublings with the same word."""
+    if not words or words[0][2] is None:
+        return f"**{recipe}**: pending."
+    i = 0
+    while i < len(words) and words[i][2] in HALVING:
+        i += 1
+    parts = [f"halving not excluded at every doubling up to batch {words[i - 1][1]} (from {words[0][0]})"
+             if i else f"halving excluded from the first doubling ({words[0][0]} -> {words[0][1]})"]
+    while i < len(words):
+        j = i
+        while j + 1 < len(words) and words[j + 1][2] == words[i][2]:
+            j += 1
+        span = f"{words[i][0]} -> {words[j][1]}" + (f" ({j - i + 1} doublings)" if j > i else "")
+        parts.append(f"{words[i][2] or 'pending'}: {span}")
+        i = j + 1
+    if pending:
+        parts.append(f"{pending} more doubling{'s' if pending > 1 else ''} pending")
+    return f"**{recipe}**: " + "; ".join(parts) + "."
+
+
 def doubling_section(args: argparse.Namespace, by_recipe: dict[str, dict[int, list[float]]],
-                     heading: str = "##") -> list[str]:
+                     heading: str = "##", missed: dict[str, dict[int, str]] | None = None) -> list[str]:
     """Each batch against the next, per recipe: the ratio of geometric-mean steps (before / after),
     its interval at the design's Bonferroni level (Welch's t on log steps) and what it shows:
     perfect scaling halves the steps; an interval holding 1 is "not resolved", and the study says
-    so rather than sweeping further."""
+    so rather than sweeping further. A batch where a seed of the chosen lr never reached the target
+    (``missed``: its reached count) has no geometric mean: its doublings say so. Then one line per
+    recipe: up to which batch doubling may halve the steps (``doubling_summary``)."""
     m = comparisons(args)
     L = [f"{heading} Doubling the batch", "",
          f"Each batch against the next: how many times fewer steps the larger one took (geometric means), "
          f"with its interval at alpha 0.05/{m} ({m} comparisons, Welch's t on log steps). Perfect scaling is 2x.", "",
          "| recipe | batches | fewer steps (x) | interval | shows |", "|---|---|---|---|---|"]
+    summary = []
     for recipe, by_batch in by_recipe.items():
+        words: list[tuple[int, int, str | None]] = []
         for b, b2 in zip(args.batches, args.batches[1:]):
             if b not in by_batch or b2 not in by_batch:
-                L.append(f"| {recipe} | {b} -> {b2} | pending | | |")
+                short = [f"{x}: {got} seeds reached" for x in (b, b2) if (got := (missed or {}).get(recipe, {}).get(x))]
+                L.append(f"| {recipe} | {b} -> {b2} | {'not compared (' + '; '.join(short) + ')' if short else 'pending'}"
+                         " | | |")
+                words.append((b, b2, "not compared" if short else None))
                 continue
             v = fixed.verdict([math.log(x) for x in by_batch[b]], [math.log(x) for x in by_batch[b2]],
                               margin=0.0, alpha=0.05 / m)  # its two-sided interval; no equivalence asked
             lo, hi = math.exp(v["lo"]), math.exp(v["hi"])
             L.append(f"| {recipe} | {b} -> {b2} | {math.exp(v['diff']):.2f} | [{lo:.2f}, {hi:.2f}] | "
                      f"{doubling_word(lo, hi)} |")
-    return L + [""]
+            words.append((b, b2, doubling_word(lo, hi)))
+        while words and words[-1][2] is None:  # the pending tail: said once
+            words.pop()
+        summary.append(doubling_summary(recipe, words, len(args.batches) - 1 - len(words)))
+    return L + ["", "In short, up to which batch doubling may halve the steps:", ""] + \
+        [f"- {line}" for line in summary] + [""]
 
 
 def write_report(args: argparse.Namespace, rows: dict) -> str:

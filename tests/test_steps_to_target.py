@@ -226,11 +226,32 @@ def test_the_results_compare_each_doubling_and_the_noise_scale_with_the_fit(stud
     assert lines["64 -> 128"].endswith("fewer steps, less than halved |"), text
     assert lines["512 -> 1024"].endswith("not resolved |"), text
     assert "B_crit **1" in text and "inside B_crit's interval" in text, text
-    # a batch whose seeds did not all reach the target leaves its doublings pending
+    summary = next(line for line in text.splitlines() if line.startswith("- **lars**"))
+    assert summary.startswith("- **lars**: halving excluded from the first doubling (64 -> 128); "
+                              "fewer steps, less than halved: 64 -> "), summary
+    assert summary.endswith("not resolved: 512 -> 1024."), summary
+    # a batch where a seed of the chosen lr missed the target has no geometric mean: its doubling
+    # says so (not "pending"), and so does the summary
     miss = dict(rows[("lars", 1024, study.on_grid(c, 0), 5)], reached=False)
     rows[study.key(miss)] = miss
     text = "\n".join(study.results_section(args, rows))
-    assert "| lars | 512 -> 1024 | pending |" in text and "1024 -> " not in text, text
+    assert "| lars | 512 -> 1024 | not compared (1024: 5/6 seeds reached) |" in text and "1024 -> " not in text, text
+    assert "not compared: 512 -> 1024." in text, text
+
+
+def test_the_summary_says_up_to_which_batch_doubling_may_halve_the_steps(study: ModuleType) -> None:
+    half, short, unres = "fewer steps; halving not excluded", "fewer steps, less than halved", "not resolved"
+    words = [(32, 64, half), (64, 128, "more than halved"), (128, 256, short), (256, 512, short),
+             (512, 1024, unres)]
+    assert study.doubling_summary("sgd", words) == (
+        "**sgd**: halving not excluded at every doubling up to batch 128 (from 32); "
+        "fewer steps, less than halved: 128 -> 512 (2 doublings); not resolved: 512 -> 1024.")
+    assert study.doubling_summary("sgd", words[:2], pending=3) == (
+        "**sgd**: halving not excluded at every doubling up to batch 128 (from 32); 3 more doublings pending.")
+    assert study.doubling_summary("sgd", [(32, 64, half), (64, 128, None), (128, 256, half)]) == (
+        "**sgd**: halving not excluded at every doubling up to batch 64 (from 32); pending: 64 -> 128; "
+        "fewer steps; halving not excluded: 128 -> 256.")
+    assert study.doubling_summary("sgd", [], pending=4) == "**sgd**: pending."
 
 
 def test_a_sweep_seed_that_misses_spares_the_other_sweep_seeds_at_its_lr(study: ModuleType, tmp_path: Path) -> None:
