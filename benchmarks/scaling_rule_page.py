@@ -387,7 +387,7 @@ def steps_to_target_values() -> dict[str, str]:
            "stt_probes": str(args.probes_per_epoch), "stt_target": f"{args.target:g}%",
            "stt_m": str(stt.comparisons(args)), "stt_resolve": f"{args.resolve:.2f}x",
            "stt_target_table": "\n".join(stt.target_section(args)).strip(),
-           "stt_done": str(len(rows))}
+           "stt_done": str(len(rows)), "stt_spent": stt.spent(rows) if rows else "nothing yet"}
     if e:
         out.update(stt_sd=f"{e['sd']:.3f}", stt_ratio=f"{e['ratio']:.2f}x", stt_cells=str(e["cells"]),
                    stt_per_cell=str(e["per_cell"]), stt_runs=str(e["runs"]), stt_hours=f"{e['minutes'] / 60:.1f}",

@@ -686,6 +686,8 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
          f"warmup; lr tuned per batch on a sqrt(2) grid; seeds {args.seeds} ({args.sweep_seeds} over each sweep).", ""]
     if todo or blocked:
         L += [f"**Pending: {len(todo)} trainings runnable now, {blocked} cell(s) waiting on others' rows.**", ""]
+    if rows:
+        L += [f"Spent: {spent(rows)}.", ""]
     groups = [[math.log(r["steps"]) for r in chosen_rows(rows, rc, b, args) if r["reached"]] for rc, b in cells(args)]
     sd, df = fixed.pooled_sd([g for g in groups if len(g) == n])
     L += ["## The target", ""] + target_section(args)
@@ -698,6 +700,15 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
         L += ["Seed spread: pending (no cell has all its seeds yet).", ""]
     L += results_section(args, rows)
     return "\n".join(L)
+
+
+def spent(rows: dict) -> str:
+    """What the rows cost: trainings, their minutes summed (each row's wall seconds, one thread),
+    and the share of the runs that stopped short of the target (sweep misses and caps)."""
+    minutes = sum(r["seconds"] for r in rows.values()) / 60
+    missed = [r["seconds"] / 60 for r in rows.values() if not r["reached"]]
+    return (f"{len(rows)} trainings, {minutes:.0f} training-minutes (one thread each, wall clock, beside other "
+            f"work); {len(missed)} of them stopped short of the target and took {sum(missed):.0f} of those minutes")
 
 
 def plot(args: argparse.Namespace, rows: dict) -> None:

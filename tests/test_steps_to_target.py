@@ -274,3 +274,12 @@ def test_a_sweep_seed_that_misses_spares_the_other_sweep_seeds_at_its_lr(study: 
     assert study.grid_of(rows, "lars", base, args)[0] == study.on_grid(c, -2)
     assert base_jobs(rows) == {(study.on_grid(c, -2), s0), (study.on_grid(c, -2), s1)}
     assert study.chosen_lr(rows, "lars", base, args) is None
+
+
+def test_the_cost_spent_sums_every_row_and_the_misses_share(study: ModuleType) -> None:
+    rows = {}
+    for seed, (secs, reached) in enumerate([(120.0, True), (300.0, False), (180.0, True)]):
+        r = {**_row(64, 0.1, seed, 500, reached=reached), "seconds": secs}
+        rows[study.key(r)] = r
+    assert study.spent(rows) == ("3 trainings, 10 training-minutes (one thread each, wall clock, beside other "
+                                 "work); 1 of them stopped short of the target and took 5 of those minutes")
