@@ -40,7 +40,7 @@ GOYAL_LARGEST = 8192  # Goyal et al.'s largest batch
 REFERENCE_LARS_LRS = {16: 25.0, 32: 34.0, 64: 35.0}
 # Tokens with digits the template may carry as text: citations, formulas, example commands, and the
 # statistical conventions the module fixes (95% intervals, 80% power, alpha 0.05 over the family).
-LITERALS = ("arXiv 1811.03600", "arXiv 1812.06162", "et al. 2018", "§2.3", "`b13e6b6`", "25 / 34 / 35 at 16K / 32K / 64K",
+LITERALS = ("arXiv 1811.03600", "arXiv 1812.06162", "arXiv 1907.04164", "et al. 2018", "et al. 2019", "§2.3", "`b13e6b6`", "25 / 34 / 35 at 16K / 32K / 64K",
             "256 -> 8K", "Goyal et al.'s 8K", "ResNet-50", "fp32", "3-layer", "2-core", "top-1",
             "exclude 0", "excludes 0", "from 0**", "of 0 within", "(1 + B_crit / B)", "sqrt(2)",
             "--epochs 12", "scaling_rule_width32", "95%", "80% power", "0.05", "claim 1", "claim 2", "claim 3")

@@ -368,6 +368,17 @@ def fit_curve(batches: Sequence[float], steps: Sequence[float]) -> tuple[float, 
 def bootstrap_fit(by_batch: dict[int, list[float]], draws: int = 1000, seed: int = 0
                   ) -> tuple[tuple[float, float], tuple[float, float]]:
     """95% percentile intervals of (S_min, B_crit): seeds resampled with replacement within each batch."""
+    smins, bcrits = bootstrap_draws(by_batch, draws, seed)
+    return percentile_interval(smins), percentile_interval(bcrits)
+
+
+def percentile_interval(v: Sequence[float]) -> tuple[float, float]:
+    return float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))
+
+
+def bootstrap_draws(by_batch: dict[int, list[float]], draws: int = 1000, seed: int = 0
+                    ) -> tuple[list[float], list[float]]:
+    """(S_min, B_crit) fitted to ``draws`` resamples of the seeds (with replacement within each batch)."""
     rng = np.random.default_rng(seed)
     bs = sorted(by_batch)
     smins, bcrits = [], []
@@ -381,8 +392,7 @@ def bootstrap_fit(by_batch: dict[int, list[float]], draws: int = 1000, seed: int
         s_min, b_crit = fit_curve(xs, ys)
         smins.append(s_min)
         bcrits.append(b_crit)
-    q = lambda v: (float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5)))  # noqa: E731
-    return q(smins), q(bcrits)
+    return smins, bcrits
 
 
 def doubling_gain(batch: float, b_crit: float) -> float:
@@ -563,11 +573,12 @@ def results_section(args: argparse.Namespace, rows: dict, heading: str = "##") -
             xs = [b for b in by_batch for _ in by_batch[b]]
             ys = [s for b in by_batch for s in by_batch[b]]
             s_min, b_crit = fit_curve(xs, ys)
-            (s_lo, s_hi), (b_lo, b_hi) = bootstrap_fit(by_batch)
+            smins, bcrits = bootstrap_draws(by_batch)
             noise = [r["b_simple_at_target"] for b in by_batch for r in chosen_rows(rows, recipe, b, args)
                      if r["b_simple_at_target"] is not None]
-            fits[recipe] = {"s_min": s_min, "b_crit": b_crit, "s": (s_lo, s_hi), "b": (b_lo, b_hi),
-                            "noise": noise, "batches": sorted(by_batch)}
+            fits[recipe] = {"s_min": s_min, "b_crit": b_crit, "s": percentile_interval(smins),
+                            "b": percentile_interval(bcrits), "draws": bcrits, "noise": noise,
+                            "batches": sorted(by_batch)}
     L.append("")
     L += doubling_section(args, doublings, heading, missed)
     L += [f"{heading} The fit S = S_min (1 + B_crit / B) and the noise scale", ""]
@@ -589,6 +600,7 @@ def results_section(args: argparse.Namespace, rows: dict, heading: str = "##") -
                   + ("inside B_crit's interval: the noise scale predicts the bend here." if inside else
                      "outside B_crit's interval: the noise scale does not predict the bend within it.")]
         L.append("")
+    L += recipes_compared(fits)
     L += [f"Regions as named above: perfect scaling where doubling the batch cuts the steps by {PERFECT_RATIO}x or "
           f"more in the fitted model (B <= B_crit/8), maximal data parallelism where by {FLAT_RATIO}x or less "
           "(B >= 4.5 B_crit), diminishing returns between.", ""]
@@ -606,6 +618,24 @@ def doubling_word(lo: float, hi: float) -> str:
     if lo > 2:
         return "more than halved"
     return "fewer steps; halving not excluded"
+
+
+def recipes_compared(fits: dict[str, dict[str, Any]]) -> list[str]:
+    """Each fitted recipe's B_crit against the first's: the ratio of the fits, its 95% interval
+    from the two bootstraps' draws (independent runs, so the draws pair at random), and whether
+    it tells the two apart; B_simple at the target beside it (medians)."""
+    if len(fits) < 2:
+        return []
+    (first, f0), *others = fits.items()
+    L = []
+    for recipe, f in others:
+        lo, hi = percentile_interval([a / b for a, b in zip(f["draws"], f0["draws"])])
+        word = "larger" if lo > 1 else "smaller" if hi < 1 else "not told apart"
+        noise = (f"; B_simple at the target {statistics.median(f['noise']) / statistics.median(f0['noise']):.2f}x"
+                 f" {first}'s") if f["noise"] and f0["noise"] else ""
+        L.append(f"**{recipe} against {first}**: B_crit {f['b_crit'] / f0['b_crit']:.2f}x {first}'s [{lo:.2f}, "
+                 f"{hi:.2f}] (95%, the two bootstraps' draws): {word}{noise}.")
+    return L + [""]
 
 
 HALVING = ("fewer steps; halving not excluded", "more than halved")  # the words perfect scaling allows

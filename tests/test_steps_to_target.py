@@ -283,3 +283,24 @@ def test_the_cost_spent_sums_every_row_and_the_misses_share(study: ModuleType) -
         rows[study.key(r)] = r
     assert study.spent(rows) == ("3 trainings, 10 training-minutes (one thread each, wall clock, beside other "
                                  "work); 1 of them stopped short of the target and took 5 of those minutes")
+
+
+def test_two_recipes_bends_are_compared_through_their_bootstraps(study: ModuleType) -> None:
+    """Each recipe's B_crit against the first recipe's: the ratio of the fits and its interval from
+    the ratio of the two bootstraps' draws; an interval holding 1 does not tell them apart."""
+    rng = np.random.default_rng(0)
+    curves = {"a": (300, 100), "b": (200, 400), "c": (300, 110)}
+    fits = {}
+    for name, (s_min, b_crit) in curves.items():
+        by = {b: [s_min * (1 + b_crit / b) * float(np.exp(rng.normal(0, 0.05))) for _ in range(6)]
+              for b in (32, 64, 128, 256, 512)}
+        smins, bcrits = study.bootstrap_draws(by, draws=200)
+        fits[name] = {"b_crit": study.fit_curve([b for b in by for _ in by[b]], [s for b in by for s in by[b]])[1],
+                      "draws": bcrits, "noise": [120.0, 140.0] if name != "c" else []}
+    lines = study.recipes_compared(fits)
+    b_line, c_line = lines[0], lines[1]
+    ratio = float(b_line.split("B_crit ")[1].split("x")[0])
+    assert ratio == pytest.approx(4.0, rel=0.25), b_line
+    assert b_line.endswith(": larger; B_simple at the target 1.00x a's."), b_line
+    assert c_line.endswith(": not told apart."), c_line
+    assert study.recipes_compared({"a": fits["a"]}) == []
