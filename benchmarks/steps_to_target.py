@@ -161,7 +161,8 @@ def train_one(job: dict[str, Any], data: dict[str, torch.Tensor], args: argparse
     noise: list[list[float]] = []
     reached, diverged, step = False, False, 0
     last = min(spe * args.max_epochs, job.get("cap") or spe * args.max_epochs)
-    t0 = time.perf_counter()
+    # wall and CPU seconds: the CPU's are the cost (one thread), which a paused worker's wall time is not
+    t0, c0 = time.perf_counter(), time.process_time()
     while step < last and not reached and not diverged:
         perm = torch.randperm(n, generator=gen)
         for s in range(spe):
@@ -193,7 +194,7 @@ def train_one(job: dict[str, Any], data: dict[str, torch.Tensor], args: argparse
     return {**job, "setup": args.setup, "steps_per_epoch": spe, "eval_every": every, "reached": reached,
             "diverged": diverged, "steps": step, "examples": step * batch, "val_curve": curve,
             "noise_curve": noise, "b_simple_at_target": at_target, "test": round(test, 2),
-            "seconds": round(time.perf_counter() - t0, 1)}
+            "seconds": round(time.perf_counter() - t0, 1), "cpu_seconds": round(time.process_time() - c0, 1)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -683,9 +684,10 @@ def doubling_section(args: argparse.Namespace, by_recipe: dict[str, dict[int, li
         words: list[tuple[int, int, str | None]] = []
         for b, b2 in zip(args.batches, args.batches[1:]):
             if b not in by_batch or b2 not in by_batch:
-                short = [f"{x}: {got} seeds reached" for x in (b, b2) if (got := (missed or {}).get(recipe, {}).get(x))]
-                L.append(f"| {recipe} | {b} -> {b2} | {'not compared (' + '; '.join(short) + ')' if short else 'pending'}"
-                         " | | |")
+                short = [f"{x}: {got} seeds reached" for x in (b, b2)
+                         if (got := (missed or {}).get(recipe, {}).get(x))]
+                shows = f"not compared ({'; '.join(short)})" if short else "pending"
+                L.append(f"| {recipe} | {b} -> {b2} | {shows} | | |")
                 words.append((b, b2, "not compared" if short else None))
                 continue
             v = fixed.verdict([math.log(x) for x in by_batch[b]], [math.log(x) for x in by_batch[b2]],
@@ -733,12 +735,16 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
 
 
 def spent(rows: dict) -> str:
-    """What the rows cost: trainings, their minutes summed (each row's wall seconds, one thread),
-    and the share of the runs that stopped short of the target (sweep misses and caps)."""
-    minutes = sum(r["seconds"] for r in rows.values()) / 60
-    missed = [r["seconds"] / 60 for r in rows.values() if not r["reached"]]
-    return (f"{len(rows)} trainings, {minutes:.0f} training-minutes (one thread each, wall clock, beside other "
-            f"work); {len(missed)} of them stopped short of the target and took {sum(missed):.0f} of those minutes")
+    """What the rows cost: trainings, their core-minutes summed (each row's CPU seconds; a row from
+    before those were recorded counts its wall seconds, one thread, which include any pause of its
+    worker), and the share of the runs that stopped short of the target (sweep misses and caps)."""
+    cost = [(r.get("cpu_seconds", r["seconds"]) / 60, r["reached"]) for r in rows.values()]
+    wall = sum("cpu_seconds" not in r for r in rows.values())
+    missed = [m for m, reached in cost if not reached]
+    timed = "CPU time" + (f"; wall clock, one thread, for the {wall} rows from before CPU time was recorded, "
+                          "which count their workers' pauses" if wall else "")
+    return (f"{len(rows)} trainings, {sum(m for m, _ in cost):.0f} core-minutes ({timed}); {len(missed)} of them "
+            f"stopped short of the target and took {sum(missed):.0f} of those minutes")
 
 
 def plot(args: argparse.Namespace, rows: dict) -> None:

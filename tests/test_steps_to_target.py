@@ -281,8 +281,13 @@ def test_the_cost_spent_sums_every_row_and_the_misses_share(study: ModuleType) -
     for seed, (secs, reached) in enumerate([(120.0, True), (300.0, False), (180.0, True)]):
         r = {**_row(64, 0.1, seed, 500, reached=reached), "seconds": secs}
         rows[study.key(r)] = r
-    assert study.spent(rows) == ("3 trainings, 10 training-minutes (one thread each, wall clock, beside other "
-                                 "work); 1 of them stopped short of the target and took 5 of those minutes")
+    assert study.spent(rows) == ("3 trainings, 10 core-minutes (CPU time; wall clock, one thread, for the 3 rows "
+                                 "from before CPU time was recorded, which count their workers' pauses); 1 of them "
+                                 "stopped short of the target and took 5 of those minutes")
+    for r in rows.values():  # CPU time, where recorded, is the cost: a paused worker's wall time is not
+        r["cpu_seconds"] = r["seconds"] / 2
+    assert study.spent(rows) == "3 trainings, 5 core-minutes (CPU time); 1 of them stopped short of the target " \
+        "and took 2 of those minutes"
 
 
 def test_two_recipes_bends_are_compared_through_their_bootstraps(study: ModuleType) -> None:
