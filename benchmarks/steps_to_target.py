@@ -366,14 +366,8 @@ def fit_curve(batches: Sequence[float], steps: Sequence[float]) -> tuple[float, 
     return float(math.exp(best.x[0])), float(math.exp(best.x[1]))
 
 
-def bootstrap_fit(by_batch: dict[int, list[float]], draws: int = 1000, seed: int = 0
-                  ) -> tuple[tuple[float, float], tuple[float, float]]:
-    """95% percentile intervals of (S_min, B_crit): seeds resampled with replacement within each batch."""
-    smins, bcrits = bootstrap_draws(by_batch, draws, seed)
-    return percentile_interval(smins), percentile_interval(bcrits)
-
-
 def percentile_interval(v: Sequence[float]) -> tuple[float, float]:
+    """The 95% percentile interval of bootstrap draws."""
     return float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))
 
 

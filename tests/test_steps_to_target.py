@@ -66,7 +66,8 @@ def test_the_fit_recovers_s_min_and_b_crit_and_its_interval_holds_them(study: Mo
     by = {b: list(s_min * (1 + b_crit / b) * np.exp(rng.normal(0, 0.08, 5))) for b in (32, 64, 128, 256, 512, 1024, 2048)}
     got_s, got_b = study.fit_curve([b for b in by for _ in by[b]], [s for b in by for s in by[b]])
     assert abs(got_s / s_min - 1) < 0.1 and abs(got_b / b_crit - 1) < 0.2
-    (s_lo, s_hi), (b_lo, b_hi) = study.bootstrap_fit(by, draws=200)
+    smins, bcrits = study.bootstrap_draws(by, draws=200)
+    (s_lo, s_hi), (b_lo, b_hi) = study.percentile_interval(smins), study.percentile_interval(bcrits)
     assert s_lo < s_min < s_hi and b_lo < b_crit < b_hi
     # regions by the fitted model's gain per doubling
     assert study.region(32, 300) == "perfect scaling" and study.region(2048, 300) == "maximal data parallelism"
