@@ -370,9 +370,37 @@ def cost_ratio(rows: dict, args: argparse.Namespace, first: dict[str, str]) -> d
             "epoch_ratio": f"{args.epochs / int(first['first_epochs']):g}x"}
 
 
-def steps_to_target_values() -> dict[str, str]:
+# McCandlish et al. 2018's abstract: ImageNet's limit of useful batches, "tens of thousands"
+IMAGENET_USEFUL = (10_000, 100_000)
+
+
+def bend_on_imagenet(stt: Any, args: argparse.Namespace, rows: dict, recipe: str = "sgd+warmup"
+                     ) -> tuple[str, dict[str, bool]]:
+    """The fixed-epoch study's ImageNet mapping checked against the bend the steps-to-target study
+    measures: ``recipe``'s fitted B_crit and its interval at ImageNet's scale by the same share of the
+    training set, against the limit McCandlish et al. report for ImageNet (``IMAGENET_USEFUL``);
+    and the premise of the words around it (the mapped B_crit in that range), absent while pending."""
+    fit = stt.fit_recipe(rows, recipe, args)
+    if fit is None:
+        return ("The steps-to-target study below fits where that bend lies on this setup (pending), which "
+                "tests this mapping against McCandlish et al.'s view of ImageNet."), {}
+    n_train = args.classes * args.train_per_class
+    lo, hi = fit["b"]
+    mapped = fit["b_crit"] / n_train * IMAGENET_TRAIN
+    text = (f"The steps-to-target study below fits this setup's bend: {RECIPE_NAMES[recipe]}'s critical batch, "
+            f"{fit['b_crit']:.0f} [{lo:.0f}, {hi:.0f}], is ImageNet's {imagenet(round(fit['b_crit']), n_train)} "
+            f"[{imagenet(round(lo), n_train)}, {imagenet(round(hi), n_train)}] at the same share. McCandlish et al. "
+            "place the limits of data parallelism on ImageNet at \"batches of tens of thousands\", so the two "
+            "agree in order of magnitude; a closer check needs ImageNet's own noise scale, which this project "
+            "does not measure.")
+    return text, {"the share mapping puts SGD+warmup's B_crit in the tens of thousands":
+                  IMAGENET_USEFUL[0] <= mapped < IMAGENET_USEFUL[1]}
+
+
+def steps_to_target_values() -> tuple[dict[str, str], dict[str, bool]]:
     """The steps-to-target study: its design's numbers, the target's choice (the pilot's table), the
-    plan's resolution and cost, and its results (pending until rows exist)."""
+    plan's resolution and cost, its results (pending until rows exist), and its bend on ImageNet's
+    scale (``bend_on_imagenet``) with that sentence's premise."""
     import steps_to_target as stt  # here, not at the top: steps_to_target imports scaling_rule
 
     args = stt.parse(["--render"])
@@ -400,7 +428,8 @@ def steps_to_target_values() -> dict[str, str]:
     if rows:
         results += [""] + stt.results_section(args, rows, heading="###")
     out["stt_results"] = "\n".join(results).strip()
-    return out
+    out["stt_imagenet"], premises = bend_on_imagenet(stt, args, rows)
+    return out, premises
 
 
 def values(args: argparse.Namespace, rows: dict) -> tuple[dict[str, str], list[str]]:
@@ -411,7 +440,9 @@ def values(args: argparse.Namespace, rows: dict) -> tuple[dict[str, str], list[s
     lrs, lr_premises = lr_values(rows, args)
     out = {**setup_values(rows, args), **comparison_values(cs), **arm_values(rows, args), **conv,
            **resolution_values(rows, args), **lrs, **target_values(rows, args), **first,
-           **cost_ratio(rows, args, first), **steps_to_target_values()}
+           **cost_ratio(rows, args, first)}
+    stt_values, stt_premises = steps_to_target_values()
+    out |= stt_values
     out["results_table"] = results_table(rows, args, cs)
     out["largest_check"] = "\n".join(study.largest_check_section(rows, args)).strip()
     out["warm_k4_k8_under"] = under_range(cs, ["warm_linear_k4", "warm_tuned_k4", "warm_linear_k8"])
@@ -419,7 +450,7 @@ def values(args: argparse.Namespace, rows: dict) -> tuple[dict[str, str], list[s
     lrs_here = {b: study.chosen_lr(rows, "sgd", b, args) for b in args.batches}
     first_batches = [int(b) for b in FIRST_SETUP[FIRST_SETUP.index("--batches") + 1:]]
     premises = {f"{cid}: {want}": cs[cid]["verdict"]["verdict"] == want for cid, want in PROSE_PREMISES.items()}
-    premises |= conv_premises | lr_premises | first_premises
+    premises |= conv_premises | lr_premises | first_premises | stt_premises
     premises["no point of the first setup was put within the margin"] = first["first_tost"] == "no point was"
     premises["the two setups' chosen SGD lrs differ"] = [lrs_here.get(b) for b in first_batches] != first_lrs
     return out, [name for name, held in premises.items() if not held]

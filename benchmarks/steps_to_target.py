@@ -536,6 +536,36 @@ def comparisons(args: argparse.Namespace) -> int:
     return max(1, len(args.recipes) * (len(args.batches) - 1))
 
 
+def reached_steps(rows: dict, recipe: str, args: argparse.Namespace) -> tuple[dict[int, list[float]], dict[int, str]]:
+    """Per batch of ``recipe``, the chosen lr's steps where every one of its seeds reached the target;
+    and the batches where some seed did not, as "reached/run" (they are neither fitted nor compared)."""
+    by_batch: dict[int, list[float]] = {}
+    missed: dict[int, str] = {}
+    for b in args.batches:
+        rs = chosen_rows(rows, recipe, b, args)
+        got = [float(r["steps"]) for r in rs if r["reached"]]
+        if rs and len(got) == len(rs):
+            by_batch[b] = got
+        elif len(got) < len(rs):
+            missed[b] = f"{len(got)}/{len(rs)}"
+    return by_batch, missed
+
+
+def fit_recipe(rows: dict, recipe: str, args: argparse.Namespace) -> dict[str, Any] | None:
+    """The fit S = S_min (1 + B_crit / B) over ``reached_steps``'s batches (None with fewer than
+    three): the fitted values, their 95% bootstrap intervals over seeds, the bootstrap's B_crit draws
+    and the B_simple each fitted run read at the target."""
+    by_batch, _ = reached_steps(rows, recipe, args)
+    if len(by_batch) < 3:
+        return None
+    s_min, b_crit = fit_curve([b for b in by_batch for _ in by_batch[b]], [s for b in by_batch for s in by_batch[b]])
+    smins, bcrits = bootstrap_draws(by_batch)
+    noise = [r["b_simple_at_target"] for b in by_batch for r in chosen_rows(rows, recipe, b, args)
+             if r["b_simple_at_target"] is not None]
+    return {"s_min": s_min, "b_crit": b_crit, "s": percentile_interval(smins), "b": percentile_interval(bcrits),
+            "draws": bcrits, "noise": noise, "batches": sorted(by_batch)}
+
+
 def results_section(args: argparse.Namespace, rows: dict, heading: str = "##") -> list[str]:
     """The steps table (each batch's chosen lr, its seeds' steps to the target, B_simple there) and,
     per recipe with three batches at the target, the fit S = S_min (1 + B_crit / B), its bootstrap
@@ -547,7 +577,6 @@ def results_section(args: argparse.Namespace, rows: dict, heading: str = "##") -
     doublings: dict[str, dict[int, list[float]]] = {}
     missed: dict[str, dict[int, str]] = {}  # batches where a seed of the chosen lr never reached the target
     for recipe in args.recipes:
-        by_batch: dict[int, list[float]] = {}
         for b in args.batches:
             rs = chosen_rows(rows, recipe, b, args)
             lr = chosen_lr(rows, recipe, b, args)
@@ -556,24 +585,15 @@ def results_section(args: argparse.Namespace, rows: dict, heading: str = "##") -
                 continue
             got = [r["steps"] for r in rs if r["reached"]]
             noise = [r["b_simple_at_target"] for r in rs if r["b_simple_at_target"] is not None]
-            if got and len(got) == len(rs):
-                by_batch[b] = [float(s) for s in got]
-            elif len(got) < len(rs):
-                missed.setdefault(recipe, {})[b] = f"{len(got)}/{len(rs)}"
             L.append(f"| {recipe} | {b} | {lr:g} | {geo_ci(got) if got else 'not reached'} | "
-                     f"{statistics.mean(got) * b:,.0f} | {len(got)}/{len(rs)} | "
+                     f"{f'{statistics.mean(got) * b:,.0f}' if got else ''} | {len(got)}/{len(rs)} | "
                      f"{f'{statistics.median(noise):.0f} (n={len(noise)})' if noise else 'not probed'} |")
-        doublings[recipe] = by_batch
-        if len(by_batch) >= 3:
-            xs = [b for b in by_batch for _ in by_batch[b]]
-            ys = [s for b in by_batch for s in by_batch[b]]
-            s_min, b_crit = fit_curve(xs, ys)
-            smins, bcrits = bootstrap_draws(by_batch)
-            noise = [r["b_simple_at_target"] for b in by_batch for r in chosen_rows(rows, recipe, b, args)
-                     if r["b_simple_at_target"] is not None]
-            fits[recipe] = {"s_min": s_min, "b_crit": b_crit, "s": percentile_interval(smins),
-                            "b": percentile_interval(bcrits), "draws": bcrits, "noise": noise,
-                            "batches": sorted(by_batch)}
+        doublings[recipe], missed_here = reached_steps(rows, recipe, args)
+        if missed_here:
+            missed[recipe] = missed_here
+        fit = fit_recipe(rows, recipe, args)
+        if fit:
+            fits[recipe] = fit
     L.append("")
     L += doubling_section(args, doublings, heading, missed)
     L += [f"{heading} The fit S = S_min (1 + B_crit / B) and the noise scale", ""]

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 pytest.importorskip("scipy", reason="the study's statistics use scipy (the [dev] and [report] extras)")
@@ -110,3 +111,41 @@ def test_the_exponents_the_tied_lrs_fit_are_worded_from_the_ranges(modules: tupl
     assert page.tied_a_clause({"sgd": {"range": (0.5, 1.0)}, "lars": {"range": (0.2, 1.0)}}).endswith(
         "the range of LARS also holds a = 0.25")
     assert page.tied_a_clause({"sgd": {"range": (0.5, 1.0)}}).endswith("no range holds a = 0.25")
+
+
+def test_the_imagenet_mapping_is_checked_against_the_measured_bend(modules: tuple[ModuleType, ModuleType],
+                                                                     tmp_path: Path) -> None:
+    """The fixed-epoch study's ImageNet mapping (a batch's share of the training set) is set against
+    the bend the steps-to-target study fits: SGD+warmup's B_crit at ImageNet's scale, in McCandlish et
+    al.'s "tens of thousands" or flagged as a broken premise; pending without three fitted batches."""
+    page = modules[1]
+    stt = _load("steps_to_target")
+    batches = [32, 64, 128, 256, 512]
+    args = stt.parse(["--render", "--out", str(tmp_path / "s"), "--batches", *map(str, batches),
+                      "--seeds", *map(str, range(4)), "--sweep-seeds", "2"])
+    n_train = args.classes * args.train_per_class
+
+    def rows_for(b_crit: float, upto: list[int]) -> dict:
+        rng, rows = np.random.default_rng(0), {}
+        for b in upto:
+            c = args.sgd_lr * b / batches[0]  # SGD's grid is centred on the base's lr scaled linearly
+            for seed in range(4):
+                steps = round(300 * (1 + b_crit / b) * float(np.exp(rng.normal(0, 0.02))))
+                for j, factor in ((0, 1), *(((-1, 3), (1, 3)) if seed < 2 else ())):  # the centre is chosen
+                    r = {"recipe": "sgd+warmup", "batch": b, "lr": stt.on_grid(c, j), "seed": seed,
+                         "steps": factor * steps, "reached": True, "b_simple_at_target": None}
+                    rows[stt.key(r)] = r
+        return rows
+
+    b_crit = 48_000 / page.IMAGENET_TRAIN * n_train  # ImageNet's 48K at the same share
+    text, premises = page.bend_on_imagenet(stt, args, rows_for(b_crit, batches))
+    got = re.search(r"SGD\+warmup's critical batch, (\d+) \[(\d+), (\d+)\], is ImageNet's (\d+)K \[", text)
+    assert got, text
+    fitted, lo, hi, imagenet_k = map(int, got.groups())
+    assert lo <= b_crit <= hi and fitted == pytest.approx(b_crit, rel=0.1), text
+    assert imagenet_k == round(fitted / n_train * page.IMAGENET_TRAIN / 1000), text
+    assert list(premises.values()) == [True], premises
+    _, premises = page.bend_on_imagenet(stt, args, rows_for(b_crit / 10, batches))  # 4.8K: not tens of thousands
+    assert list(premises.values()) == [False], premises
+    text, premises = page.bend_on_imagenet(stt, args, rows_for(b_crit, batches[:2]))
+    assert "(pending)" in text and premises == {}
