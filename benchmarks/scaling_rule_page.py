@@ -374,13 +374,13 @@ def cost_ratio(rows: dict, args: argparse.Namespace, first: dict[str, str]) -> d
 IMAGENET_USEFUL = (10_000, 100_000)
 
 
-def bend_on_imagenet(stt: Any, args: argparse.Namespace, rows: dict, recipe: str = "sgd+warmup"
+def bend_on_imagenet(fit: dict[str, Any] | None, args: argparse.Namespace, recipe: str = "sgd+warmup"
                      ) -> tuple[str, dict[str, bool]]:
     """The fixed-epoch study's ImageNet mapping checked against the bend the steps-to-target study
-    measures: ``recipe``'s fitted B_crit and its interval at ImageNet's scale by the same share of the
-    training set, against the limit McCandlish et al. report for ImageNet (``IMAGENET_USEFUL``);
-    and the premise of the words around it (the mapped B_crit in that range), absent while pending."""
-    fit = stt.fit_recipe(rows, recipe, args)
+    measures: ``recipe``'s fit (``steps_to_target.fit_recipe``; None while pending), its B_crit and
+    interval at ImageNet's scale by the same share of the training set, against the limit McCandlish
+    et al. report for ImageNet (``IMAGENET_USEFUL``); and the premise of the words around it (the
+    mapped B_crit in that range), absent while pending."""
     if fit is None:
         return ("The steps-to-target study below fits where that bend lies on this setup (pending), which "
                 "tests this mapping against McCandlish et al.'s view of ImageNet."), {}
@@ -425,10 +425,11 @@ def steps_to_target_values() -> tuple[dict[str, str], dict[str, bool]]:
     if todo or blocked:
         results.append(f"**Pending: {len(rows)} of ~{e['runs'] if e else '?'} trainings done** (the estimate's "
                        f"count; grown grids add more).")
+    fits = stt.fit_recipes(args, rows)
     if rows:
-        results += [""] + stt.results_section(args, rows, heading="###")
+        results += [""] + stt.results_section(args, rows, heading="###", fits=fits)
     out["stt_results"] = "\n".join(results).strip()
-    out["stt_imagenet"], premises = bend_on_imagenet(stt, args, rows)
+    out["stt_imagenet"], premises = bend_on_imagenet(fits.get("sgd+warmup"), args)
     return out, premises
 
 

@@ -566,14 +566,21 @@ def fit_recipe(rows: dict, recipe: str, args: argparse.Namespace) -> dict[str, A
             "draws": bcrits, "noise": noise, "batches": sorted(by_batch)}
 
 
-def results_section(args: argparse.Namespace, rows: dict, heading: str = "##") -> list[str]:
+def fit_recipes(args: argparse.Namespace, rows: dict) -> dict[str, dict[str, Any]]:
+    """``fit_recipe`` for each recipe that has a fit."""
+    return {recipe: f for recipe in args.recipes if (f := fit_recipe(rows, recipe, args))}
+
+
+def results_section(args: argparse.Namespace, rows: dict, heading: str = "##",
+                    fits: dict[str, dict[str, Any]] | None = None) -> list[str]:
     """The steps table (each batch's chosen lr, its seeds' steps to the target, B_simple there) and,
     per recipe with three batches at the target, the fit S = S_min (1 + B_crit / B), its bootstrap
-    interval and B_simple against it: the report's results, and the scaling-rule page's."""
+    interval and B_simple against it: the report's results, and the scaling-rule page's. ``fits``:
+    ``fit_recipes``'s, where the caller has them (the bootstrap is the costly part)."""
     L = [f"{heading} Steps to the target", "",
           "| recipe | batch | lr | steps (geometric mean, 95% interval) | examples | reached | B_simple at target |",
           "|---|---|---|---|---|---|---|"]
-    fits: dict[str, dict[str, Any]] = {}
+    fits = fit_recipes(args, rows) if fits is None else fits
     doublings: dict[str, dict[int, list[float]]] = {}
     missed: dict[str, dict[int, str]] = {}  # batches where a seed of the chosen lr never reached the target
     for recipe in args.recipes:
@@ -591,9 +598,6 @@ def results_section(args: argparse.Namespace, rows: dict, heading: str = "##") -
         doublings[recipe], missed_here = reached_steps(rows, recipe, args)
         if missed_here:
             missed[recipe] = missed_here
-        fit = fit_recipe(rows, recipe, args)
-        if fit:
-            fits[recipe] = fit
     L.append("")
     L += doubling_section(args, doublings, heading, missed)
     L += [f"{heading} The fit S = S_min (1 + B_crit / B) and the noise scale", ""]

@@ -138,14 +138,15 @@ def test_the_imagenet_mapping_is_checked_against_the_measured_bend(modules: tupl
         return rows
 
     b_crit = 48_000 / page.IMAGENET_TRAIN * n_train  # ImageNet's 48K at the same share
-    text, premises = page.bend_on_imagenet(stt, args, rows_for(b_crit, batches))
+    text, premises = page.bend_on_imagenet(stt.fit_recipe(rows_for(b_crit, batches), "sgd+warmup", args), args)
     got = re.search(r"SGD\+warmup's critical batch, (\d+) \[(\d+), (\d+)\], is ImageNet's (\d+)K \[", text)
     assert got, text
     fitted, lo, hi, imagenet_k = map(int, got.groups())
     assert lo <= b_crit <= hi and fitted == pytest.approx(b_crit, rel=0.1), text
     assert imagenet_k == round(fitted / n_train * page.IMAGENET_TRAIN / 1000), text
     assert list(premises.values()) == [True], premises
-    _, premises = page.bend_on_imagenet(stt, args, rows_for(b_crit / 10, batches))  # 4.8K: not tens of thousands
+    # ImageNet's 4.8K: not tens of thousands
+    _, premises = page.bend_on_imagenet(stt.fit_recipe(rows_for(b_crit / 10, batches), "sgd+warmup", args), args)
     assert list(premises.values()) == [False], premises
-    text, premises = page.bend_on_imagenet(stt, args, rows_for(b_crit, batches[:2]))
+    text, premises = page.bend_on_imagenet(stt.fit_recipe(rows_for(b_crit, batches[:2]), "sgd+warmup", args), args)
     assert "(pending)" in text and premises == {}
