@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Shared by launch/torchrun.sh and launch/torchrun_multinode.sh (sourced, not run): the run
-# wrapper that passes on the workers' documented exit code, and the node's GPU count.
+# wrapper that passes on the workers' documented exit code, the interpreter to run (also for
+# launch/tpu_vm.sh), and the node's GPU count.
 # launch/slurm.sbatch keeps its own copy of worker_exit_code: SLURM runs a copy of the batch
 # script from its spool directory, where this file is not next to it.
 
@@ -137,6 +138,55 @@ under_tini_if_pid1() {  # under_tini_if_pid1 "$0" "$@": as a container's PID 1, 
   # and passes docker stop's SIGTERM on to this script, which forwards it (run, above).
   if [[ $$ == 1 ]] && command -v tini > /dev/null 2>&1; then
     LB_DRY_RUN=${LB_DRY_RUN:-0} exec tini -- "$@"
+  fi
+}
+
+# find_python NAME VENV HOW MODULE...: set python to the interpreter the script runs: $PYTHON
+# when set, else the first of the active virtualenv's ($VIRTUAL_ENV), the checkout's own VENV
+# and python3 on PATH (a container's) that finds every MODULE. Without one: one line on stderr,
+# NAME's, naming HOW (the command that sets VENV up) and PYTHON=, and exit 2, never a
+# ModuleNotFoundError traceback from every rank. A PYTHON that lacks a MODULE is refused, not
+# passed over.
+# Written in launch/lib.sh, copied into launch/slurm.sbatch (which SLURM runs from its spool
+# folder, away from lib.sh); tests/test_launch_env.py holds the copies equal.
+find_python() {
+  local name=$1 venv=$2 how=$3 candidate missing
+  shift 3
+  # find_spec, not import: milliseconds, no torch start-up; prints what is missing
+  local check='import importlib.util as u, sys
+missing = [m for m in sys.argv[1:] if u.find_spec(m) is None]
+print(", ".join(missing))
+sys.exit(1 if missing else 0)'
+  if [[ -n ${PYTHON:-} ]]; then
+    if missing=$("$PYTHON" -c "$check" "$@" 2> /dev/null); then
+      python=$PYTHON
+      return 0
+    fi
+    if [[ -n $missing ]]; then missing="has no $missing"; else missing="does not run"; fi
+    echo "$name: PYTHON=$PYTHON $missing: set PYTHON to an interpreter with largebatch, or unset it to use $venv ($how to set it up)" >&2
+    exit 2
+  fi
+  for candidate in ${VIRTUAL_ENV:+"$VIRTUAL_ENV/bin/python"} "$venv/bin/python" "$(command -v python3 || :)"; do
+    [[ -n $candidate && -x $candidate ]] || continue
+    if "$candidate" -c "$check" "$@" > /dev/null 2>&1; then
+      python=$candidate
+      return 0
+    fi
+  done
+  printf -v missing '%s, ' "$@"
+  echo "$name: no Python environment with ${missing%, } found (${VIRTUAL_ENV:+VIRTUAL_ENV=$VIRTUAL_ENV, }$venv, python3 on PATH): $how to set up $venv, or set PYTHON=/path/to/python" >&2
+  exit 2
+}
+
+# torchrun_command NAME VENV: set the array torchrun to $TORCHRUN's words, else to this
+# environment's python (find_python) -m largebatch.launch.torchrun
+torchrun_command() {
+  if [[ -n ${TORCHRUN:-} ]]; then
+    read -r -a torchrun <<< "$TORCHRUN"
+  else
+    find_python "$1" "$2" "run 'make env'" torch hydra largebatch
+    # shellcheck disable=SC2034  # the caller's command line
+    torchrun=("$python" -m largebatch.launch.torchrun)
   fi
 }
 

@@ -12,11 +12,14 @@
 #   MAX_RESTARTS    times torchrun restarts the whole group after a failure (default 0); pass
 #                   run_dir=... resume=auto so a restart continues from the last checkpoint. A
 #                   rank that exits 75 (preempted, saved) is not a failure: the job ends 75
-#   TORCHRUN        the torchrun command (default: python3 -m largebatch.launch.torchrun, torchrun
+#   PYTHON          the interpreter (default: the active virtualenv's, else this checkout's .venv,
+#                   else python3 on PATH, whichever has torch, hydra and largebatch)
+#   TORCHRUN        the torchrun command (default: that python -m largebatch.launch.torchrun, torchrun
 #                   minus its traceback after the ranks reported; e.g. ".venv/bin/torchrun")
 #   LB_DRY_RUN=1    print the command instead of running it (same as --dry-run)
 # Exit code: the workers' documented code (75 preempted, 2 bad input, 3 non-finite, 74
 #   checkpoint write failed), not torchrun's generic 1; torchrun's code if no worker wrote one.
+#   2 and one line, before anything starts, where no interpreter has largebatch (see PYTHON).
 #   A stop before the first step is 75 too; a rank killed by a signal 128 + it (137: SIGKILL).
 #   The agent and the ranks end with this script (kill -KILL of its group leaves nothing running).
 set -euo pipefail
@@ -32,7 +35,7 @@ under_tini_if_pid1 "$0" "$@"
 
 nproc=${NPROC_PER_NODE:-$(gpu_count)}
 [[ $nproc == 0 ]] && nproc=1
-read -r -a torchrun <<< "${TORCHRUN:-python3 -m largebatch.launch.torchrun}"
+torchrun_command "${0##*/}" "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv"
 
 LB_LOCAL_RANKS=$nproc run "${torchrun[@]}" --standalone --nproc-per-node="$nproc" --max-restarts="${MAX_RESTARTS:-0}" \
   -m largebatch.train "$@"

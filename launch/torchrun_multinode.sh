@@ -20,11 +20,14 @@
 #   RDZV_ID         job id shared by the nodes of one job (default: largebatch)
 #   MAX_RESTARTS    group restarts after a failure or a membership change (default 0); a rank
 #                   that exits 75 (preempted, saved) is not a failure: the job ends 75
-#   TORCHRUN        the torchrun command (default: python3 -m largebatch.launch.torchrun, torchrun
+#   PYTHON          the interpreter (default: the active virtualenv's, else this checkout's .venv,
+#                   else python3 on PATH, whichever has torch, hydra and largebatch)
+#   TORCHRUN        the torchrun command (default: that python -m largebatch.launch.torchrun, torchrun
 #                   minus its traceback after the ranks reported)
 #   LB_DRY_RUN=1    print the command instead of running it (same as --dry-run)
 # Exit code: the workers' documented code (75 preempted, 2 bad input, 3 non-finite, 74
 #   checkpoint write failed), not torchrun's generic 1; torchrun's code if no worker wrote one.
+#   2 and one line, before anything starts, where no interpreter has largebatch (see PYTHON).
 # With MAX_RESTARTS > 0 give a fixed run_dir= and resume=auto (on a filesystem every node
 # sees): a restarted group then continues from the last checkpoint instead of a new run.
 # global_batch_size must divide by every world size an elastic job can reach.
@@ -50,7 +53,7 @@ if [[ -z ${RDZV_ENDPOINT:-} ]]; then
 fi
 nproc=${NPROC_PER_NODE:-$(gpu_count)}
 [[ $nproc == 0 ]] && nproc=1
-read -r -a torchrun <<< "${TORCHRUN:-python3 -m largebatch.launch.torchrun}"
+torchrun_command "${0##*/}" "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv"
 
 args=(--nnodes="$nnodes" --nproc-per-node="$nproc")
 [[ -n ${NODE_RANK:-} ]] && args+=(--node-rank="$NODE_RANK")

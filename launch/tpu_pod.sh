@@ -14,7 +14,8 @@
 # Reads:
 #   TPU_NAME, ZONE  the TPU VM (required); PROJECT: its gcloud project (default: gcloud's own)
 #   REMOTE_DIR      the checkout on every host, relative to the home folder (default largebatch)
-#   REMOTE_PYTHON   the interpreter on the hosts, relative to REMOTE_DIR (default .venv-xla/bin/python)
+#   REMOTE_PYTHON   the interpreter on the hosts, relative to REMOTE_DIR (default .venv-xla/bin/python);
+#                   a host without it stops with one line naming it (exit 2): run with LB_TPU_SETUP=1
 #   RUN_DIR         the run directory (default runs/tpu-$TPU_NAME-<date-time>, relative to
 #                   REMOTE_DIR), passed as run_dir= with resume=auto
 #   LB_TPU_SETUP=1  first copy this checkout's HEAD (git archive: commit your changes) to every
@@ -63,7 +64,13 @@ if [[ ${LB_TPU_SETUP:-0} == 1 ]]; then
 fi
 
 printf -v overrides ' %q' "run_dir=$run_dir" resume=auto "$@"
-printf -v remote 'cd %q && PJRT_DEVICE=TPU %q -m largebatch.launch.xla' \
-  "$remote_dir" "${REMOTE_PYTHON:-.venv-xla/bin/python}"
+# a host without the checkout or its interpreter says so in one line (exit 2), not bash's
+# "No such file" or a ModuleNotFoundError traceback per host
+remote_python=${REMOTE_PYTHON:-.venv-xla/bin/python}
+shown=$remote_python
+[[ $shown == /* ]] || shown=$remote_dir/$shown
+# shellcheck disable=SC2016  # $(hostname) expands on each host
+printf -v remote 'cd %q 2> /dev/null && [ -x %q ] || { echo "tpu_pod.sh: $(hostname) has no %q: run once with LB_TPU_SETUP=1 (or set REMOTE_DIR, REMOTE_PYTHON)" >&2 && exit 2; }; PJRT_DEVICE=TPU %q -m largebatch.launch.xla' \
+  "$remote_dir" "$remote_python" "$shown" "$remote_python"
 echo "run_dir=$run_dir (on worker 0; relative to ~/$remote_dir)" >&2
 run "${tpu[@]}" ssh "$TPU_NAME" "${where[@]}" --command="$remote$overrides"

@@ -8,10 +8,12 @@
 #   PJRT_DEVICE=CPU launch/tpu_vm.sh debug=smoke      # the same path on a CPU, as a try-out
 #
 # Reads:
-#   PYTHON        the interpreter with torch-xla (default: this checkout's .venv-xla/bin/python
-#                 when it exists, else python3)
+#   PYTHON        the interpreter with torch-xla (default: the active virtualenv's, else this
+#                 checkout's .venv-xla, else python3 on PATH, whichever has torch_xla and largebatch)
 #   PJRT_DEVICE   the PJRT runtime (default TPU)
 #   LB_DRY_RUN=1  print the command instead of running it (same as --dry-run)
+# Exit code: the XLA launcher's (largebatch.errors); 2 and one line, before anything starts,
+#   where no interpreter has torch_xla and largebatch (see PYTHON).
 # A spot/preemptible VM: give run_dir=... resume=auto and start the same command again after
 # a preemption; it continues from the last checkpoint. A pod slice: launch/tpu_pod.sh.
 set -euo pipefail
@@ -20,6 +22,9 @@ if [[ ${1:-} == --dry-run ]]; then
   LB_DRY_RUN=1
   shift
 fi
+
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 run() {  # run CMD...: replace this shell with CMD, or print it shell-quoted under LB_DRY_RUN=1
   if [[ ${LB_DRY_RUN:-0} == 1 ]]; then
@@ -32,10 +37,7 @@ run() {  # run CMD...: replace this shell with CMD, or print it shell-quoted und
 }
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-python=${PYTHON:-}
-if [[ -z $python ]]; then
-  python=python3
-  [[ -x $root/.venv-xla/bin/python ]] && python=$root/.venv-xla/bin/python
-fi
+find_python "${0##*/}" "$root/.venv-xla" "run 'scripts/setup_env.sh xla'" \
+  torch torch_xla hydra largebatch
 
 run env PJRT_DEVICE="${PJRT_DEVICE:-TPU}" "$python" -m largebatch.launch.xla "$@"

@@ -22,18 +22,24 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = ROOT / "launch"
+PY = sys.executable  # the PYTHON the dry runs below pass
 SCRIPTS = ["slurm.sbatch", "torchrun.sh", "torchrun_multinode.sh", "tpu_pod.sh", "tpu_vm.sh"]
 
 
 def _dry_run(
     script: str, *args: str, env: dict[str, str] | None = None, fake_bin: Path | None = None
 ) -> subprocess.CompletedProcess:
-    """Run ``launch/<script> args`` with LB_DRY_RUN=1 in a minimal environment plus ``env``."""
+    """Run ``launch/<script> args`` with LB_DRY_RUN=1 in a minimal environment plus ``env``.
+
+    PYTHON is this interpreter: the lines name it (how a wrapper finds one when PYTHON is unset:
+    tests/test_launch_env.py).
+    """
     path = os.environ.get("PATH", "/usr/bin:/bin")
     base = {
         "PATH": f"{fake_bin}:{path}" if fake_bin else path,
         "HOME": os.environ.get("HOME", "/tmp"),
         "LB_DRY_RUN": "1",
+        "PYTHON": sys.executable,
     }
     return subprocess.run(
         ["bash", str(LAUNCH / script), *args],
@@ -114,7 +120,7 @@ def test_slurm_torchrun_line(fake_scontrol: Path, tmp_path: Path) -> None:
     )
     assert _lines(proc) == [
         "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 "
-        "python3 -m largebatch.launch.torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d "
+        f"{PY} -m largebatch.launch.torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d "
         "--rdzv-endpoint=gpu-003:29742 --rdzv-id=4242 --max-restarts=0 "
         "-m largebatch.train run_dir=runs/slurm-4242 resume=auto "
         "optimizer=lars data.root=/data/my\\ imagenet"
@@ -172,7 +178,7 @@ def test_slurm_one_node_runs_torchrun_in_the_batch_step(fake_scontrol: Path, env
     """On one node no srun by default: srun SIGKILLs its tasks on the SIGTERM of scancel --full (issue 30)."""
     one_node = {**SLURM_ENV, "SLURM_JOB_NODELIST": "gpu-[003-004]", "SLURM_NNODES": "1", **env}
     (line,) = _lines(_dry_run("slurm.sbatch", env=one_node, fake_bin=fake_scontrol))
-    assert line.startswith("srun --nodes=1 ") if srun else line.startswith("python3 -m largebatch.launch.torchrun --nnodes=1 --nproc-per-node=8 ")
+    assert line.startswith("srun --nodes=1 ") if srun else line.startswith(f"{PY} -m largebatch.launch.torchrun --nnodes=1 --nproc-per-node=8 ")
 
 
 def _fake_slurm_job(bin_dir: Path, fakes: dict[str, str], home: Path, job: str) -> dict[str, str]:
@@ -182,7 +188,7 @@ def _fake_slurm_job(bin_dir: Path, fakes: dict[str, str], home: Path, job: str) 
         (bin_dir / name).chmod(0o755)
     return {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(home), "SLURM_JOB_ID": job,
             "SLURM_JOB_NODELIST": "node-1", "SLURM_NNODES": "1", "SLURM_SUBMIT_DIR": str(home),
-            "TORCHRUN": "torchrun"}  # the fake, not the default (this venv's python3 -m ...)
+            "TORCHRUN": "torchrun"}  # the fake, not the default (this checkout's python -m ...)
 
 
 @pytest.mark.parametrize(("state", "requeued"), [
@@ -266,7 +272,7 @@ def test_slurm_outside_a_job_says_so() -> None:
 def test_torchrun_single_node_line() -> None:
     proc = _dry_run("torchrun.sh", "optimizer=lars", env={"CUDA_VISIBLE_DEVICES": "0,1,3"})
     assert _lines(proc) == [
-        "python3 -m largebatch.launch.torchrun --standalone --nproc-per-node=3 --max-restarts=0 "
+        f"{PY} -m largebatch.launch.torchrun --standalone --nproc-per-node=3 --max-restarts=0 "
         "-m largebatch.train optimizer=lars"
     ]
 
@@ -276,7 +282,7 @@ def test_torchrun_multinode_elastic_line() -> None:
            "RDZV_ENDPOINT": "node0:29500", "RDZV_ID": "rn50"}
     proc = _dry_run("torchrun_multinode.sh", "run_dir=/shared/r", "resume=auto", env=env)
     assert _lines(proc) == [
-        "python3 -m largebatch.launch.torchrun --nnodes=2:4 --nproc-per-node=8 --node-rank=1 --rdzv-backend=c10d "
+        f"{PY} -m largebatch.launch.torchrun --nnodes=2:4 --nproc-per-node=8 --node-rank=1 --rdzv-backend=c10d "
         "--rdzv-endpoint=node0:29500 --rdzv-id=rn50 --max-restarts=3 "
         "-m largebatch.train run_dir=/shared/r resume=auto"
     ]
@@ -295,37 +301,50 @@ def test_tpu_pod_lines() -> None:
     lines = _lines(_dry_run("tpu_pod.sh", "optimizer=lars", env=env))
     tpu = "gcloud compute tpus tpu-vm"
     where = "--zone=us-central2-b --worker=all --project=p"
-    assert lines == [
+    assert lines[:3] == [
         f"git -C {ROOT} archive --format=tar.gz -o /tmp/largebatch-v4-32.tar.gz HEAD",
         f"{tpu} scp /tmp/largebatch-v4-32.tar.gz v4-32:largebatch.tar.gz {where}",
         f"{tpu} ssh v4-32 {where} --command=mkdir\\ -p\\ largebatch\\ \\&\\&\\ tar\\ -xzf\\ "
         "largebatch.tar.gz\\ -C\\ largebatch\\ \\&\\&\\ cd\\ largebatch\\ \\&\\&\\ scripts/setup_env.sh\\ "
         "xla\\ \\&\\&\\ .venv-xla/bin/pip\\ install\\ -q\\ -c\\ constraints/xla.txt\\ \\'torch-xla\\[tpu\\]\\'",
-        f"{tpu} ssh v4-32 {where} --command=cd\\ largebatch\\ \\&\\&\\ PJRT_DEVICE=TPU\\ "
-        ".venv-xla/bin/python\\ -m\\ largebatch.launch.xla\\ run_dir=runs/r1\\ resume=auto\\ optimizer=lars",
     ]
+    assert len(lines) == 4 and lines[3].startswith(f"{tpu} ssh v4-32 {where} --command=")
+    assert _remote_command(lines[3]) == (
+        'cd largebatch 2> /dev/null && [ -x .venv-xla/bin/python ] || { echo "tpu_pod.sh: $(hostname) has no '
+        'largebatch/.venv-xla/bin/python: run once with LB_TPU_SETUP=1 (or set REMOTE_DIR, REMOTE_PYTHON)" >&2 '
+        "&& exit 2; }; PJRT_DEVICE=TPU .venv-xla/bin/python -m largebatch.launch.xla run_dir=runs/r1 resume=auto "
+        "optimizer=lars"
+    )
+
+
+def _remote_command(line: str) -> str:
+    """The --command= of a printed gcloud line, as the shell reads it (what each host runs)."""
+    words = subprocess.run(
+        ["bash", "-c", f'set -- {line}; for a in "$@"; do printf "%s\\n" "$a"; done'],
+        capture_output=True, text=True, check=True, timeout=30,
+    ).stdout.splitlines()
+    return words[-1].removeprefix("--command=")
 
 
 def test_tpu_pod_remote_command_keeps_overrides_intact() -> None:
     """What gcloud runs on each host, parsed back by a shell, gives the overrides unchanged."""
     env = {"TPU_NAME": "t", "ZONE": "z", "RUN_DIR": "runs/r"}
     line = _lines(_dry_run("tpu_pod.sh", "data.root=/mnt/my data", "model=resnet50", env=env))[-1]
-    words = subprocess.run(
-        ["bash", "-c", f'set -- {line}; for a in "$@"; do printf "%s\\n" "$a"; done'],
-        capture_output=True, text=True, check=True, timeout=30,
-    ).stdout.splitlines()
-    remote = words[-1].removeprefix("--command=")
-    argv = subprocess.run(
-        ["bash", "-c", f'set -- {remote.split(" && ", 1)[1]}; for a in "$@"; do printf "%s\\n" "$a"; done'],
+    remote = _remote_command(line)
+    argv = subprocess.run(  # after the check that the host has the checkout and its python
+        ["bash", "-c", f'set -- {remote.rsplit("; ", 1)[1]}; for a in "$@"; do printf "%s\\n" "$a"; done'],
         capture_output=True, text=True, check=True, timeout=30,
     ).stdout.splitlines()
     assert argv == ["PJRT_DEVICE=TPU", ".venv-xla/bin/python", "-m", "largebatch.launch.xla",
                     "run_dir=runs/r", "resume=auto", "data.root=/mnt/my data", "model=resnet50"]
 
 
-def test_tpu_vm_line() -> None:
-    proc = _dry_run("tpu_vm.sh", "optimizer=lars", env={"PYTHON": "/opt/xla/bin/python"})
-    assert _lines(proc) == ["env PJRT_DEVICE=TPU /opt/xla/bin/python -m largebatch.launch.xla optimizer=lars"]
+def test_tpu_vm_line(tmp_path: Path) -> None:
+    # an empty torch_xla package on PYTHONPATH: tpu_vm.sh only checks that PYTHON finds one
+    (tmp_path / "torch_xla").mkdir()
+    (tmp_path / "torch_xla" / "__init__.py").write_text("")
+    proc = _dry_run("tpu_vm.sh", "optimizer=lars", env={"PYTHONPATH": str(tmp_path)})
+    assert _lines(proc) == [f"env PJRT_DEVICE=TPU {PY} -m largebatch.launch.xla optimizer=lars"]
 
 
 def test_xla_launcher_module_exists() -> None:
