@@ -1,25 +1,34 @@
 """Every paper preset in conf/experiment/ composes to what its header says, documents itself,
-and runs 2 optimizer steps on the embedded data on CPU with size overrides."""
+and runs 2 optimizer steps on the embedded data on CPU shrunk by the README's command."""
 
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 
 import pytest
 
 from largebatch.cli import main
 from largebatch.config import compose_config, to_train_config
+from tests.docs_text import README
 
 EXPERIMENTS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "experiment").glob("*.yaml"))
 REQUIRED = {
     "goyal2017_rn50_8k", "jia2018_rn50_64k", "ying2018_rn50_32k_tpu",
     "wongpanich2020_effnet_b2", "wongpanich2020_effnet_b5", "mlperf_rn50", "fastai2018_rn50_128gpu",
 }
-# The size overrides of a CPU try-out: tiny model, 32 px, 32-image batches, 2 steps.
-SMALL = ["debug=smoke", "data=embedded", "model=resnet10t", "data.workers=0", "progress=false",
-         "tensorboard=false", "backend=cpu", "max_steps=2", "global_batch_size=16",
-         "data.synthetic.train_per_class=8", "data.synthetic.val_per_class=2"]
+
+
+def _readme_shrink() -> list[str]:
+    """The overrides of the README's "shrink a preset" command (its ```bash block with
+    ``experiment=`` and ``debug=smoke``), less its ``experiment=``: one set for every preset."""
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+    command = next(b for b in blocks if "largebatch-train experiment=" in b and "debug=smoke" in b)
+    words = shlex.split(command.replace("\\\n", " "))
+    start = next(i for i, w in enumerate(words) if w.endswith("largebatch-train")) + 1
+    return [w for w in words[start:] if not w.startswith("experiment=")]
 
 
 def _cfg(name: str):
@@ -70,17 +79,28 @@ def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_preset_runs_two_steps_on_cpu(name: str, tmp_path: Path, data_cache: Path,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's command as printed, whatever the preset's phases (issue 68: the fast.ai
+    preset's batch and resolution phases outlived debug=smoke's 2 epochs and it stopped, exit 2)."""
     monkeypatch.setenv("LARGEBATCH_CACHE", str(data_cache))
-    args = [f"experiment={name}", *SMALL, f"run_dir={tmp_path / 'run'}"]
-    if _cfg(name).precision.name in ("fp16", "bf16"):
-        args.append("precision=fp32")  # fp16 autocast on CPU is very slow, bf16 slow without AMX
-    if _cfg(name).batch_schedule.steps or _cfg(name).data.resolution.steps:
-        args.append(f"epochs={_cfg(name).epochs}")  # its schedules name later epochs than debug=smoke's 2
-    if _cfg(name).batch_schedule.steps:  # its batches (16,384, ...) are larger than the shrunk data set
-        args.append("batch_schedule.steps=[]")
-    assert main(args) == 0
+    shrink = _readme_shrink()
+    assert {"debug=smoke", "data=embedded", "max_steps=2"} <= set(shrink), shrink
+    assert main([f"experiment={name}", *shrink, "tensorboard=false", f"run_dir={tmp_path / 'run'}"]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     preset = _cfg(name)
     assert summary["steps"] == 2 and summary["optimizer"] == preset.optimizer.name
     assert summary["lr_per_base_batch"] == preset.optimizer.lr
     assert summary["target_top1"] == preset.target_top1
+
+
+def test_smoke_drops_the_phases_only_it_outlives(capsys: pytest.CaptureFixture) -> None:
+    """debug=smoke drops a preset's batch and resolution phases; without it, a run shorter than
+    its phases is still refused (one line, exit 2), and a phase given on the command line wins."""
+    smoke = to_train_config(compose_config(["experiment=fastai2018_rn50_128gpu", "data=embedded", "debug=smoke"]))
+    assert smoke.epochs == 2 and smoke.batch_schedule.steps == [] and smoke.data.resolution.steps == []
+    assert smoke.optimizer.lr == _cfg("fastai2018_rn50_128gpu").optimizer.lr  # the recipe itself stays
+    assert main(["experiment=fastai2018_rn50_128gpu", "data=embedded", "epochs=2", "--cfg", "job"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("largebatch: error: ") and err.count("\n") == 1, err
+    kept = to_train_config(compose_config(["experiment=fastai2018_rn50_128gpu", "data=embedded", "debug=smoke",
+                                           "data.resolution.schedule=steps", "data.resolution.steps=[[0,32],[1,48]]"]))
+    assert kept.data.resolution.steps == [[0, 32], [1, 48]]
