@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-torchvision", action="store_true")
     args = parser.parse_args(argv)
     if not dali_available():
-        print("NVIDIA DALI is not installed: pip install 'largebatch[dali]'", file=sys.stderr)
+        print("NVIDIA DALI is not installed: pip install -e '.[dali]' (in the clone)", file=sys.stderr)
         return 2
     gpu = args.device == "gpu"
     if gpu and not torch.cuda.is_available():

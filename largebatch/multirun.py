@@ -3,7 +3,8 @@
 Hydra's sweeper expands the overrides (``global_batch_size=256,1024 optimizer=sgd,lars``: 4
 jobs) and its launcher runs :func:`train_job` once per job: the basic launcher one after
 another in this process, ``hydra/launcher=submitit_local`` in subprocesses,
-``hydra/launcher=submitit_slurm`` as a SLURM job array (``pip install largebatch[slurm]``;
+``hydra/launcher=submitit_slurm`` as a SLURM job array (the ``slurm`` extra:
+``pip install '/path/to/largebatch[slurm]'``, the clone's path;
 ``conf/hydra/launcher/slurm.yaml`` is an example). Every job trains in its own run directory,
 ``hydra.sweep.dir/hydra.sweep.subdir`` (``<output_root>/multirun-<time>/<job number>``), next
 to Hydra's record of the job (``.hydra/``). When every job has ended, :func:`summary_table`

@@ -12,7 +12,8 @@ The noise scale is the run's gradient noise scale B_simple (``diagnostics.noise_
 McCandlish et al. 2018), the batch beyond which a larger one pays less and less: its column
 is the run's value at the end, its plot the values over training, each run's global batch
 drawn beside it as a dashed line of the same colour. The plots need matplotlib
-(``pip install 'largebatch[report]'``); ``--no-plots`` prints the table without it.
+(the ``report`` extra: ``pip install '/path/to/largebatch[report]'``, the clone's path);
+``--no-plots`` prints the table without it.
 
 The status column says how a run ended (:func:`run_status`): ``success`` (reached its
 target), ``finished`` (ran its planned epochs or ``max_steps``; no target, or the target not
@@ -470,7 +471,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 import matplotlib  # noqa: F401
             except ImportError:
                 raise ReportError(
-                    "the plots need matplotlib: pip install 'largebatch[report]' (or pass --no-plots)"
+                    "the plots need matplotlib: pip install '/path/to/largebatch[report]' (your clone; or pass --no-plots)"
                 ) from None
         runs = []
         for path in args.runs:  # a damaged run is named and marked; the others are still reported

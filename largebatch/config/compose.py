@@ -191,7 +191,7 @@ def hydra_errors() -> Iterator[None]:
         m = re.search(r"Could not find '([^']+)'", msg)
         if m and m.group(1).startswith("hydra/launcher/submitit"):
             raise ConfigError(f"{m.group(1).split('/')[-1]} needs Hydra's submitit launcher: "
-                              f"pip install 'largebatch[slurm]' (hydra-submitit-launcher)") from None
+                              f"pip install '/path/to/largebatch[slurm]' (your clone; hydra-submitit-launcher)") from None
         if m:
             group = m.group(1).split("/")[0]
             text = str(e)

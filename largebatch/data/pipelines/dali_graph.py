@@ -94,7 +94,8 @@ def dali_device_id(spec: LoaderSpec) -> Optional[int]:
 
 
 def dali_available() -> bool:
-    """True if ``nvidia.dali`` and its PyTorch plugin import (``pip install largebatch[dali]``)."""
+    """True if ``nvidia.dali`` and its PyTorch plugin import (the ``dali`` extra:
+    ``pip install '/path/to/largebatch[dali]'``, the clone's path)."""
     try:
         import nvidia.dali  # noqa: F401
         import nvidia.dali.plugin.pytorch  # noqa: F401
@@ -106,7 +107,7 @@ def dali_available() -> bool:
 def require_dali() -> None:
     """Raise :class:`DataError` naming the fix when DALI cannot be imported."""
     if not dali_available():
-        raise DataError("data.loader=dali needs NVIDIA DALI: pip install 'largebatch[dali]' "
+        raise DataError("data.loader=dali needs NVIDIA DALI: pip install '/path/to/largebatch[dali]' (your clone) "
                         "(nvidia-dali-cuda130), or use data.loader=torchvision")
 
 
