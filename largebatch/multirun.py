@@ -186,6 +186,22 @@ def _distributed_env_from_submitit() -> None:
         submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
 
 
+def _with_recipe(cfg: DictConfig, hc: Any) -> DictConfig:
+    """The job's config, on ``data=imagenet`` with the published recipe for its batch, as a single
+    run composes it (Hydra's sweeper composed the job without it)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from largebatch.config.compose import compose_with_recipe, hydra_errors, hydra_session, recipe_applies
+
+    if not recipe_applies(cfg, hc.runtime.choices):
+        return copy.deepcopy(cfg)
+    with hydra_errors():
+        if GlobalHydra.instance().is_initialized():  # the basic launcher: this process's Hydra
+            return compose_with_recipe(list(hc.overrides.task))[0]
+        with hydra_session():  # a submitit job in a process of its own
+            return compose_with_recipe(list(hc.overrides.task))[0]
+
+
 def train_job(cfg: DictConfig) -> dict[str, Any]:
     """One job of a multirun: train in Hydra's job directory; return the job's row.
 
@@ -195,22 +211,26 @@ def train_job(cfg: DictConfig) -> dict[str, Any]:
     from hydra.core.hydra_config import HydraConfig
 
     from largebatch.config import check_composed, to_train_config
-    from largebatch.errors import EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE, exit_code
+    from largebatch.errors import EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE, ConfigError, exit_code
     from largebatch.run import run
 
     hc = HydraConfig.get()
     row: dict[str, Any] = dict.fromkeys(JOB_FIELDS)
     row.update(job=hc.job.num, overrides=" ".join(hc.overrides.task), run_dir=hc.runtime.output_dir)
-    raw = copy.deepcopy(cfg)
-    OmegaConf.set_readonly(raw, False)
-    raw.run_dir = hc.runtime.output_dir
     if _SWEEP.signal_name:  # the sweep was stopped: Hydra still hands us its remaining jobs
         row.update(exit_code=EXIT_PREEMPTED, error=NOT_STARTED)
         return row
-    mismatch = _other_jobs_run(hc.runtime.output_dir, hc.overrides.task)
-    if mismatch:
-        row.update(exit_code=EXIT_USAGE, error=mismatch, wall_time_s=0.0)
-        print(f"largebatch: job {row['job']} ({row['overrides']}): error: {mismatch}", file=sys.stderr)
+    try:
+        raw = _with_recipe(cfg, hc)
+        refused = None
+    except ConfigError as e:  # e.g. a model the ImageNet recipe does not cover: this job's bad input
+        raw, refused = cfg, str(e)
+    OmegaConf.set_readonly(raw, False)
+    raw.run_dir = hc.runtime.output_dir
+    refused = refused or _other_jobs_run(hc.runtime.output_dir, hc.overrides.task)
+    if refused:
+        row.update(exit_code=EXIT_USAGE, error=refused, wall_time_s=0.0)
+        print(f"largebatch: job {row['job']} ({row['overrides']}): error: {refused}", file=sys.stderr)
         return row
     _distributed_env_from_submitit()
     start = time.monotonic()

@@ -272,6 +272,9 @@ def _resolved(cfg: TrainConfig, backend: Backend, plan: BatchPlan, **facts: Any)
         "top1_of": cfg.ema.target,  # raw | ema: the weights best_top1 and time_to_target_s measure
         "data_root": str(facts["data_root"]),
         "run_dir": str(facts["run_dir"]),
+        # the ImageNet recipe's derived values, each with its source (recipe.mode=auto), or null
+        "recipe": dict(cfg.recipe.derived) or None,
+        "recipe_warnings": list(cfg.recipe.warnings),
     }
 
 
@@ -296,6 +299,12 @@ def _announce(resolved: dict[str, Any], run_dir: Path, raw_cfg: Optional[DictCon
     if r["batch_schedule"] is not None:
         log.info("batch schedule: global batch %s; steps/epoch and warmup steps above are the first "
                  "batch's, the schedule runs on epochs", r["batch_schedule"])
+    if r["recipe"]:
+        from largebatch.imagenet_recipe import describe
+
+        log.info("%s", "\n".join(describe(r["recipe"], r["global_batch_size"], r["model"])))
+    for warning in r["recipe_warnings"]:
+        log.warning("%s", warning)
 
 
 def _warn_long_warmup(epochs: int, resolved: dict[str, Any]) -> None:

@@ -47,6 +47,7 @@ LAYER_OF_UNIT = {
     "nn": BLOCKS, "optim": BLOCKS, "lr": BLOCKS, "comm": BLOCKS, "data": BLOCKS,
     "diagnostics": BLOCKS, "models": BLOCKS,
     "errors": GROUND, "defaults": GROUND, "lazy": GROUND, "resolution": GROUND, "batch_schedule": GROUND,
+    "imagenet_recipe": GROUND,
     "": GROUND,
 }
 

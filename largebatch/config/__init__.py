@@ -5,6 +5,7 @@ from largebatch.config.compose import (
     check_composed,
     check_overrides,
     compose_config,
+    compose_with_recipe,
     config_keys,
     hydra_errors,
     hydra_session,
@@ -13,6 +14,6 @@ from largebatch.config.compose import (
 from largebatch.config.schema import TrainConfig
 
 __all__ = [
-    "ConfigError", "TrainConfig", "check_composed", "check_overrides", "compose_config", "config_keys",
+    "ConfigError", "TrainConfig", "check_composed", "check_overrides", "compose_config", "compose_with_recipe", "config_keys",
     "hydra_errors", "hydra_session", "to_train_config",
 ]

@@ -114,12 +114,23 @@ def multirun_overrides(overrides: Sequence[str]) -> list[str]:
 
 def show(opts: Any) -> None:
     """``--help``, ``--hydra-help``, ``--cfg``, ``--info``: Hydra's own output for conf/train.yaml."""
-    from largebatch.config import check_overrides, compose_config, hydra_errors, hydra_session
+    import sys
+
+    from largebatch.config import check_composed, check_overrides, compose_with_recipe, hydra_errors, hydra_session
+    from largebatch.imagenet_recipe import describe
 
     overrides = list(opts.overrides)
     check_overrides(overrides)
     if opts.cfg or opts.info:
-        compose_config([o for o in overrides if not _key(o).startswith(("hydra.", "hydra/"))])
+        job = [o for o in overrides if not _key(o).startswith(("hydra.", "hydra/"))]
+        with hydra_errors(), hydra_session():
+            cfg, recipe = compose_with_recipe(job)
+        check_composed(cfg)
+        # the ImageNet recipe's overrides go first, so that --cfg shows what a run composes; its
+        # sources go to stderr, the config to stdout
+        overrides = [*recipe, *overrides]
+        for line in [*describe(cfg.recipe.derived, cfg.global_batch_size, cfg.model.name), *cfg.recipe.warnings]:
+            print(line, file=sys.stderr)
     with hydra_errors(), hydra_session() as hydra:
         if opts.help:
             hydra.app_help(config_name="train", args_parser=opts.parser, args=opts)

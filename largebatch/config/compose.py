@@ -8,7 +8,7 @@ import re
 import shlex
 from contextlib import contextmanager
 from enum import Enum
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -17,7 +17,7 @@ from largebatch.config.schema import TrainConfig, register_schema
 from largebatch.errors import ConfigError
 
 __all__ = [
-    "ConfigError", "check_composed", "check_overrides", "compose_config", "config_keys", "hydra_errors",
+    "ConfigError", "check_composed", "check_overrides", "compose_config", "compose_with_recipe", "config_keys", "hydra_errors", "recipe_applies",
     "hydra_session", "to_train_config",
 ]
 
@@ -234,13 +234,59 @@ def check_composed(cfg: DictConfig) -> DictConfig:
 
 
 def compose_config(overrides: Sequence[str] = (), config_name: str = "train") -> DictConfig:
-    """Compose ``conf/<config_name>.yaml`` with command-line ``overrides``, typed by the schema."""
-    from hydra import compose
-
+    """Compose ``conf/<config_name>.yaml`` with command-line ``overrides``, typed by the schema;
+    on ImageNet without a preset, with the published recipe for the batch (:func:`compose_with_recipe`)."""
     check_overrides(overrides)
     with hydra_errors(), hydra_session():
-        cfg = compose(config_name=config_name, overrides=list(overrides))
+        cfg, _ = compose_with_recipe(list(overrides), config_name)
     return check_composed(cfg)
+
+
+def _written(overrides: Sequence[str]) -> list[str]:
+    """The keys and groups the command line sets (``optimizer.lr``, ``optimizer``, ...)."""
+    return [o.split("=", 1)[0].strip().lstrip("+~") for o in overrides if "=" in o]
+
+
+def recipe_applies(cfg: DictConfig, choices: Any) -> bool:
+    """The ImageNet recipe is derived for ``data=imagenet`` without an experiment preset, unless ``recipe.mode=off``."""
+    return cfg.recipe.mode == "auto" and choices.get("data") == "imagenet" and choices.get("experiment") in (None, "null")
+
+
+def compose_with_recipe(overrides: list[str], config_name: str = "train") -> tuple[DictConfig, list[str]]:
+    """Compose in an initialised Hydra; with ``data=imagenet``, no ``experiment`` and
+    ``recipe.mode=auto``, compose again with the recipe's overrides before the user's (so every
+    key the user set wins) and record each derived value's source in ``recipe.derived``.
+
+    Returns the config and the recipe's overrides ([] where no recipe applies).
+    """
+    from hydra import compose
+    from omegaconf import open_dict
+
+    from largebatch.imagenet_recipe import DEFAULT_MODEL, derive
+
+    cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+    choices = dict(cfg.hydra.runtime.choices)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    if not recipe_applies(cfg, choices):
+        return cfg, []
+    written = _written(overrides)
+
+    def chosen(group: str) -> Optional[str]:
+        return cfg[group].name if group in written or f"{group}.name" in written else None
+
+    model = chosen("model")
+    recipe = derive(model=model or DEFAULT_MODEL, optimizer=chosen("optimizer"), schedule=chosen("schedule"),
+                    global_batch_size=cfg.global_batch_size if "global_batch_size" in written else None,
+                    written=written)
+    if model is None:
+        recipe.overrides.insert(0, f"model={DEFAULT_MODEL}")
+        recipe.sources = {"model": f"{DEFAULT_MODEL}: the model of Goyal et al., MLPerf and the records",
+                          **recipe.sources}
+    cfg = compose(config_name=config_name, overrides=[*recipe.overrides, *overrides])
+    cfg.recipe.derived = recipe.sources
+    cfg.recipe.warnings = recipe.warnings
+    return cfg, recipe.overrides
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:

@@ -95,6 +95,8 @@ def _type_name(tp: Any) -> str:
         return f"{_type_name(inner[0])} or null"
     if typing.get_origin(tp) is list:
         return f"list of {_type_name(args[0])}s"
+    if typing.get_origin(tp) is dict:
+        return f"map of {_type_name(args[0])} to {_type_name(args[1])}"
     if isinstance(tp, type) and issubclass(tp, Enum):
         return "choice"
     if tp is Any:  # a list whose items the checks read (e.g. schedule.points' [epoch, factor] pairs)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -38,6 +38,7 @@ __all__ = [
     "NoiseScaleConfig",
     "OptimizerConfig",
     "PrecisionConfig",
+    "RecipeConfig",
     "ResolutionConfig",
     "ScheduleConfig",
     "SyntheticDataConfig",
@@ -63,6 +64,11 @@ class ScheduleName(str, Enum):
 class WarmupStart(str, Enum):
     factor = "factor"  # warmup_start_factor x the scaled lr
     base_lr = "base_lr"  # optimizer.lr, the lr per base_batch_size images (Goyal et al. 2017 sec. 2.2)
+
+
+class RecipeMode(str, Enum):
+    auto = "auto"  # data=imagenet without an experiment: the published recipe at the global batch
+    off = "off"  # the values the config groups give, as composed
 
 
 class PrecisionName(str, Enum):
@@ -382,6 +388,19 @@ class DiagnosticsConfig:
 
 
 @dataclass
+class RecipeConfig:
+    """The ImageNet recipe derived from the published runs (``largebatch.imagenet_recipe``)."""
+
+    # auto: on data=imagenet without an experiment preset, the published recipe for the model at
+    # the global batch (a key set on the command line wins); off: the config groups' values
+    mode: RecipeMode = RecipeMode.auto
+    # written when the config is composed, not by hand: each derived key -> "value: source"
+    derived: Dict[str, str] = field(default_factory=dict)
+    # written when the config is composed: a batch outside the published points, named
+    warnings: List[str] = field(default_factory=list)
+
+
+@dataclass
 class TrainConfig:
     """The whole run. ``to_train_config`` returns it with each Enum choice as its plain string."""
 
@@ -397,6 +416,7 @@ class TrainConfig:
     ema: EmaConfig = field(default_factory=EmaConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     batch_schedule: BatchScheduleConfig = field(default_factory=BatchScheduleConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
 
     epochs: int = MISSING  # [epochs] passes over the training set
     # [images] per optimizer step, all devices together
