@@ -102,3 +102,35 @@ def test_a_backend_that_reduces_in_its_optimizer_step_gives_the_pair_at_the_redu
         torch.testing.assert_close(small, local)
         torch.testing.assert_close(big, local / 4)
     assert not opt._optimizer_step_pre_hooks, "the pre-hook outlived the run"
+
+
+@pytest.mark.parametrize("batch, words, steps, examples", [
+    (100, "perfect scaling", "11x", "1.1x"),  # B = B_noise / 10: S = 11 S_min, E = 1.1 E_min
+    (1000, "near the critical batch", "2x", "2x"),  # B = B_noise: twice the fewest of both
+    (10000, "diminishing returns", "1.1x", "11x"),
+])
+def test_the_early_line_names_the_regime_in_mccandlish_terms(batch: int, words: str, steps: str,
+                                                              examples: str) -> None:
+    from largebatch.engine.noise_scale_hook import batch_against_noise_scale
+
+    line = batch_against_noise_scale(batch, 1000.0, 300)
+    assert words in line and f"{steps} the fewest steps" in line and f"{examples} the fewest examples" in line
+    assert "early estimate" in line and "\n" not in line
+
+
+def test_the_early_line_is_said_once_when_the_estimate_is_resolved(caplog: pytest.LogCaptureFixture) -> None:
+    from types import SimpleNamespace
+
+    hook = NoiseScaleHook(NoiseScalePlan(source="micro-batches", batch_small=4, batch_big=8))
+    hook.trainer = SimpleNamespace(state=SimpleNamespace(step=4, epoch=1),  # type: ignore[assignment]
+                                   settings=SimpleNamespace(batch_schedule=None, batch_factor=lambda epoch: 1))
+    caplog.set_level("INFO", logger="largebatch")
+    hook.after_epoch()  # no update yet: nothing to say, and it is not used up
+    assert "noise scale after" not in caplog.text
+    # |G_small|² 2.0 over 4 images, |G_big|² 1.5 over 8: |G|² = (8 x 1.5 - 4 x 2) / 4 = 1, tr(Σ) = 0.5 / (1/4 - 1/8) = 4
+    hook.tracker.update(torch.tensor(2.0), 4, torch.tensor(1.5), 8)
+    hook.after_epoch()
+    hook.trainer.state.step = 300
+    hook.after_step()
+    hook.after_epoch()
+    assert caplog.text.count("noise scale after 4 steps: B_simple ~4 images; your global batch 8 is 2x it") == 1

@@ -37,7 +37,8 @@ def test_accumulation_reports_the_noise_scale(tmp_path: Path, capsys: pytest.Cap
     assert (final is None and not (math.isfinite(last) and last >= 0)) or final == pytest.approx(last, rel=1e-3)
     out = capsys.readouterr().out
     assert "largebatch: gradient noise scale at the end: " in out and "your global batch is 8" in out, out
-    assert "noise scale: measured from micro-batches (4 vs 8 images" in (run / "train.log").read_text()
+    log = (run / "train.log").read_text()
+    assert "noise scale: measured from micro-batches (4 vs 8 images" in log
     # largebatch-report shows it: the column (summary.json's value) and the plot over the steps
     from largebatch.report import load_run, main as report
 

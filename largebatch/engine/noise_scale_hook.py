@@ -53,6 +53,7 @@ during a step: the estimates are read with the loss on log steps (the Trainer's
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -63,7 +64,28 @@ from largebatch.diagnostics.noise_scale import GradientNoiseScale, squared_norm
 from largebatch.engine.loop import Hook
 from largebatch.errors import UsageError
 
-__all__ = ["NoiseScaleHook", "NoiseScalePlan", "plan_noise_scale"]
+__all__ = ["EARLY_STEPS", "NoiseScaleHook", "NoiseScalePlan", "batch_against_noise_scale", "plan_noise_scale"]
+
+log = logging.getLogger("largebatch")
+
+EARLY_STEPS = 300  # [optimizer steps] the early line comes after this many, or after the first epoch
+
+
+def batch_against_noise_scale(batch: int, noise_scale: float, step: int) -> str:
+    """The run's early line: the global batch against the measured noise scale, in McCandlish
+    et al.'s terms. Their model of training speed: steps S = S_min (1 + B_noise / B), examples
+    E = E_min (1 + B / B_noise); B_simple stands in for B_noise."""
+    ratio = batch / noise_scale
+    if ratio < 0.5:
+        regime = "perfect scaling: a larger batch still cuts the steps almost in proportion"
+    elif ratio <= 2:
+        regime = "near the critical batch, the bend from perfect scaling to diminishing returns"
+    else:
+        regime = "diminishing returns: a larger batch barely cuts the steps and costs more examples"
+    return (f"noise scale after {step} steps: B_simple ~{noise_scale:.0f} images; your global batch {batch} is "
+            f"{ratio:.2g}x it, {regime} (McCandlish et al. 2018: {1 + 1 / ratio:.2g}x the fewest steps, "
+            f"{1 + ratio:.2g}x the fewest examples). An early estimate: the noise scale grows as the loss falls, "
+            f"and B_simple equals their B_noise only where the Hessian is a multiple of the identity")
 
 
 @dataclass(frozen=True)
@@ -119,6 +141,7 @@ class NoiseScaleHook(Hook):
         self.local_norm_tap = local_norm_tap
         self._small: Optional[torch.Tensor] = None
         self._pre_step: Any = None  # the optimizer step pre-hook's handle (XLA replicas)
+        self._told = False  # the early line (global batch against B_simple) was said
 
     def before_train(self) -> None:
         if self.plan.source is None:
@@ -128,6 +151,24 @@ class NoiseScaleHook(Hook):
                                        noise_trace=t.noise_trace)
         if self._reduced_in_step():
             self._pre_step = self.trainer.optimizer.register_step_pre_hook(self._after_reduction)
+
+    def after_step(self) -> None:
+        if self.trainer.state.step % EARLY_STEPS == 0:  # a host count: no read
+            self._tell_early()
+
+    def after_epoch(self) -> None:
+        self._tell_early()
+
+    def _tell_early(self) -> None:
+        """Once, at the first epoch's end or step EARLY_STEPS where B_simple is resolved (a
+        positive finite estimate; early averages can be neither): the global batch against it.
+        One host read per try, until it is said."""
+        if self._told or self.plan.source is None or not self.tracker.updates:
+            return
+        value = float(self.tracker.noise_scale())
+        if math.isfinite(value) and value > 0:
+            self._told = True
+            log.info("%s", batch_against_noise_scale(self._sizes()[1], value, self.trainer.state.step))
 
     def after_train(self) -> None:
         if self._pre_step is not None:
