@@ -2,9 +2,10 @@
 
 Builds the 161 parameter tensors of timm ``resnet50`` (25.6 M parameters) with random gradients, split by
 ``largebatch.optim.param_groups`` (BN/bias excluded), and times ``step()`` of every optimizer with
-``foreach`` on and off, round-robin so that a noisy machine slows every entry alike. Prints one table and
+``foreach`` on and off (and torch's ``fused`` SGD and AdamW on CUDA), round-robin in one run so that a noisy
+machine slows every entry alike and each optimizer's peer is measured beside it. Prints one table and
 the ratios the optimizers are held to: our LARS (both momentum forms) against the faster ``torch.optim.SGD``
-(momentum + weight decay), our LAMB against the faster ``torch.optim.AdamW``, ours against timm's ``Lars`` / ``Lamb``.
+(momentum + weight decay, its fastest path), our LAMB against the fastest ``torch.optim.AdamW``, ours against timm's ``Lars`` / ``Lamb``.
 
 Run:
     python benchmarks/optimizer_step.py                  # CPU
@@ -46,25 +47,36 @@ CANDIDATES: dict[str, tuple[str, Callable[[list[dict], bool], torch.optim.Optimi
 }
 
 
+# torch's fused kernels (one launch for every tensor), timed beside foreach where the device has them
+FUSED: dict[str, Callable[[list[dict]], torch.optim.Optimizer]] = {
+    "torch SGD": lambda g: torch.optim.SGD(g, lr=0.1, momentum=0.9, fused=True),
+    "torch AdamW": lambda g: torch.optim.AdamW(g, lr=1e-3, fused=True),
+}
+PATHS = ("foreach", "per-tensor", "fused")
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def measure(device: torch.device, rounds: int, warmup: int) -> dict[tuple[str, bool], float]:
-    """Median step time in ms of every (optimizer, foreach) pair, measured round-robin in one run."""
+def measure(device: torch.device, rounds: int, warmup: int) -> dict[tuple[str, str], float]:
+    """Median step time in ms of every (optimizer, path) pair, measured round-robin in one run:
+    path is ``foreach``, ``per-tensor`` or (torch SGD and AdamW on CUDA) ``fused``."""
     model = timm.create_model("resnet50").to(device)
     params = list(model.parameters())
     gen = torch.Generator(device="cpu").manual_seed(0)
     for p in params:
         p.grad = (torch.randn(p.shape, generator=gen) * 1e-2).to(device)
     weight_decay = {"sgd": 5e-5, "lars": 5e-5, "adam": 0.01, "lamb": 0.01}
-    optimizers = {}
+    optimizers: dict[tuple[str, str], torch.optim.Optimizer] = {}
     for name, (family, build) in CANDIDATES.items():
         for foreach in (True, False):
             groups = param_groups(model, weight_decay[family])
-            optimizers[(name, foreach)] = build(groups, foreach)
-    times: dict[tuple[str, bool], list[float]] = {key: [] for key in optimizers}
+            optimizers[(name, "foreach" if foreach else "per-tensor")] = build(groups, foreach)
+        if device.type == "cuda" and name in FUSED:
+            optimizers[(name, "fused")] = FUSED[name](param_groups(model, weight_decay[family]))
+    times: dict[tuple[str, str], list[float]] = {key: [] for key in optimizers}
     for r in range(warmup + rounds):
         for key, opt in optimizers.items():
             _sync(device)
@@ -76,23 +88,25 @@ def measure(device: torch.device, rounds: int, warmup: int) -> dict[tuple[str, b
     return {key: statistics.median(ts) * 1e3 for key, ts in times.items()}
 
 
-def report(ms: dict[tuple[str, bool], float], device: torch.device, n_tensors: int, n_params: int) -> None:
+def report(ms: dict[tuple[str, str], float], device: torch.device, n_tensors: int, n_params: int) -> None:
+    """One markdown table (a column per path) and the ratios the optimizers are held to."""
     print(
         f"optimizer step, timm resnet50 ({n_tensors} tensors, {n_params / 1e6:.2f} M params), "
         f"device={device}, torch {torch.__version__}, timm {timm.__version__}, threads={torch.get_num_threads()}"
     )
-    default_foreach = device.type != "cpu"
-    print(f"{'optimizer':<20}{'foreach=True':>14}{'foreach=False':>15}{'default':>10}")
+    default_path = "per-tensor" if device.type == "cpu" else "foreach"  # what foreach=None picks here
+    print("\n| optimizer step (median ms) | foreach | per-tensor | fused |\n|---|---:|---:|---:|")
     for name in CANDIDATES:
-        print(f"{name:<20}{ms[(name, True)]:>11.2f} ms{ms[(name, False)]:>12.2f} ms{str(default_foreach):>10}")
+        cells = [f"{ms[(name, path)]:.2f}" if (name, path) in ms else "-" for path in PATHS]
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
     def best(name: str) -> float:
-        return min(ms[(name, True)], ms[(name, False)])
+        return min(v for (n, _), v in ms.items() if n == name)
 
-    def ours(name: str) -> float:  # the path foreach=None picks on this device
-        return ms[(name, default_foreach)]
+    def ours(name: str) -> float:
+        return ms[(name, default_path)]
 
-    print("ratios (ours = the path foreach=None picks here; floors and timm = their faster path):")
+    print(f"\nratios (ours = the {default_path} path foreach=None picks here; torch and timm = their fastest path):")
     for mine, other, target in (
         ("largebatch LARS", "torch SGD", 1.3),
         ("LARS lr_in_momentum", "torch SGD", 1.3),
@@ -105,13 +119,13 @@ def report(ms: dict[tuple[str, bool], float], device: torch.device, n_tensors: i
         print(f"  {mine:<19} / {other:<12} = {ratio:5.2f}x   (target <= {target:.1f}x: {verdict})")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default: 30 CPU, 200 CUDA)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default: 3)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

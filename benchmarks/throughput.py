@@ -483,6 +483,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--no-decode", action="store_true", help="skip the decode-only rows")
+    p.add_argument("--no-loader-rows", action="store_true",
+                   help="skip the loader-only rows (the train rows first: what a short lease needs most)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="start no row after this many seconds; list the rows left out (default: no limit)")
     p.add_argument("--data-only", action="store_true", help="with --make-data: write the JPEGs and stop")
@@ -535,7 +537,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         for row in decode_rows(args.root, device, args.batch, args.workers):
             show(row)
     loaders = [d for d in args.data if d != "synthetic"]
-    for data, prec, layout in itertools.product(loaders, args.precisions, args.layouts):
+    for data, prec, layout in itertools.product([] if args.no_loader_rows else loaders, args.precisions,
+                                                args.layouts):
         if budget.spent():
             budget.skip(f"loader {data} {prec} {layout}")
         else:
