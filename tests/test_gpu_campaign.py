@@ -67,6 +67,18 @@ def test_the_whole_visit_fits_fifteen_minutes_of_device_time(campaign: ModuleTyp
     assert campaign.PART_MIB + 4 <= campaign.CARRY_MIB  # a DALI part, the manifest and the working tree
 
 
+def test_the_docstring_and_the_readme_state_the_plan_the_campaign_runs(campaign: ModuleType) -> None:
+    doc = " ".join(campaign.__doc__.split())
+    readme = (REPO / "benchmarks" / "README.md").read_text()
+    for phase in campaign.PLAN:
+        assert f"{phase.name} {phase.gpu_s:.0f}" in doc, phase.name
+        assert f"| {phase.name} | {phase.gpu_s:.0f} |" in readme, phase.name
+    total, visit = f"{campaign.plan_s():.0f}", f"{campaign.visit_s(campaign.carried_mib()):.0f}"
+    assert f"{total} s together" in doc and f"**{total}**" in readme
+    assert f"~{visit} s" in doc and f"~{visit} s" in readme
+    assert f"{campaign.CALL_LIMIT_S} s" in doc and "--part" not in doc + readme
+
+
 def test_headline_rows_come_first_and_every_budget_fits_its_phase(campaign: ModuleType, tmp_path: Path) -> None:
     """After what everything needs (versions, install, JPEGs): training rows, the optimizer step,
     the noise scale's cost, the short training, then the tests and DALI. No step's own cap or
