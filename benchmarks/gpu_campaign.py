@@ -223,7 +223,7 @@ class Step:
 @dataclass
 class PhaseResult:
     name: str
-    status: str = "not run"  # ok | failed | cut at budget | skipped: ...
+    status: str = "not run"  # running | ok | failed: ... | cut at budget | skipped
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     rows: list[str] = field(default_factory=list)  # the table rows and result lines its steps printed
@@ -576,6 +576,7 @@ def run(c: Campaign, phases: Sequence[str]) -> int:
                 print(f"[{phase.name}] skipped: {reason}", flush=True)
                 write_summary(c, results)
                 continue
+            result.status = "running"
             log.write(f"\n=== phase {phase.name} (budget {deadline - t0:.0f} s) ===\n")
             failed, cut = [], False
             for step in phase.steps(c, deadline - t0):
@@ -621,7 +622,7 @@ def write_summary(c: Campaign, results: list[PhaseResult]) -> None:
     lines += [f"| {r.name} | {PHASES[r.name].rehearse_s if c.rehearse else PHASES[r.name].gpu_s:.0f} | {r.status} "
               f"| {r.seconds:.0f} | {'; '.join(r.notes)} |" for r in results]
     for r in results:
-        if r.name == "tests":
+        if r.name == "tests" and r.status != "not run":
             lines += ["", f"## {PHASES[r.name].gives or r.name}"] + tests_report(c.out / TEST_RESULTS)
         elif r.rows and r.name != "data":
             rows = [f"- {line}" if line.startswith("largebatch: ") else line for line in r.rows]

@@ -484,7 +484,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--no-decode", action="store_true", help="skip the decode-only rows")
     p.add_argument("--no-loader-rows", action="store_true",
-                   help="skip the loader-only rows (the train rows first: what a short lease needs most)")
+                   help="skip the loader-only rows (the train rows first: what a short GPU visit needs most)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="start no row after this many seconds; list the rows left out (default: no limit)")
     p.add_argument("--data-only", action="store_true", help="with --make-data: write the JPEGs and stop")
