@@ -2,7 +2,9 @@
 
 Sybil (a well-kept runner for examples in documentation) reads README.md and each page of docs/: its
 ```python blocks run in one namespace per page, in order, and its ```bash blocks run with bash
-(``-euo pipefail``) in a scratch folder, with this environment's console scripts on PATH. A
+(``-euo pipefail``) in a scratch folder laid out as a fresh clone after ``make train``, with the
+user's plain PATH: no virtualenv on it and none active, so a page says ``.venv/bin/largebatch-train``
+or ``launch/torchrun.sh`` as a user types it, never a bare console script. A
 block that cannot run here (GPUs, a TPU, a cluster, a data set at a fixed path) is preceded by
 ``<!-- skip: next "the reason" -->``, the one way the pages mark it; a skip without a reason
 fails. Output listings use plain or ```text fences and are not examples.
@@ -28,9 +30,20 @@ SKIP = re.compile(r"<!--\s*skip:\s*(.*?)\s*-->")
 EXAMPLE_FENCE = re.compile(r"^```(python|bash)\s*$", re.M)
 
 
+def _plain_env(workdir: Path) -> dict[str, str]:
+    """This environment as a user's shell has it without an activated venv: the venv's bin
+    (this interpreter's, or an active one's) off PATH, VIRTUAL_ENV unset."""
+    venv_bins = {str(Path(sys.executable).parent), str(Path(sys.prefix) / "bin")}
+    if os.environ.get("VIRTUAL_ENV"):
+        venv_bins.add(str(Path(os.environ["VIRTUAL_ENV"]) / "bin"))
+    path = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d.rstrip("/") not in venv_bins]
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PATH")}
+    return {**env, "PATH": os.pathsep.join(path), "LARGEBATCH_CACHE": str(workdir / "cache"),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+
+
 def _shell(workdir: Path):
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "LARGEBATCH_CACHE": str(workdir / "cache"), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    env = _plain_env(workdir)
 
     def evaluate(example) -> None:
         proc = subprocess.run(["bash", "-euo", "pipefail", "-c", example.parsed], cwd=workdir, env=env,
@@ -69,3 +82,14 @@ def test_skips_name_their_reason() -> None:
     for page in doc_files():
         for directive in SKIP.findall(page.read_text(encoding="utf-8")):
             assert re.fullmatch(r'next "[^"]{10,}"', directive), f"{page.name}: <!-- skip: {directive} -->"
+
+
+def test_examples_run_without_a_venv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bash examples see no virtualenv, even under an activated one: a bare
+    ``largebatch-train`` fails there as it does for a user who did not activate ``.venv``."""
+    venv_bin = str(Path(sys.executable).parent)
+    monkeypatch.setenv("VIRTUAL_ENV", str(Path(sys.executable).parent.parent))
+    monkeypatch.setenv("PATH", os.pathsep.join([venv_bin, venv_bin + "/", os.environ.get("PATH", "")]))
+    env = _plain_env(tmp_path)
+    assert "VIRTUAL_ENV" not in env
+    assert venv_bin not in [d.rstrip("/") for d in env["PATH"].split(os.pathsep)], env["PATH"]
