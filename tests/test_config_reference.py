@@ -17,12 +17,11 @@ from typing import Any
 
 import pytest
 import yaml
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
-from largebatch.config import config_keys
+from largebatch.config import compose_config, config_keys
 from largebatch.config.checks import value_ranges
 from largebatch.config.reference import (
-    SET_IN_YAML,
     field_comments,
     key_docs,
     reference_tables,
@@ -30,6 +29,7 @@ from largebatch.config.reference import (
 from largebatch.config.schema import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_RUN = compose_config([])  # largebatch-train with no arguments
 # | `key` | type | default | the other cells |
 ROW = re.compile(r"^\| `([\w.]+)` \| ([^|]+) \| ([^|]+) \|(.*)\|$",
                  re.MULTILINE)
@@ -73,8 +73,11 @@ def test_every_default_shown_is_the_schema_default() -> None:
     rows = _rows()
     for key, default in _schema_defaults().items():
         shown = rows[key][1]
-        if default is MISSING:
-            assert shown == f"*{SET_IN_YAML}*", key
+        if default is MISSING:  # a YAML file sets it: the default run's value (issue 73)
+            value = OmegaConf.select(DEFAULT_RUN, key)
+            value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+            assert shown.endswith(" (default run)"), (key, shown)
+            assert yaml.safe_load(shown.removesuffix(" (default run)").strip("`")) == getattr(value, "value", value), key
             continue
         assert shown.startswith("`") and shown.endswith("`"), (key, shown)
         if isinstance(default, Enum):
@@ -92,6 +95,13 @@ def test_every_key_has_a_meaning_and_its_checks() -> None:
     assert not docs["comm.bucket_mb"].meaning.startswith("[")
     assert docs["target_top1"].type == "number or null"
     assert docs["optimizer.betas"].type == "list of numbers or null"
+    # a value's shape is not a unit; a list of lists reads as one (issue 73)
+    assert docs["data.resolution.crop_scale_steps"].unit == "" and docs["batch_schedule.steps"].unit == ""
+    assert docs["data.resolution.crop_scale_steps"].meaning.startswith("[[epoch, min_scale], ...]")
+    assert docs["data.resolution.steps"].type == "list of lists of integers"
+    # where a value comes from: the files, group options and presets that set it
+    assert "`optimizer=` (4 of 4)" in docs["optimizer.lr"].meaning and "the ImageNet recipe" in docs["epochs"].meaning
+    assert "checks.py" not in " ".join(d.meaning for d in docs.values())
 
 
 def test_a_field_comment_is_its_line_or_the_block_above() -> None:

@@ -30,12 +30,14 @@ from omegaconf import MISSING
 from largebatch.config import schema
 from largebatch.config.checks import value_ranges
 
-__all__ = ["KeyDoc", "field_comments", "key_docs", "reference_tables"]
+__all__ = ["DefaultRunValue", "KeyDoc", "field_comments", "key_docs", "reference_tables", "yaml_settings"]
 
 # the default cell of a key the schema leaves to the YAML files (MISSING)
 SET_IN_YAML = "in YAML"
+# after the default of a key a YAML file sets: the value is the default run's (conf/train.yaml's composition)
+_FROM_YAML = "default run"
 _TOP = "top level"
-_UNIT = re.compile(r"^\[([^\]]+)\]\s*")
+_UNIT = re.compile(r"^\[([^\[\]]+)\]\s*")  # "[MiB] ...", not a value's shape "[[epoch, x], ...]"
 _HEADER = ("| key | type | default | unit | allowed values | meaning |\n"
            "|---|---|---|---|---|---|")
 
@@ -94,7 +96,8 @@ def _type_name(tp: Any) -> str:
         inner = [a for a in args if a is not type(None)]
         return f"{_type_name(inner[0])} or null"
     if typing.get_origin(tp) is list:
-        return f"list of {_type_name(args[0])}s"
+        inner = _type_name(args[0])
+        return f"list of {'lists' + inner[4:] if inner.startswith('list ') else inner + 's'}"
     if typing.get_origin(tp) is dict:
         return f"map of {_type_name(args[0])} to {_type_name(args[1])}"
     if isinstance(tp, type) and issubclass(tp, Enum):
@@ -118,9 +121,86 @@ def _default(f: dataclasses.Field[Any]) -> Any:
     return f.default
 
 
+def _conf() -> Path:
+    """The config tree, the package ``largebatch.conf`` (``conf/`` of a checkout)."""
+    import importlib.resources
+
+    return Path(str(importlib.resources.files("largebatch.conf")))
+# config groups whose files are packaged at the top level (``# @package _global_``)
+_GLOBAL_GROUPS = ("experiment", "debug")
+
+
+def _leaves(node: Any, prefix: str = "") -> list[str]:
+    if not isinstance(node, dict):
+        return [prefix.rstrip(".")]
+    return [k for name, value in node.items() for k in _leaves(value, f"{prefix}{name}.")]
+
+
+def yaml_settings(conf: Path | None = None) -> dict[str, list[str]]:
+    """Dotted key -> where ``conf/`` sets it, in the words a user types: ``train.yaml``,
+    ``optimizer=lars``, ``experiment=mlperf_rn50``."""
+    import yaml
+
+    conf = conf or _conf()
+    out: dict[str, list[str]] = {}
+    files = [(conf / "train.yaml", "train.yaml", "")]
+    files += [(f, f"{f.parent.name}={f.stem}", "" if f.parent.name in _GLOBAL_GROUPS else f"{f.parent.name}.")
+              for f in sorted(conf.glob("*/*.yaml")) if f.parent.name != "hydra"]
+    for path, where, prefix in files:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = {k: v for k, v in data.items() if k not in ("defaults", "hydra")}
+        for key in _leaves(data, prefix):
+            out.setdefault(key, []).append(where)
+    return out
+
+
+def _default_run() -> dict[str, Any]:
+    """The embedded default run's composed values (``largebatch-train`` with no arguments)."""
+    from omegaconf import OmegaConf
+
+    from largebatch.config.compose import compose_config
+
+    return OmegaConf.to_container(compose_config([]), resolve=True)  # type: ignore[return-value]
+
+
+def _sentence(meaning: str, more: str) -> str:
+    if not more:
+        return meaning
+    return f"{meaning}{'' if meaning.rstrip().endswith(('.', ')')) else '.'} {more}" if meaning else more
+
+
+def _set_by(where: list[str], recipe: bool) -> str:
+    """``Set by train.yaml; optimizer= (sgd, lars); experiment= (4 of 7); the ImageNet recipe.``"""
+    groups: dict[str, list[str]] = {}
+    for w in where:
+        group, _, option = w.partition("=")
+        groups.setdefault(group, []).append(option)
+    parts = []
+    for group, options in groups.items():
+        if not options[0]:
+            parts.append(f"`conf/{group}`")
+            continue
+        total = len(list(_conf().glob(f"{group}/*.yaml")))
+        named = ", ".join(options) if len(options) <= 3 else f"{len(options)} of {total}"
+        parts.append(f"`{group}=` ({named})")
+    if recipe:
+        parts.append("the ImageNet recipe ([ImageNet at your batch size](imagenet.md))")
+    return "Set by " + "; ".join(parts) + "." if parts else ""
+
+
 def key_docs() -> list[KeyDoc]:
-    """Every leaf key of ``TrainConfig``, in the schema's order."""
+    """Every leaf key of ``TrainConfig``, in the schema's order.
+
+    A key the schema leaves to the YAML files shows the default run's value, and every key
+    says which files, group options and presets set it."""
+    from largebatch.imagenet_recipe import FAMILIES
+
     comments = field_comments(Path(schema.__file__).read_text(encoding="utf-8"))
+    settings = yaml_settings()
+    run = _default_run()
+    recipe_keys = {k for f in FAMILIES for k in (*f.common, *(k for p in f.points for k in p.values))}
+    recipe_keys |= {"model.name", "optimizer.name", "schedule.name", "global_batch_size", "target_top1",
+                    "base_batch_size"}
     ranges = value_ranges()
     docs: list[KeyDoc] = []
 
@@ -136,20 +216,38 @@ def key_docs() -> list[KeyDoc]:
             enum = _enum_of(tp)
             allowed = (", ".join(f"`{m.value}`" for m in enum) if enum
                        else ranges.get(key, ""))
+            default = _default(f)
+            if default is MISSING:
+                value: Any = run
+                for part in key.split("."):
+                    value = value[part]
+                default = DefaultRunValue(value)
+            meaning = note[unit.end():] if unit else note
+            set_by = _set_by(settings.get(key, []), key in recipe_keys)
             docs.append(KeyDoc(
                 key=key, group=key.split(".")[0] if "." in key else _TOP,
-                type=_type_name(tp), default=_default(f),
+                type=_type_name(tp), default=default,
                 unit=unit.group(1) if unit else "",
-                allowed=allowed, meaning=note[unit.end():] if unit else note))
+                allowed=allowed, meaning=_sentence(meaning, set_by)))
 
     walk(schema.TrainConfig, "")
     return docs
 
 
+@dataclasses.dataclass(frozen=True)
+class DefaultRunValue:
+    """A key's value in the default run, where a YAML file (not the schema) sets it."""
+
+    value: Any
+
+
 def format_default(value: Any) -> str:
-    """A default as YAML writes it, in a code span; MISSING: ``SET_IN_YAML``."""
+    """A default as YAML writes it, in a code span; a value from the YAML files is marked
+    ``(YAML)``; MISSING (no value anywhere): ``SET_IN_YAML``."""
     if value is MISSING:
         return f"*{SET_IN_YAML}*"
+    if isinstance(value, DefaultRunValue):
+        return f"{format_default(value.value)} ({_FROM_YAML})"
     if isinstance(value, Enum):
         value = value.value
     if isinstance(value, list):

@@ -139,7 +139,7 @@ class ModelConfig:
     drop_path_rate: float = 0.0  # stochastic depth rate (timm's drop_path_rate)
     # torch.compile mode (reduce-overhead and max-autotune replay CUDA graphs);
     # true/false mean default/none. Costs start-up time (~50 s for resnet18 on a
-    # CPU). config/checks.py checks it and writes the canonical mode back.
+    # CPU). The run's config records the mode by its name (true is saved as default).
     compile: str = "none"
 
 
@@ -234,8 +234,7 @@ class ResolutionConfig:
     eval_follows_train: bool = False
     # [[epoch, min_scale], ...], epochs ascending from >= 0: from that epoch on, the training
     # crop's minimum area fraction (fast.ai 2018: 0.5 in its 288 px phase); data.crop_scale[0]
-    # before the first step, data.crop_scale[1] the maximum throughout (typed as schedule.points:
-    # the pairs are checked by largebatch.config.checks)
+    # before the first step, data.crop_scale[1] the maximum throughout
     crop_scale_steps: List[Any] = field(default_factory=list)
     # evaluation in batches of like aspect ratio (fast.ai, DAWNBench 2018): the val set sorted
     # by width/height, each batch centre-cropped to one rectangle, short side the evaluation
