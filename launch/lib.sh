@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Shared by launch/torchrun.sh and launch/torchrun_multinode.sh (sourced, not run): the run
 # wrapper that passes on the workers' documented exit code, the interpreter to run (also for
-# launch/tpu_vm.sh), and the node's GPU count.
+# launch/tpu_vm.sh), the check of the variables they read, and the node's GPU count.
 # launch/slurm.sbatch keeps its own copy of worker_exit_code: SLURM runs a copy of the batch
 # script from its spool directory, where this file is not next to it.
 
@@ -188,6 +188,59 @@ torchrun_command() {
     # shellcheck disable=SC2034  # the caller's command line
     torchrun=("$python" -m largebatch.launch.torchrun)
   fi
+}
+
+# check_env NAME VAR...: refuse, before anything starts, a set VAR whose value the wrappers or
+# torchrun cannot use (torchrun ended in a traceback, or in its usage text naming its own flag,
+# or changed it silently: NPROC_PER_NODE=0 became 1 rank): one line on stderr, NAME's, naming
+# the variable and what it accepts, and exit 2. More CPU ranks than twice a GPU-less node's
+# cores get a warning line: each rank gets a sliver of a core, and a stop takes minutes.
+# Written in launch/lib.sh, copied into launch/slurm.sbatch (with gpu_count); tests/test_launch_env.py
+# holds the copies equal.
+check_env() {
+  local name=$1 var value what want cores
+  local count='[1-9][0-9]{0,5}'  # 1 .. 999999: bash arithmetic stays exact
+  shift
+  for var in "$@"; do
+    value=${!var:-}
+    [[ -n $value ]] || continue
+    what="" want=""
+    case $var in
+      NPROC_PER_NODE)
+        if [[ ! $value =~ ^($count|gpu|cpu|auto)$ ]]; then
+          what="is not a number of processes" want="1 or more, or to gpu, cpu or auto"
+        elif [[ $value == gpu ]] && (( $(gpu_count) == 0 )); then
+          what="finds no GPU on this node" want="a number of processes, or to cpu or auto"
+        elif [[ $value =~ ^$count$ ]] && (( $(gpu_count) == 0 )); then
+          cores=$(nproc 2> /dev/null || getconf _NPROCESSORS_ONLN)
+          if (( value > 2 * cores )); then
+            echo "$name: warning: NPROC_PER_NODE=$value starts $value CPU ranks on $cores cores: each gets a sliver of a core and a stop takes minutes; $cores or fewer suit this node" >&2
+          fi
+        fi ;;
+      MAX_RESTARTS)
+        [[ $value =~ ^(0|$count)$ ]] || what="is not a number of restarts" want="0 (none) or more" ;;
+      NNODES)
+        if [[ ! $value =~ ^($count)(:($count))?$ ]]; then
+          what="is not a number of nodes" want="N (1 or more), or to MIN:MAX for an elastic job (e.g. 2:4)"
+        elif (( BASH_REMATCH[1] > ${BASH_REMATCH[3]:-BASH_REMATCH[1]} )); then
+          what="has MIN above MAX" want="MIN:MAX with MIN <= MAX (e.g. 2:4)"
+        fi ;;
+      NODE_RANK)
+        [[ $value =~ ^(0|$count)$ ]] || what="is not a node rank" want="0 or more (or unset it: c10d numbers the nodes)" ;;
+      RDZV_ENDPOINT)
+        if [[ ! $value =~ ^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:($count))?$ ]] || (( ${BASH_REMATCH[3]:-1} > 65535 )); then
+          what="is not host:port" want="a host every node can reach and a port 1-65535 (e.g. node0:29500)"
+        fi ;;
+      RDZV_PORT)
+        [[ $value =~ ^$count$ ]] && (( value <= 65535 )) || what="is not a port" want="1-65535" ;;
+      LB_DRY_RUN | LB_REQUEUE)
+        [[ $value == [01] ]] || what="is not 0 or 1" want="1 (on) or 0 (off)" ;;
+    esac
+    if [[ -n $what ]]; then
+      echo "$name: $var=$value $what: set it to $want" >&2
+      exit 2
+    fi
+  done
 }
 
 gpu_count() {  # GPUs this node may use: CUDA_VISIBLE_DEVICES, else nvidia-smi, else 0

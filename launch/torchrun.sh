@@ -7,9 +7,9 @@
 #   launch/torchrun.sh --dry-run optimizer=lars                     # print the command only
 #
 # Reads:
-#   NPROC_PER_NODE  processes to start (default: the GPUs in CUDA_VISIBLE_DEVICES, else those
-#                   nvidia-smi lists, else 1); torchrun also takes gpu | cpu | auto
-#   MAX_RESTARTS    times torchrun restarts the whole group after a failure (default 0); pass
+#   NPROC_PER_NODE  processes to start, 1 or more, or gpu | cpu | auto (torchrun counts them)
+#                   (default: the GPUs in CUDA_VISIBLE_DEVICES, else those nvidia-smi lists, else 1)
+#   MAX_RESTARTS    times torchrun restarts the whole group after a failure, 0 or more (default 0); pass
 #                   run_dir=... resume=auto so a restart continues from the last checkpoint. A
 #                   rank that exits 75 (preempted, saved) is not a failure: the job ends 75
 #   PYTHON          the interpreter (default: the active virtualenv's, else this checkout's .venv,
@@ -19,7 +19,9 @@
 #   LB_DRY_RUN=1    print the command instead of running it (same as --dry-run)
 # Exit code: the workers' documented code (75 preempted, 2 bad input, 3 non-finite, 74
 #   checkpoint write failed), not torchrun's generic 1; torchrun's code if no worker wrote one.
-#   2 and one line, before anything starts, where no interpreter has largebatch (see PYTHON).
+#   2 and one line, before anything starts, where no interpreter has largebatch (see PYTHON) or
+#   a variable above holds a value it cannot take (NPROC_PER_NODE=abc, MAX_RESTARTS=-1). More
+#   CPU ranks than twice a GPU-less node's cores start, after a warning line.
 #   A stop before the first step is 75 too; a rank killed by a signal 128 + it (137: SIGKILL).
 #   The agent and the ranks end with this script (kill -KILL of its group leaves nothing running).
 set -euo pipefail
@@ -33,8 +35,9 @@ fi
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 under_tini_if_pid1 "$0" "$@"
 
+check_env "${0##*/}" NPROC_PER_NODE MAX_RESTARTS LB_DRY_RUN
 nproc=${NPROC_PER_NODE:-$(gpu_count)}
-[[ $nproc == 0 ]] && nproc=1
+[[ $nproc == 0 ]] && nproc=1  # the default on a node without GPUs (NPROC_PER_NODE=0 is refused)
 torchrun_command "${0##*/}" "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv"
 
 LB_LOCAL_RANKS=$nproc run "${torchrun[@]}" --standalone --nproc-per-node="$nproc" --max-restarts="${MAX_RESTARTS:-0}" \

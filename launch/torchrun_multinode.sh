@@ -11,14 +11,14 @@
 #   NNODES=2:4 MAX_RESTARTS=3 RDZV_ENDPOINT=node0:29500 launch/torchrun_multinode.sh run_dir=... resume=auto
 #
 # Reads:
-#   RDZV_ENDPOINT   host:port of the rendezvous (required unless NNODES=1)
-#   NNODES          number of nodes, or MIN:MAX for an elastic job (default 1)
-#   NODE_RANK       this node's rank (optional: c10d assigns ranks in join order; pass it to
+#   RDZV_ENDPOINT   host:port of the rendezvous, port 1-65535 (required unless NNODES=1)
+#   NNODES          number of nodes, 1 or more, or MIN:MAX for an elastic job (default 1)
+#   NODE_RANK       this node's rank, 0 or more (optional: c10d assigns ranks in join order; pass it to
 #                   keep SLURM/scheduler node numbers, it is only a hint)
-#   NPROC_PER_NODE  processes per node (default: the GPUs in CUDA_VISIBLE_DEVICES, else those
-#                   nvidia-smi lists, else 1)
+#   NPROC_PER_NODE  processes per node, 1 or more, or gpu | cpu | auto (default: the GPUs in
+#                   CUDA_VISIBLE_DEVICES, else those nvidia-smi lists, else 1)
 #   RDZV_ID         job id shared by the nodes of one job (default: largebatch)
-#   MAX_RESTARTS    group restarts after a failure or a membership change (default 0); a rank
+#   MAX_RESTARTS    group restarts after a failure or a membership change, 0 or more (default 0); a rank
 #                   that exits 75 (preempted, saved) is not a failure: the job ends 75
 #   PYTHON          the interpreter (default: the active virtualenv's, else this checkout's .venv,
 #                   else python3 on PATH, whichever has torch, hydra and largebatch)
@@ -27,7 +27,9 @@
 #   LB_DRY_RUN=1    print the command instead of running it (same as --dry-run)
 # Exit code: the workers' documented code (75 preempted, 2 bad input, 3 non-finite, 74
 #   checkpoint write failed), not torchrun's generic 1; torchrun's code if no worker wrote one.
-#   2 and one line, before anything starts, where no interpreter has largebatch (see PYTHON).
+#   2 and one line, before anything starts, where no interpreter has largebatch (see PYTHON) or
+#   a variable above holds a value it cannot take (NPROC_PER_NODE=abc, MAX_RESTARTS=-1). More
+#   CPU ranks than twice a GPU-less node's cores start, after a warning line.
 # With MAX_RESTARTS > 0 give a fixed run_dir= and resume=auto (on a filesystem every node
 # sees): a restarted group then continues from the last checkpoint instead of a new run.
 # global_batch_size must divide by every world size an elastic job can reach.
@@ -43,6 +45,7 @@ fi
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 under_tini_if_pid1 "$0" "$@"
 
+check_env "${0##*/}" NNODES NODE_RANK NPROC_PER_NODE RDZV_ENDPOINT MAX_RESTARTS LB_DRY_RUN
 nnodes=${NNODES:-1}
 if [[ -z ${RDZV_ENDPOINT:-} ]]; then
   if [[ $nnodes != 1 ]]; then
@@ -52,7 +55,7 @@ if [[ -z ${RDZV_ENDPOINT:-} ]]; then
   RDZV_ENDPOINT=127.0.0.1:29500
 fi
 nproc=${NPROC_PER_NODE:-$(gpu_count)}
-[[ $nproc == 0 ]] && nproc=1
+[[ $nproc == 0 ]] && nproc=1  # the default on a node without GPUs (NPROC_PER_NODE=0 is refused)
 torchrun_command "${0##*/}" "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv"
 
 args=(--nnodes="$nnodes" --nproc-per-node="$nproc")

@@ -10,7 +10,8 @@
 # Reads:
 #   PYTHON        the interpreter with torch-xla (default: the active virtualenv's, else this
 #                 checkout's .venv-xla, else python3 on PATH, whichever has torch_xla and largebatch)
-#   PJRT_DEVICE   the PJRT runtime (default TPU)
+#   PJRT_DEVICE   the PJRT runtime: TPU (default), CPU, CUDA or NEURON; another value stops the
+#                 XLA launcher with one line (exit 2) before it starts a replica
 #   LB_DRY_RUN=1  print the command instead of running it (same as --dry-run)
 # Exit code: the XLA launcher's (largebatch.errors); 2 and one line, before anything starts,
 #   where no interpreter has torch_xla and largebatch (see PYTHON).
@@ -36,6 +37,7 @@ run() {  # run CMD...: replace this shell with CMD, or print it shell-quoted und
   fi
 }
 
+check_env "${0##*/}" LB_DRY_RUN
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 find_python "${0##*/}" "$root/.venv-xla" "run 'scripts/setup_env.sh xla'" \
   torch torch_xla hydra largebatch

@@ -62,7 +62,7 @@ def _one_line(proc: subprocess.CompletedProcess) -> str:
 
 def _function(text: str, name: str) -> str:
     """A bash function's definition, with the comment block above it."""
-    match = re.search(rf"(?ms)^(?:#[^\n]*\n)*{name}\(\) \{{\n.*?^\}}\n", text)
+    match = re.search(rf"(?ms)^(?:#[^\n]*\n)*{name}\(\) \{{.*?^\}}\n", text)
     assert match, f"no {name}() in the script"
     return match.group(0)
 
@@ -143,7 +143,7 @@ def test_a_containers_python3_on_path_is_used(tmp_path: Path) -> None:
 def test_slurm_script_carries_the_same_python_finder() -> None:
     """slurm.sbatch runs from SLURM's spool folder, away from lib.sh: its copy must not drift."""
     lib, sbatch = (LAUNCH / "lib.sh").read_text(), (LAUNCH / "slurm.sbatch").read_text()
-    for name in ("find_python", "torchrun_command"):
+    for name in ("find_python", "torchrun_command", "check_env", "gpu_count"):
         assert _function(sbatch, name) == _function(lib, name), f"{name} differs between lib.sh and slurm.sbatch"
 
 
@@ -216,3 +216,89 @@ def test_tpu_pod_host_without_the_checkout_stops_in_one_line(tmp_path: Path) -> 
     assert len(proc.stderr.splitlines()) == 2  # run_dir=... (from the workstation), then the host's line
     assert re.fullmatch(r"tpu_pod.sh: \S+ has no largebatch/\.venv-xla/bin/python: run once with LB_TPU_SETUP=1 "
                         r"\(or set REMOTE_DIR, REMOTE_PYTHON\)", last), last
+
+
+# -- the variables the wrappers read (issue 75) -----------------------------------------------
+NO_GPU = pytest.mark.skipif(shutil.which("nvidia-smi", path=SYSTEM_PATH) is not None, reason="a node with GPUs")
+PROCESSES = "is not a number of processes: set it to 1 or more, or to gpu, cpu or auto"
+RESTARTS = "is not a number of restarts: set it to 0 (none) or more"
+
+
+def _no_gpu_env(**extra: str) -> dict[str, str]:
+    env = _user_env(**extra)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+BAD_VARIABLES = [
+    ("torchrun.sh", {"NPROC_PER_NODE": "abc"}, f"NPROC_PER_NODE=abc {PROCESSES}"),
+    ("torchrun.sh", {"NPROC_PER_NODE": "-1"}, f"NPROC_PER_NODE=-1 {PROCESSES}"),
+    ("torchrun.sh", {"NPROC_PER_NODE": "0"}, f"NPROC_PER_NODE=0 {PROCESSES}"),  # was 1 rank, silently
+    ("torchrun.sh", {"NPROC_PER_NODE": "1", "MAX_RESTARTS": "-1"}, f"MAX_RESTARTS=-1 {RESTARTS}"),
+    ("torchrun.sh", {"NPROC_PER_NODE": "1", "MAX_RESTARTS": "abc"}, f"MAX_RESTARTS=abc {RESTARTS}"),
+    ("torchrun_multinode.sh", {"NNODES": "abc", "RDZV_ENDPOINT": "node0:29500"},
+     "NNODES=abc is not a number of nodes: set it to N (1 or more), or to MIN:MAX for an elastic job (e.g. 2:4)"),
+    ("torchrun_multinode.sh", {"NNODES": "4:2", "RDZV_ENDPOINT": "node0:29500"},
+     "NNODES=4:2 has MIN above MAX: set it to MIN:MAX with MIN <= MAX (e.g. 2:4)"),
+    ("torchrun_multinode.sh", {"NPROC_PER_NODE": "1", "NODE_RANK": "x"},
+     "NODE_RANK=x is not a node rank: set it to 0 or more (or unset it: c10d numbers the nodes)"),
+    ("torchrun_multinode.sh", {"NNODES": "2", "RDZV_ENDPOINT": "node0:abc"},
+     ("RDZV_ENDPOINT=node0:abc is not host:port: set it to a host every node can reach and a port 1-65535 "
+      "(e.g. node0:29500)")),
+]
+
+
+@pytest.mark.parametrize("script, env, line", BAD_VARIABLES, ids=[f"{s}-{line.split()[0]}" for s, _, line in BAD_VARIABLES])
+def test_a_variable_a_wrapper_cannot_take_is_refused_in_one_line(script: str, env: dict[str, str], line: str) -> None:
+    """As typed: ``NPROC_PER_NODE=abc launch/torchrun.sh ...`` ended in a torchrun traceback (or its
+    usage text naming --max-restarts, or 1 rank for 0); now one line naming the variable, exit 2."""
+    proc = _launch([f"launch/{script}", "--cfg", "job", "backend=cpu"], _user_env(OMP_NUM_THREADS="1", **env),
+                   timeout=180)
+    assert _one_line(proc) == f"{script}: {line}"
+
+
+@NO_GPU
+def test_nproc_gpu_on_a_node_without_one_is_refused_in_one_line() -> None:
+    proc = _launch(["launch/torchrun.sh", "--cfg", "job", "backend=cpu"], _no_gpu_env(NPROC_PER_NODE="gpu"),
+                   timeout=180)
+    assert _one_line(proc) == ("torchrun.sh: NPROC_PER_NODE=gpu finds no GPU on this node: "
+                               "set it to a number of processes, or to cpu or auto")
+
+
+@needs_venv
+@NO_GPU
+def test_far_more_cpu_ranks_than_cores_start_after_a_warning() -> None:
+    """NPROC_PER_NODE=99 on 2 cores was taken without a word (and its stop took 209 s)."""
+    cores = os.cpu_count() or 1
+    many = str(4 * cores + 1)
+    proc = _launch(["launch/torchrun.sh", "--dry-run", "backend=cpu"], _no_gpu_env(NPROC_PER_NODE=many))
+    assert proc.returncode == 0, proc.stderr
+    assert f"--nproc-per-node={many} " in proc.stdout
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"torchrun.sh: warning: NPROC_PER_NODE={many} starts {many} CPU ranks on "), line
+
+
+@needs_venv
+def test_nproc_words_torchrun_takes_pass_through() -> None:
+    for word in ("cpu", "auto"):
+        proc = _launch(["launch/torchrun.sh", "--dry-run"], _user_env(NPROC_PER_NODE=word))
+        assert proc.returncode == 0 and not proc.stderr, proc.stderr
+        assert f"--nproc-per-node={word} " in proc.stdout
+
+
+def test_slurm_job_refuses_a_bad_rdzv_port_in_one_line(tmp_path: Path) -> None:
+    env = _user_env(PATH=f"{_fake_scontrol(tmp_path)}:{SYSTEM_PATH}", SLURM_SUBMIT_DIR=str(ROOT), RDZV_PORT="x",
+                    **SLURM_JOB)
+    line = _one_line(_launch(["bash", str(LAUNCH / "slurm.sbatch")], env, cwd=tmp_path))
+    assert line == "slurm.sbatch: RDZV_PORT=x is not a port: set it to 1-65535"
+
+
+@needs_venv
+def test_tpu_vm_refuses_an_unknown_pjrt_device_in_one_line(tmp_path: Path) -> None:
+    """PJRT_DEVICE=FOO ended in ``KeyError: 'FOO'`` from torch_xla in every replica. Here torch_xla is
+    an empty package: the launcher stops before it imports it."""
+    (tmp_path / "torch_xla").mkdir()
+    (tmp_path / "torch_xla" / "__init__.py").write_text("")
+    env = _user_env(PYTHON=str(VENV_PYTHON), PYTHONPATH=str(tmp_path), PJRT_DEVICE="FOO")
+    line = _one_line(_launch(["launch/tpu_vm.sh", "debug=smoke"], env, timeout=120))
+    assert line == "largebatch: error: PJRT_DEVICE=FOO is not a PJRT runtime: set it to TPU, CPU, CUDA, NEURON (upper case)"

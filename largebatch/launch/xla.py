@@ -12,22 +12,28 @@ message, not one per device.
     PJRT_DEVICE=CPU CPU_NUM_DEVICES=4 python -m largebatch.launch.xla debug=smoke  # try-out
 
 Exit codes are the CLI's (``largebatch.errors``): 0 done, 2 bad input (config, data, batch
-sizes), 3 non-finite loss, 74 a file of the run could not be written, 75 preempted after saving, 130 interrupted.
+sizes, a ``PJRT_DEVICE`` other than :data:`PJRT_DEVICES`), 3 non-finite loss, 74 a file of the run
+could not be written, 75 preempted after saving, 130 interrupted.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
-from largebatch.errors import EXIT_OK, ReplicaError, error_line, exit_code
+from largebatch.errors import EXIT_OK, ReplicaError, UsageError, error_line, exit_code
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-__all__ = ["ReplicaError", "launch_replicas", "main"]
+__all__ = ["PJRT_DEVICES", "ReplicaError", "check_pjrt_device", "launch_replicas", "main"]
+
+# The runtimes torch_xla starts a PJRT client for (it reads the part before any "_", as in
+# TPU_C_API; upper case); any other PJRT_DEVICE ended in KeyError: 'FOO' from its registry.
+PJRT_DEVICES = ("TPU", "CPU", "CUDA", "NEURON")
 
 # Replicas can be threads of one process (XLA:CPU, TPU v2/v3): build their config one at a time.
 _CONFIG_LOCK = threading.Lock()
@@ -65,6 +71,14 @@ def _run_replica(index: int, raw_cfg: DictConfig) -> None:
         raise ReplicaError(code, error_line(e)) from None
 
 
+def check_pjrt_device() -> None:
+    """Raise :class:`UsageError` naming ``PJRT_DEVICE`` when it is set to no runtime torch_xla has."""
+    device = os.environ.get("PJRT_DEVICE", "")
+    if device and device.split("_")[0] not in PJRT_DEVICES:
+        raise UsageError(f"PJRT_DEVICE={device} is not a PJRT runtime: set it to {', '.join(PJRT_DEVICES)} "
+                         "(upper case)")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Compose the config once (with ``backend=xla``), then run a replica per XLA device."""
     from largebatch.config import compose_config, to_train_config
@@ -74,6 +88,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(__doc__.strip())
         return 0
     try:
+        check_pjrt_device()  # before the config, the runtime and every replica
         raw = compose_config([*args, "backend=xla"])
         to_train_config(raw)  # type errors show here, once
         launch_replicas(_run_replica, args=(raw,))
