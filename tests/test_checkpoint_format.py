@@ -41,7 +41,7 @@ def _record(**changes: object) -> RunCheckpoint:
 def test_the_record_goes_to_a_plain_dict_and_back() -> None:
     record = _record(ema={"w": torch.zeros(2)})
     state = record.to_state()
-    assert state["format"] == FORMAT and state["model_name"] == "resnet10t" and "ema" in state
+    assert state["format"] == 2 and state["model_name"] == "resnet10t" and "ema" in state
     back = RunCheckpoint.from_state(state, "x.pt")
     assert back.identity == record.identity and back.steps_per_epoch == 4 and torch.equal(back.ema["w"], torch.zeros(2))
     assert back.identity.optimizer_name == "lars" and back.identity.num_classes == 10
@@ -117,7 +117,100 @@ def test_a_format_1_checkpoint_of_the_previous_main_resumes_exactly(tmp_path: Pa
     _train(REPO, *RUN, f"run_dir={run}", f"resume={step4}")  # this code, in the same kind of process
     resumed = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])
     straight = written[checkpoint_name(2, 8)]
-    assert resumed["format"] == FORMAT and resumed["train_state"]["step"] == 8
+    assert resumed["format"] == 2 and resumed["train_state"]["step"] == 8
     assert resumed["model"].keys() == straight["model"].keys()
     for key, value in straight["model"].items():
         assert torch.equal(resumed["model"][key], value), key
+
+
+# -- keys added since format 2, and the features an older reader must refuse (issue 75) --------
+
+PREVIOUS_MAIN = "6a5bd1e"  # main before format 3: it reads formats 1-2
+
+
+def _schema_keys() -> dict[str, object]:
+    import dataclasses
+    import typing
+
+    from largebatch.config.schema import TrainConfig
+
+    out: dict[str, object] = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                walk(hints[f.name], f"{prefix}{f.name}.")
+            else:
+                default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                out[prefix + f.name] = getattr(default, "value", default)
+
+    walk(TrainConfig, "")
+    return out
+
+
+def test_every_config_key_is_of_format_2_or_declared_with_its_absent_value() -> None:
+    """A feature that adds a config key declares it in ADDED_KEYS (its value when absent, and the
+    feature an older reader must know), or this fails."""
+    from largebatch.engine.checkpoint_format import ADDED_KEYS
+
+    format2 = set((REPO / "tests" / "fixtures" / "format2_config_keys.txt").read_text().split())
+    keys = _schema_keys()
+    undeclared = sorted(k for k in keys if k not in format2 and k not in ADDED_KEYS)
+    assert undeclared == [], f"declare these in largebatch.engine.checkpoint_format.ADDED_KEYS: {undeclared}"
+    assert sorted(k for k in ADDED_KEYS if k not in keys) == []  # no stale entry
+    # what a run did before the key existed is the schema's default (the key's off state)
+    assert {k: a.absent for k, a in ADDED_KEYS.items()} == {k: keys[k] for k in ADDED_KEYS}
+
+
+def test_a_run_that_uses_a_feature_writes_format_3_naming_it() -> None:
+    plain = _record().to_state()
+    assert plain["format"] == 2 and "features" not in plain  # every reader since format 2 reads it
+    config = {"batch_schedule": {"steps": [[1, 16]], "adaptive": {"enabled": False}},
+              "data": {"resolution": {"schedule": "steps", "steps": [[0, 16], [1, 24]]}}}
+    state = _record(identity=RunIdentity(model_name="resnet10t", config=config)).to_state()
+    assert state["format"] == 3 and state["features"] == ["batch_schedule", "progressive_resizing"]
+    assert RunCheckpoint.from_state(state, "ok.pt").format == 3
+
+
+def test_a_feature_this_reader_does_not_know_is_refused_in_one_line() -> None:
+    state = {**_record().to_state(), "format": 3, "features": ["batch_schedule", "time_travel"], "version": "9.0"}
+    with pytest.raises(CheckpointError) as err:
+        RunCheckpoint.from_state(state, "new.pt")
+    msg = str(err.value)
+    assert "\n" not in msg and "time_travel" in msg and "batch_schedule" not in msg and "9.0" in msg
+
+
+def test_the_previous_main_refuses_a_checkpoint_that_uses_a_batch_schedule(tmp_path: Path) -> None:
+    """The reader of the commit before format 3 (no batch-schedule key) used to train on as another run."""
+    if not (REPO / ".git").exists():
+        pytest.skip("needs the repository's history (a git checkout)")
+    archive = tmp_path / "old.tar"
+    done = subprocess.run(["git", "-C", str(REPO), "archive", "-o", str(archive), PREVIOUS_MAIN, "largebatch"],
+                          capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"commit {PREVIOUS_MAIN} is not in this clone's history (shallow?): {done.stderr.strip()}")
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "old", filter="data")
+    config = {"batch_schedule": {"steps": [[1, 16]]}}
+    torch.save(_record(identity=RunIdentity(model_name="resnet10t", config=config)).to_state(), tmp_path / "c.pt")
+    read = ("import sys, torch\nfrom largebatch.engine.checkpoint_format import RunCheckpoint\n"
+            "from largebatch.errors import CheckpointError\n"
+            "try:\n    RunCheckpoint.from_state(torch.load(sys.argv[1], weights_only=True), sys.argv[1])\n"
+            "except CheckpointError as e:\n    print(e); sys.exit(2)\n")
+    old = subprocess.run([sys.executable, "-c", read, str(tmp_path / "c.pt")], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path / "old")}, cwd=tmp_path, timeout=120)
+    assert old.returncode == 2, old.stdout + old.stderr
+    assert "has format 3" in old.stdout and "reads formats 1-2" in old.stdout
+
+
+def test_a_checkpoint_from_before_a_key_changes_nothing_on_resume() -> None:
+    from largebatch.engine.resume import check_same_run, schedule_changes
+
+    before = {"schedule": {"name": "cosine"}, "data": {"image_size": 32}}
+    now = {"schedule": {"name": "cosine", "points": []}, "batch_schedule": {"steps": [], "via": "accumulation"},
+           "data": {"image_size": 32, "resolution": {"schedule": "none", "steps": [], "eval_size": None}}}
+    assert schedule_changes(before, now) == []  # was: "schedule.points None -> []"
+    check_same_run(before, now, Path("c.pt"))  # no error
+    with pytest.raises(CheckpointError, match="batch_schedule.steps"):
+        check_same_run(before, {**now, "batch_schedule": {"steps": [[1, 16]]}}, Path("c.pt"))

@@ -243,7 +243,7 @@ def test_a_checkpoint_from_before_the_setting_resumes_with_it_off(tmp_path: Path
     now = json.loads(json.dumps(now, default=lambda e: e.value))
     check_same_run(old, now, tmp_path / "ckpt.pt")  # no error
     now["data"]["resolution"]["schedule"] = "steps"
-    with pytest.raises(Exception, match="data.resolution.schedule=None"):
+    with pytest.raises(Exception, match="made with data.resolution.schedule=none, this run has data.resolution.schedule=steps"):
         check_same_run(old, now, tmp_path / "ckpt.pt")
 
 

@@ -25,18 +25,25 @@ reads it back, from this format or an older one. Its parts:
 ``config``,         composed config as a plain dict, and what the run resolved (sizes, lr,
 ``resolved``        precision, class count: summary.json's settings)
 ``version``         the largebatch version that wrote it
-``format``          :data:`FORMAT`
+``format``          2, or 3 with ``features`` (below)
+``features``        format 3: the features the run uses that a reader must know to continue it
 ==================  ==========================================================================
 
 Formats: 1 (largebatch up to 0.x of 2026-11, no ``format`` key): the parts above; 2: the
-same parts and ``format``. A file of a newer format than this code knows is refused with one
-line naming the version that wrote it. Only ``model`` is required to read a file (a
+same parts and ``format``; 3: the same and ``features``, the features of :data:`ADDED_KEYS` the
+run uses. A run that uses none writes format 2, which every reader since format 2 reads as
+before; one that uses a feature (a batch schedule, progressive resizing, ...) writes format 3,
+which a reader from before format 3 refuses, and a format-3 reader refuses a feature it does
+not know: a requeued job landing on an older image stops with one line naming the version
+that wrote the file, instead of training on as another run. A file of a newer format than
+this code knows is refused the same way. Only ``model`` is required to read a file (a
 weights-only file loads for inspection); :meth:`RunCheckpoint.missing_parts` says what a
 run needs to continue from it.
 """
 
 from __future__ import annotations
 
+import copy
 import enum
 import os
 from dataclasses import dataclass, field
@@ -49,9 +56,93 @@ import torch
 from largebatch import __version__
 from largebatch.errors import CheckpointError
 
-__all__ = ["FORMAT", "RUN_PARTS", "RunCheckpoint", "RunIdentity", "to_plain"]
+__all__ = ["ADDED_KEYS", "FEATURES", "FORMAT", "RUN_PARTS", "AddedKey", "RunCheckpoint", "RunIdentity",
+           "features_used", "to_plain", "with_absent_keys"]
 
-FORMAT = 2
+FORMAT = 3  # the newest format this code reads (it writes 2 or 3: the module docstring)
+
+
+@dataclass(frozen=True)
+class AddedKey:
+    """A config key added after format 2: the value that means what a run did before the key
+    existed, and the feature a run uses when its value differs (None: the key never changes
+    what a continued run computes, only how it is measured, recorded or composed)."""
+
+    absent: Any
+    feature: Optional[str] = None
+
+
+# Every config key added since format 2 (largebatch of 2026-11-25, commit ccb132e: the keys of
+# tests/fixtures/format2_config_keys.txt). A new key is declared here, with the value a run
+# without it had and the feature that makes an older reader refuse the checkpoint
+# (tests/test_checkpoint_format.py fails for a schema key that is in neither).
+ADDED_KEYS: dict[str, AddedKey] = {
+    "schedule.points": AddedKey([], "piecewise_schedule"),
+    "data.resolution.schedule": AddedKey("none", "progressive_resizing"),
+    "data.resolution.steps": AddedKey([], "progressive_resizing"),
+    "data.resolution.start_epoch": AddedKey(0, "progressive_resizing"),
+    "data.resolution.end_epoch": AddedKey(0, "progressive_resizing"),
+    "data.resolution.start_size": AddedKey(None, "progressive_resizing"),
+    "data.resolution.end_size": AddedKey(None, "progressive_resizing"),
+    "data.resolution.multiple": AddedKey(32, "progressive_resizing"),
+    "data.resolution.eval_size": AddedKey(None, "progressive_resizing"),
+    "data.resolution.eval_follows_train": AddedKey(False, "progressive_resizing"),
+    "data.resolution.crop_scale_steps": AddedKey([], "progressive_resizing"),
+    "data.resolution.rect_val": AddedKey(False),  # evaluation only (resume._HOW_KEYS)
+    "data.resolution.rect_val_from_epoch": AddedKey(0),
+    "diagnostics.noise_scale.enabled": AddedKey(True),  # measured beside the step, the step unchanged
+    "diagnostics.noise_scale.beta": AddedKey(0.99),
+    "diagnostics.noise_scale.probe_every": AddedKey(0),
+    "batch_schedule.steps": AddedKey([], "batch_schedule"),
+    "batch_schedule.via": AddedKey("accumulation"),  # read only with steps or the adaptive batch
+    "batch_schedule.lr": AddedKey("scale"),
+    "batch_schedule.adaptive.enabled": AddedKey(False, "adaptive_batch"),
+    "batch_schedule.adaptive.raise_at": AddedKey(2.0),
+    "batch_schedule.adaptive.growth": AddedKey(2),
+    "batch_schedule.adaptive.max_global_batch": AddedKey(None),
+    "recipe.mode": AddedKey("auto"),  # how the config was composed: its values are in the config
+    "recipe.derived": AddedKey({}),
+    "recipe.warnings": AddedKey([]),
+}
+
+# the features this code continues a run with
+FEATURES = frozenset(k.feature for k in ADDED_KEYS.values() if k.feature)
+
+
+def _select(tree: Any, key: str) -> tuple[bool, Any]:
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return False, None
+        tree = tree[part]
+    return True, tree
+
+
+def features_used(config: Optional[dict[str, Any]]) -> list[str]:
+    """The features of :data:`ADDED_KEYS` a run's config (a plain dict) uses, sorted."""
+    used = set()
+    for key, added in ADDED_KEYS.items():
+        found, value = _select(config or {}, key)
+        if added.feature and found and to_plain(value) != added.absent:
+            used.add(added.feature)
+    return sorted(used)
+
+
+def with_absent_keys(saved: Optional[dict[str, Any]], current: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """``saved`` (a checkpoint's config) with each :data:`ADDED_KEYS` key that ``current`` has and
+    it lacks set to the key's absent value: what the run that wrote it did without the key."""
+    if not isinstance(saved, dict) or not isinstance(current, dict):
+        return saved
+    out = copy.deepcopy(saved)
+    for key, added in ADDED_KEYS.items():
+        if _select(current, key)[0] and not _select(out, key)[0]:
+            *parents, last = key.split(".")
+            node = out
+            for part in parents:
+                if not isinstance(node.get(part), dict):
+                    node[part] = {}
+                node = node[part]
+            node[last] = copy.deepcopy(added.absent)
+    return out
 
 # the parts a run continues from (the model besides); a file without them holds weights only
 RUN_PARTS = ("optimizer", "scheduler", "train_state", "rng")
@@ -129,8 +220,9 @@ class RunCheckpoint:
 
     def to_state(self) -> dict[str, Any]:
         """The dict ``torch.save`` writes: plain values only (``weights_only=True`` reads it)."""
+        features = features_used(self.identity.config)
         state: dict[str, Any] = {
-            "format": self.format,
+            "format": 3 if features else 2,
             "version": self.version,
             "model": self.model,
             "optimizer": self.optimizer,
@@ -143,6 +235,8 @@ class RunCheckpoint:
             "config": self.identity.config,
             "resolved": self.identity.resolved,
         }
+        if features:
+            state["features"] = features
         if self.ema is not None:
             state["ema"] = self.ema
         if self.noise_scale is not None:
@@ -158,6 +252,12 @@ class RunCheckpoint:
                 f"checkpoint {path} has format {fmt}, written by largebatch {state.get('version', '?')}; this "
                 f"largebatch ({__version__}) reads formats 1-{FORMAT}: resume it with that version or a newer one"
             )
+        unknown = sorted(set(state.get("features") or []) - FEATURES)
+        if unknown:
+            raise CheckpointError(
+                f"checkpoint {path} was made by a run that uses {', '.join(unknown)}, written by largebatch "
+                f"{state.get('version', '?')}; this largebatch ({__version__}) does not know it: resume it with "
+                f"that version or a newer one")
         if "model" not in state:
             raise CheckpointError(f"{path} is not a largebatch checkpoint (no model state)")
         return cls(

@@ -49,7 +49,7 @@ from largebatch.engine.checkpoint import (
     list_checkpoints,
     load_checkpoint,
 )
-from largebatch.engine.checkpoint_format import RunCheckpoint
+from largebatch.engine.checkpoint_format import RunCheckpoint, with_absent_keys
 from largebatch.engine.checkpoint_retention import set_aside_newer
 from largebatch.engine.compile import strip_compile_prefixes
 from largebatch.engine.ema import load_ema_state
@@ -72,8 +72,6 @@ RUN_KEYS = ("seed", "model.", "optimizer.", "label_smoothing", "bn.", "data.synt
 # turned it on for the last phase; a checkpoint from before the key has none), and the schedule keys
 _HOW_KEYS = ("optimizer.foreach", "model.compile", "model.channels_last", "data.resolution.rect_val",
              "data.resolution.rect_val_from_epoch")
-# data.resolution keys added later, and the value that means what a checkpoint without them did
-_RESOLUTION_ADDED = {"crop_scale_steps": [], "eval_follows_train": False, "rect_val_from_epoch": 0}
 
 log = logging.getLogger("largebatch")
 
@@ -223,44 +221,12 @@ def _differences(saved: Optional[dict[str, Any]], current: Optional[dict[str, An
 def schedule_changes(saved: Optional[dict[str, Any]], current: Optional[dict[str, Any]]) -> list[str]:
     """``["epochs 2 -> 4", ...]``: the :data:`SCHEDULE_KEYS` whose values differ between a
     checkpoint's config and this run's (both plain dicts; nothing when either is missing)."""
-    return [f"{k} {a} -> {b}" for k, a, b in _differences(saved, current, SCHEDULE_KEYS)]
-
-
-def _resolution_off_if_absent(saved: Optional[dict[str, Any]], current: Optional[dict[str, Any]]
-                              ) -> Optional[dict[str, Any]]:
-    """A checkpoint made before ``data.resolution`` existed trained every epoch at
-    ``data.image_size``: the same as this run's resolution settings when they are off. One made
-    before a key of it (:data:`_RESOLUTION_ADDED`) ran as that key's default says."""
-    data_saved, data_now = (saved or {}).get("data"), (current or {}).get("data")
-    if not (isinstance(data_saved, dict) and isinstance(data_now, dict)):
-        return saved
-    now = data_now.get("resolution") or {}
-    if isinstance(data_saved.get("resolution"), dict):  # keys added since: what the run did without them
-        added = {k: v for k, v in _RESOLUTION_ADDED.items() if k in now}
-        return {**(saved or {}), "data": {**data_saved, "resolution": {**added, **data_saved["resolution"]}}}
-    if "resolution" in data_saved:
-        return saved
-    if now.get("schedule") == "none" and now.get("eval_size") is None:
-        added = {k: v for k, v in _RESOLUTION_ADDED.items() if k in now}
-        return {**(saved or {}), "data": {**data_saved, "resolution": {**now, **added}}}
-    return saved
-
-
-def _batch_schedule_off_if_absent(saved: Optional[dict[str, Any]], current: Optional[dict[str, Any]]
-                                  ) -> Optional[dict[str, Any]]:
-    """A checkpoint made before ``batch_schedule`` existed trained every epoch at
-    ``global_batch_size``: the same as this run's batch schedule when it has no steps."""
-    if not isinstance(saved, dict) or "batch_schedule" in saved or not isinstance(current, dict):
-        return saved
-    now = current.get("batch_schedule")
-    if isinstance(now, dict) and not now.get("steps"):
-        return {**saved, "batch_schedule": now}
-    return saved
+    return [f"{k} {a} -> {b}" for k, a, b in _differences(with_absent_keys(saved, current), current, SCHEDULE_KEYS)]
 
 
 def check_same_run(saved: Optional[dict[str, Any]], current: Optional[dict[str, Any]], path: Path) -> None:
     """Refuse a checkpoint whose config differs from this run's in a :data:`RUN_KEYS` key."""
-    saved = _batch_schedule_off_if_absent(_resolution_off_if_absent(saved, current), current)
+    saved = with_absent_keys(saved, current)  # keys added since: what the run did without them
     differ = _differences(saved, current, RUN_KEYS, skip=SCHEDULE_KEYS + _HOW_KEYS)
     if differ:
         was = ", ".join(f"{k}={a}" for k, a, _ in differ)
