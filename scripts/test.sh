@@ -4,11 +4,17 @@
 #   2. .venv-xla (torch 2.9.0 + torch-xla 2.9.0): tests/xla under PJRT_DEVICE=CPU.
 # Any non-zero pytest code fails the run, 5 (no test collected) included.
 #   scripts/test.sh                # everything
-#   scripts/test.sh -k lars        # extra arguments go to the first pytest run
+#   scripts/test.sh -k lars        # extra arguments go to the first pytest run (no time budget then)
+# The whole suite prints its 20 slowest tests and fails over its time budget (tests/time_budget.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup_env.sh main
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 export LARGEBATCH_CACHE=${LARGEBATCH_CACHE:-$PWD/.cache/largebatch}
-.venv/bin/python -m pytest -q "$@" tests  # tests/xla skip here, with the reason
+if (($#)); then
+  .venv/bin/python -m pytest -q "$@" tests  # tests/xla skip here, with the reason
+else
+  # the whole suite: its 20 slowest tests, and held to its time budget (tests/time_budget.py)
+  LARGEBATCH_TIME_BUDGET=1 .venv/bin/python -m pytest -q --durations=20 tests
+fi
 scripts/test_xla.sh

@@ -11,5 +11,5 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 if (($#)); then
   .venv-xla/bin/python -m pytest -q "$@"
 else
-  .venv-xla/bin/python -m pytest -q tests
+  LARGEBATCH_TIME_BUDGET=1 .venv-xla/bin/python -m pytest -q --durations=20 tests  # held to its time budget
 fi

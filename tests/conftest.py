@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# the whole suite's time budget (tests/time_budget.py): scripts/test.sh turns it on
+pytest_plugins = ["tests.time_budget"]
+
 
 @pytest.fixture()
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
