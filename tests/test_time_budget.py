@@ -33,7 +33,7 @@ def test_a_whole_run_over_its_budget_fails_and_one_within_passes(tmp_path: Path)
     def run(seconds: float) -> subprocess.CompletedProcess:
         budget.write_text(json.dumps({"main": {"seconds": seconds}, "xla": {"seconds": seconds}}))
         env = {**os.environ, "LARGEBATCH_TIME_BUDGET": "1", "LARGEBATCH_TIME_BUDGET_FILE": str(budget),
-               "PYTHONPATH": str(root)}
+               "PYTHONPATH": str(root), "LARGEBATCH_TEST_DURATIONS": str(tmp_path / "profile")}
         return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.time_budget", "-p", "no:cacheprovider",
                                str(tmp_path / "test_sleepy.py")], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=120)
@@ -44,3 +44,5 @@ def test_a_whole_run_over_its_budget_fails_and_one_within_passes(tmp_path: Path)
     within = run(60)
     assert within.returncode == 0, within.stdout
     assert "time budget (main):" in within.stdout
+    profile = json.loads((tmp_path / "profile" / "durations-main.json").read_text())  # LARGEBATCH_TEST_DURATIONS
+    assert list(profile) == ["test_sleepy.py::test_sleeps"] and profile["test_sleepy.py::test_sleeps"] >= 0.5

@@ -10,6 +10,8 @@ budget and the slowest tests.
 It applies where ``scripts/test.sh`` asks for it (``LARGEBATCH_TIME_BUDGET=1``, set when the
 whole suite runs): a subset (``-k``, one file) is never held to the whole suite's budget.
 ``LARGEBATCH_TIME_BUDGET_FILE`` names another budget file (the guard's own test).
+``LARGEBATCH_TEST_DURATIONS=DIR`` writes every test's seconds to ``DIR/durations-<env>.json``
+(a profile of the suite, grouped as you like; any run, whole or not).
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ def over_budget(durations: dict[str, float], budget_s: float, shown: int = 5) ->
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    profile = os.environ.get("LARGEBATCH_TEST_DURATIONS")
+    if profile and _durations:
+        Path(profile).mkdir(parents=True, exist_ok=True)
+        (Path(profile) / f"durations-{environment()}.json").write_text(json.dumps(_durations, indent=0))
     if os.environ.get(ENV) != "1" or not _durations:
         return
     path = Path(os.environ.get("LARGEBATCH_TIME_BUDGET_FILE") or BUDGET_FILE)
