@@ -125,12 +125,13 @@ def test_the_early_line_is_said_once_when_the_estimate_is_resolved(caplog: pytes
     hook.trainer = SimpleNamespace(state=SimpleNamespace(step=4, epoch=1),  # type: ignore[assignment]
                                    settings=SimpleNamespace(batch_schedule=None, batch_factor=lambda epoch: 1))
     caplog.set_level("INFO", logger="largebatch")
-    hook.after_epoch()  # no update yet: nothing to say, and it is not used up
+    hook.after_log({"noise_scale": 4.0})  # within the first epoch and before step 300: too early
+    hook.after_epoch()
+    hook.after_log({"noise_scale": float("nan")})  # not resolved yet: nothing said, and not used up
     assert "noise scale after" not in caplog.text
-    # |G_small|² 2.0 over 4 images, |G_big|² 1.5 over 8: |G|² = (8 x 1.5 - 4 x 2) / 4 = 1, tr(Σ) = 0.5 / (1/4 - 1/8) = 4
-    hook.tracker.update(torch.tensor(2.0), 4, torch.tensor(1.5), 8)
-    hook.after_epoch()
+    # B_simple as the log step read it (the tracker's value): 4 images against a global batch of 8
+    hook.after_log({"noise_scale": 4.0})
     hook.trainer.state.step = 300
-    hook.after_step()
-    hook.after_epoch()
+    hook.after_log({"noise_scale": 5.0})
     assert caplog.text.count("noise scale after 4 steps: B_simple ~4 images; your global batch 8 is 2x it") == 1
+    assert "~5 images" not in caplog.text

@@ -68,7 +68,7 @@ __all__ = ["EARLY_STEPS", "NoiseScaleHook", "NoiseScalePlan", "batch_against_noi
 
 log = logging.getLogger("largebatch")
 
-EARLY_STEPS = 300  # [optimizer steps] the early line comes after this many, or after the first epoch
+EARLY_STEPS = 300  # [optimizer steps] the early line comes at a log step after this many, or after the first epoch
 
 
 def batch_against_noise_scale(batch: int, noise_scale: float, step: int) -> str:
@@ -142,6 +142,7 @@ class NoiseScaleHook(Hook):
         self._small: Optional[torch.Tensor] = None
         self._pre_step: Any = None  # the optimizer step pre-hook's handle (XLA replicas)
         self._told = False  # the early line (global batch against B_simple) was said
+        self._epoch_done = False  # an epoch has ended: the early line may come at the next log step
 
     def before_train(self) -> None:
         if self.plan.source is None:
@@ -152,21 +153,17 @@ class NoiseScaleHook(Hook):
         if self._reduced_in_step():
             self._pre_step = self.trainer.optimizer.register_step_pre_hook(self._after_reduction)
 
-    def after_step(self) -> None:
-        if self.trainer.state.step % EARLY_STEPS == 0:  # a host count: no read
-            self._tell_early()
-
     def after_epoch(self) -> None:
-        self._tell_early()
+        self._epoch_done = True
 
-    def _tell_early(self) -> None:
-        """Once, at the first epoch's end or step EARLY_STEPS where B_simple is resolved (a
-        positive finite estimate; early averages can be neither): the global batch against it.
-        One host read per try, until it is said."""
-        if self._told or self.plan.source is None or not self.tracker.updates:
+    def after_log(self, metrics: dict[str, float]) -> None:
+        """Once, at the first log step after the first epoch or EARLY_STEPS steps where B_simple is
+        resolved (a positive finite estimate; early averages can be neither): the global batch
+        against it. It reads the value the log step read already: no host read of its own."""
+        if self._told or not (self._epoch_done or self.trainer.state.step >= EARLY_STEPS):
             return
-        value = float(self.tracker.noise_scale())
-        if math.isfinite(value) and value > 0:
+        value = metrics.get("noise_scale")
+        if value is not None and math.isfinite(value) and value > 0:
             self._told = True
             log.info("%s", batch_against_noise_scale(self._sizes()[1], value, self.trainer.state.step))
 
