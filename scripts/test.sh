@@ -5,16 +5,20 @@
 # Any non-zero pytest code fails the run, 5 (no test collected) included.
 #   scripts/test.sh                # everything
 #   scripts/test.sh -k lars        # extra arguments go to the first pytest run (no time budget then)
-# The whole suite prints its 20 slowest tests and fails over its time budget (tests/time_budget.json).
+# The whole suite runs on one pytest-xdist worker per core (at most 4; LARGEBATCH_TEST_WORKERS=N
+# sets it), prints its 20 slowest tests and fails over its time budget (tests/time_budget.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup_env.sh main
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+workers() { local n; n=$(OMP_NUM_THREADS='' nproc); echo "${LARGEBATCH_TEST_WORKERS:-$((n < 4 ? n : 4))}"; }
 export LARGEBATCH_CACHE=${LARGEBATCH_CACHE:-$PWD/.cache/largebatch}
 if (($#)); then
   .venv/bin/python -m pytest -q "$@" tests  # tests/xla skip here, with the reason
 else
-  # the whole suite: its 20 slowest tests, and held to its time budget (tests/time_budget.py)
-  LARGEBATCH_TIME_BUDGET=1 .venv/bin/python -m pytest -q --durations=20 tests
+  # the whole suite on LARGEBATCH_TEST_WORKERS pytest-xdist workers (default: one per core, at
+  # most 4; the SLURM tests share one worker, tests/test_slurm.py); its 20 slowest tests, and
+  # held to its time budget (tests/time_budget.py)
+  LARGEBATCH_TIME_BUDGET=1 .venv/bin/python -m pytest -q --durations=20 -n "$(workers)" --dist loadgroup tests
 fi
 scripts/test_xla.sh

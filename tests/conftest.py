@@ -42,3 +42,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_gpu)
         if "xla" in item.keywords and not has_xla:
             item.add_marker(skip_xla)
+    # files with a slow test first, each file's tests in their order (module fixtures stay shared):
+    # pytest-xdist hands tests out in this order, so the long ones do not end the run on one worker
+    slow_files = {item.path for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: item.path not in slow_files)

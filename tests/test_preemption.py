@@ -80,3 +80,35 @@ def test_ctrl_c_twice_during_a_checkpoint_write_lets_the_write_finish(tmp_path: 
     assert "arrived during a checkpoint write" in out + err
     assert not list(ckpts.glob(".*.tmp"))
     assert load_checkpoint(list_checkpoints(ckpts)[-1])["train_state"]["step"] >= 1
+
+
+def test_after_a_stop_by_signal_the_handlers_ignore_it_delivered_again() -> None:
+    """Under load torchrun's agent passed SIGINT on (as SIGTERM) after a rank had saved and put
+    the handlers back: the start-up handler then replaced the rank's "checkpoint saved" line
+    with "SIGTERM after the run's last checkpoint; nothing more to save". A hook that stopped
+    for a signal leaves the stop signals ignored; one that did not puts the previous ones back."""
+    from largebatch.engine.preemption import PreemptionHook
+
+    def previous(signum: int, frame: object) -> None:
+        raise AssertionError("the previous handler ran")
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        for sig in saved:
+            signal.signal(sig, previous)
+        stopped = PreemptionHook()
+        stopped.before_train()
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stopped.signal_name == "SIGINT"
+        stopped.uninstall()
+        assert {signal.getsignal(sig) for sig in saved} == {signal.SIG_IGN}
+        os.kill(os.getpid(), signal.SIGTERM)  # ignored: this test goes on
+        quiet = PreemptionHook()
+        for sig in saved:
+            signal.signal(sig, previous)
+        quiet.before_train()
+        quiet.uninstall()
+        assert {signal.getsignal(sig) for sig in saved} == {previous}
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

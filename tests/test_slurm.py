@@ -32,6 +32,8 @@ CLUSTER = ROOT / "scripts" / "slurm_cluster.sh"
 pytestmark = [
     pytest.mark.slurm,
     pytest.mark.slow,
+    # one pytest-xdist worker runs them all, in order: they share the session's cluster
+    pytest.mark.xdist_group("slurm"),
     pytest.mark.skipif(shutil.which("sbatch") is None,
                        reason="SLURM is not installed: apt-get install slurm-wlm munge (or scripts/slurm_cluster.sh "
                               "--install start, as root)"),

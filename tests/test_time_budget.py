@@ -46,3 +46,22 @@ def test_a_whole_run_over_its_budget_fails_and_one_within_passes(tmp_path: Path)
     assert "time budget (main):" in within.stdout
     profile = json.loads((tmp_path / "profile" / "durations-main.json").read_text())  # LARGEBATCH_TEST_DURATIONS
     assert list(profile) == ["test_sleepy.py::test_sleeps"] and profile["test_sleepy.py::test_sleeps"] >= 0.5
+
+
+def test_under_xdist_the_controller_sums_every_workers_tests(tmp_path: Path) -> None:
+    """scripts/test.sh runs the suite on pytest-xdist workers: the budget and the profile hold
+    all of them (the workers' reports reach the controller), checked and written once."""
+    root = Path(__file__).resolve().parents[1]
+    for name in ("a", "b", "c", "d"):
+        (tmp_path / f"test_{name}.py").write_text("import time\n\ndef test_sleeps():\n    time.sleep(0.4)\n")
+    budget = tmp_path / "budget.json"
+    budget.write_text(json.dumps({"main": {"seconds": 1.2}, "xla": {"seconds": 1.2}}))
+    env = {**os.environ, "LARGEBATCH_TIME_BUDGET": "1", "LARGEBATCH_TIME_BUDGET_FILE": str(budget),
+           "PYTHONPATH": str(root), "LARGEBATCH_TEST_DURATIONS": str(tmp_path / "profile")}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.time_budget", "-p", "no:cacheprovider",
+                           "-n", "2", "."], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    # 4 x 0.4 s over two workers: ~0.8 s of wall time, 1.6 s of tests, over the 1.2 s budget
+    assert proc.returncode == 1, proc.stdout
+    assert proc.stdout.count("over this suite's budget of 1 s") == 1, proc.stdout
+    profile = json.loads((tmp_path / "profile" / "durations-main.json").read_text())
+    assert sorted(profile) == [f"test_{n}.py::test_sleeps" for n in "abcd"], profile

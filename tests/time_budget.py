@@ -12,6 +12,9 @@ whole suite runs): a subset (``-k``, one file) is never held to the whole suite'
 ``LARGEBATCH_TIME_BUDGET_FILE`` names another budget file (the guard's own test).
 ``LARGEBATCH_TEST_DURATIONS=DIR`` writes every test's seconds to ``DIR/durations-<env>.json``
 (a profile of the suite, grouped as you like; any run, whole or not).
+
+Under pytest-xdist (``scripts/test.sh`` runs the suite on several workers) the controller gets
+every worker's reports: the sum is the same tests' seconds, each measured where it ran.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ def over_budget(durations: dict[str, float], budget_s: float, shown: int = 5) ->
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workerinput"):
+        return  # a pytest-xdist worker: its reports reach the controller, which sums them all
     profile = os.environ.get("LARGEBATCH_TEST_DURATIONS")
     if profile and _durations:
         Path(profile).mkdir(parents=True, exist_ok=True)

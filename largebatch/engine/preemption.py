@@ -98,7 +98,12 @@ class PreemptionHook(Hook):
     def uninstall(self) -> None:
         """Put the previous handlers back (``largebatch.run`` calls it after the final
         checkpoint, so a second SIGTERM during that write does not kill it halfway: it is
-        atomic anyway)."""
+        atomic anyway).
+
+        After a stop by signal the handlers ignore further stop signals instead: the run ends 75
+        with its "checkpoint saved" line, and a stop delivered again (torchrun's agent passes on
+        the signal every process already got, and a loaded machine can deliver it after this
+        point) must not replace that line with the start-up handlers' "nothing more to save"."""
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_IGN if self.signal_name is not None else handler)
         self._previous.clear()
