@@ -209,3 +209,32 @@ def test_library_defaults_agree_with_the_schema() -> None:
         if isinstance(value, tuple):
             value = list(value)
         assert value == pytest.approx(schema_default), key
+
+
+def test_every_row_reads_for_a_user() -> None:
+    """The generator's slips a reader saw on the page stay fixed (issue 73): a value's shape
+    read as a unit, a doubled plural, a source file in a meaning, a key showing no value."""
+    from largebatch.optim import optimizer_names
+
+    docs = key_docs()
+    for d in docs:
+        assert "[" not in d.unit and "]" not in d.unit, (d.key, d.unit)
+        assert "ss " not in f"{d.type} ", (d.key, d.type)
+        assert not re.search(r"\w\.py\b", d.meaning), (d.key, d.meaning)
+    rows = _rows()
+    for key, (_, shown, _) in rows.items():
+        # a value (a code span, the default run's marked as such), never a placeholder
+        assert re.fullmatch(r"`[^`]*`( \(default run\))?", shown), (key, shown)
+    assert "in YAML" not in reference_tables()
+    # a key the schema leaves to the YAML files shows the default run's value and names what sets it
+    for d in docs:
+        if type(d.default).__name__ == "DefaultRunValue":
+            assert "Set by " in d.meaning, d.key
+    # a name looked up in the optimizer registry lists the names the registry takes (the
+    # reference reads them from the presets, one per entry, named as the entry)
+    names = optimizer_names()
+    assert {d.key: d for d in docs}["optimizer.name"].allowed == ", ".join(f"`{n}`" for n in names)
+    presets = {p.stem: yaml.safe_load(p.read_text())["name"] for p in (ROOT / "conf" / "optimizer").glob("*.yaml")}
+    assert sorted(presets) == names and all(k == v for k, v in presets.items()), presets
+    # a meaning ending in a parenthesis still ends its sentence before "Set by"
+    assert "(presets: conf/model/). Set by" in {d.key: d for d in docs}["model.name"].meaning

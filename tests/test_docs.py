@@ -291,3 +291,14 @@ def test_no_wall_of_text() -> None:
     sample = (f"intro\n\n{para[:300]}\n{para[300:]}\n\n```bash\n{para}\n```\n\n| {para} |\n\n"
               f"- {item}\n  {item}\n- {item}\n- [{item}]({'x/' * 60})\n\n!!! note\n    {item}\n\n<!-- {para} -->\n")
     assert [(n, _words(b)) for n, b in _text_blocks(sample)] == [(1, 1), (3, 121), (12, 140), (14, 70), (15, 70), (18, 70)]
+
+
+def test_config_keys_are_tabled_once() -> None:
+    """A key's default and allowed values are written on the configuration reference only (from
+    the schema); a page that lists them by hand drifts from it, so it links there instead."""
+    tables = [f"{path.relative_to(ROOT)}:{n}" for path in PAGES if path.name != "config-reference.md"
+              for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+              if re.match(r"\|\s*key\s*\|\s*default\s*\|", line)]
+    assert not tables, tables
+    recipes = (ROOT / "docs" / "recipes.md").read_text(encoding="utf-8")
+    assert "config-reference.md#ema" in recipes and "config-reference.md#diagnostics" in recipes

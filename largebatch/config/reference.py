@@ -5,7 +5,8 @@ The site's build writes the tables from the schema itself
 (``scripts/mkdocs_config_reference.py`` calls :func:`reference_tables`), so
 the page cannot drift from it. Each key's type and default come from the
 dataclasses of :mod:`largebatch.config.schema`, its allowed values from its
-Enum's choices or from :func:`largebatch.config.checks.value_ranges`, and its
+Enum's choices, from :func:`largebatch.config.checks.value_ranges` or, for a
+name looked up in a registry (``optimizer.name``), from its group's presets, and its
 unit and meaning from the comment written beside the field, or directly
 above it, in ``schema.py``. A unit is the comment's leading ``[...]``
 (``bucket_mb: float = MISSING  # [MiB] DDP bucket size``).
@@ -166,7 +167,7 @@ def _default_run() -> dict[str, Any]:
 def _sentence(meaning: str, more: str) -> str:
     if not more:
         return meaning
-    return f"{meaning}{'' if meaning.rstrip().endswith(('.', ')')) else '.'} {more}" if meaning else more
+    return f"{meaning}{'' if meaning.rstrip().endswith('.') else '.'} {more}" if meaning else more
 
 
 def _set_by(where: list[str], recipe: bool) -> str:
@@ -188,6 +189,18 @@ def _set_by(where: list[str], recipe: bool) -> str:
     return "Set by " + "; ".join(parts) + "." if parts else ""
 
 
+def _registry_names() -> dict[str, str]:
+    """Key -> the names a string key accepts where they are a registry's entries: the names its
+    group's presets set (``conf/optimizer/*.yaml``, one per entry of ``largebatch.optim``'s
+    registry, a test holds them equal; read here without importing torch, so the site builds
+    without it)."""
+    import yaml
+
+    names = sorted(yaml.safe_load(f.read_text(encoding="utf-8"))["name"]
+                   for f in _conf().glob("optimizer/*.yaml"))
+    return {"optimizer.name": ", ".join(f"`{n}`" for n in names)}
+
+
 def key_docs() -> list[KeyDoc]:
     """Every leaf key of ``TrainConfig``, in the schema's order.
 
@@ -202,6 +215,7 @@ def key_docs() -> list[KeyDoc]:
     recipe_keys |= {"model.name", "optimizer.name", "schedule.name", "global_batch_size", "target_top1",
                     "base_batch_size"}
     ranges = value_ranges()
+    names = _registry_names()
     docs: list[KeyDoc] = []
 
     def walk(cls: type, prefix: str) -> None:
@@ -215,7 +229,7 @@ def key_docs() -> list[KeyDoc]:
             unit = _UNIT.match(note)
             enum = _enum_of(tp)
             allowed = (", ".join(f"`{m.value}`" for m in enum) if enum
-                       else ranges.get(key, ""))
+                       else ranges.get(key, "") or names.get(key, ""))
             default = _default(f)
             if default is MISSING:
                 value: Any = run

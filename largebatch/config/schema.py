@@ -152,7 +152,7 @@ class OptimizerConfig:
     not take is an error at start, naming the option.
     """
 
-    name: str = MISSING  # a name from largebatch.optim.optimizer_names()
+    name: str = MISSING  # which optimizer; each name is also a preset: optimizer=<name>
     lr: float = MISSING  # per base_batch_size images, before scaling
     weight_decay: float = MISSING  # weight decay coefficient (not scaled with the batch)
     exclude_bn_bias: bool = MISSING  # no weight decay / no LARS adaptation on BN and bias
@@ -251,7 +251,7 @@ class DataConfig:
     # ImageFolder root with train/ and val/; null: the embedded data set. No default, so a
     # data preset that does not set it (data=imagenet) asks for it at compose time.
     root: Optional[str] = MISSING
-    loader: LoaderName = MISSING  # the input pipeline (docs/input-pipelines.md)
+    loader: LoaderName = MISSING  # the input pipeline ([Input pipelines](input-pipelines.md))
     image_size: int = MISSING  # [pixels] training crop side
     val_crop_ratio: float = MISSING  # val: resize shorter side to image_size/ratio, center crop
     # [fraction of the image's area] RandomResizedCrop's area range
@@ -309,7 +309,7 @@ class BackendConfig:
     timeout_s: int = 1800  # [seconds] a collective waiting longer fails the run
     # CUDA only: cuDNN times its convolution algorithms on the first step of each shape and
     # keeps the fastest (fixed image size: a few slow first steps, then faster ones);
-    # benchmarks/throughput.py measures with it on, so its numbers transfer to training.
+    # the throughput benchmark measures with it on, so its numbers carry over to training.
     cudnn_benchmark: bool = True
 
 
