@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: sets up both environments, then runs pytest in each. `.ci/run` calls this.
 #   1. .venv (torch 2.14.1): every test (tests/xla skip: no torch-xla), distributed ones on real gloo ranks;
-#   2. .venv-xla (torch 2.9.0 + torch-xla 2.9.0): tests/xla under PJRT_DEVICE=CPU.
+#   2. .venv-xla (torch 2.9.0 + torch-xla 2.9.0): tests/xla under PJRT_DEVICE=CPU (set up while
+#      the first runs).
 # Any non-zero pytest code fails the run, 5 (no test collected) included.
 #   scripts/test.sh                # everything
 #   scripts/test.sh -k lars        # extra arguments go to the first pytest run (no time budget then)
@@ -9,6 +10,13 @@
 # sets it), prints its 20 slowest tests and fails over its time budget (tests/time_budget.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# .venv-xla is set up meanwhile (pip's unpacking waits on the disk more than on the CPU): minutes
+# off a fresh clone's run. Its output goes to a log, shown if the set-up fails.
+mkdir -p .cache
+xla_log=.cache/setup-xla.log
+scripts/setup_env.sh xla > "$xla_log" 2>&1 &
+xla_setup=$!
+trap 'kill "$xla_setup" 2> /dev/null || :' EXIT
 scripts/setup_env.sh main
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 workers() { local n; n=$(OMP_NUM_THREADS='' nproc); echo "${LARGEBATCH_TEST_WORKERS:-$((n < 4 ? n : 4))}"; }
@@ -20,5 +28,10 @@ else
   # most 4; the SLURM tests share one worker, tests/test_slurm.py); its 20 slowest tests, and
   # held to its time budget (tests/time_budget.py)
   LARGEBATCH_TIME_BUDGET=1 .venv/bin/python -m pytest -q --durations=20 -n "$(workers)" --dist loadgroup tests
+fi
+if ! wait "$xla_setup"; then
+  cat "$xla_log" >&2
+  echo "test.sh: setting up .venv-xla failed (its output is above); scripts/setup_env.sh xla retries it" >&2
+  exit 1
 fi
 scripts/test_xla.sh

@@ -1,0 +1,71 @@
+"""scripts/test.sh, the README's test command (issue 70): .venv-xla is set up while the main
+environment's tests run, and the XLA tests start only once it is ready; a failed set-up ends the
+run with its output. The script runs as it is, in a copy of the tree whose set-up scripts and
+pytest are stand-ins that write down when they start and end (the real ones take minutes; CI
+runs them)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _executable(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def _tree(tmp_path: Path, xla_setup_exit: int) -> Path:
+    tree = tmp_path / "tree"
+    (tree / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "test.sh", tree / "scripts" / "test.sh")
+    events = tree / "events"
+    # main's set-up returns at once, xla's takes 2 s (it runs beside the main tests, which take 1 s)
+    _executable(tree / "scripts" / "setup_env.sh", f"""#!/usr/bin/env bash
+if [[ $1 == xla && ! -e {tree}/xla-ready ]]; then
+  echo "setup xla start" >> {events}; sleep 2; echo "pip says why" ; echo "setup xla end" >> {events}
+  [[ {xla_setup_exit} == 0 ]] && touch {tree}/xla-ready
+  exit {xla_setup_exit}
+fi
+echo "setup $1" >> {events}
+""")
+    _executable(tree / "scripts" / "test_xla.sh", f"""#!/usr/bin/env bash
+[[ -e {tree}/xla-ready ]] || {{ echo "xla tests without their venv" >> {events}; exit 1; }}
+echo "xla tests" >> {events}
+""")
+    _executable(tree / ".venv" / "bin" / "python", f"""#!/usr/bin/env bash
+echo "main tests start $*" >> {events}; sleep 1; echo "main tests end" >> {events}
+""")
+    return tree
+
+
+def _run(tree: Path) -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ["PATH"], "HOME": str(tree)}
+    return subprocess.run(["bash", str(tree / "scripts" / "test.sh")], cwd=tree, env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_the_xla_venv_is_set_up_while_the_main_tests_run(tmp_path: Path) -> None:
+    tree = _tree(tmp_path, xla_setup_exit=0)
+    proc = _run(tree)
+    assert proc.returncode == 0, proc.stderr
+    events = (tree / "events").read_text().splitlines()
+    main_start = next(i for i, e in enumerate(events) if e.startswith("main tests start"))
+    assert events.index("setup xla start") < events.index("main tests end")  # side by side
+    assert events.index("setup xla end") < events.index("xla tests")
+    assert "-n" in events[main_start].split() and "--dist loadgroup" in events[main_start]  # the whole suite: xdist
+
+
+def test_a_failed_xla_setup_ends_the_run_with_its_output(tmp_path: Path) -> None:
+    tree = _tree(tmp_path, xla_setup_exit=1)
+    proc = _run(tree)
+    assert proc.returncode == 1
+    assert "pip says why" in proc.stderr and proc.stderr.strip().splitlines()[-1].startswith(
+        "test.sh: setting up .venv-xla failed"), proc.stderr
+    assert "xla tests" not in (tree / "events").read_text()
