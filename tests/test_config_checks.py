@@ -67,3 +67,38 @@ def test_eps_zero_is_lars_only(tmp_path: Path, capsys: pytest.CaptureFixture) ->
     assert main([*common, "optimizer=lamb", f"run_dir={tmp_path / 'lamb'}"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "invalid eps 0.0, must be > 0" in err, err
+
+
+# A list-of-pairs key of a wrong shape or type (issue 75, item 2): one line naming the key, the item
+# (position from 1, and value) and the form to write, derived from what was written where it can be.
+PAIR_CASES = [
+    (["data.resolution.crop_scale_steps=[1,0.5]"],
+     "data.resolution.crop_scale_steps: item 1 is 1, not a pair [epoch, min_scale]",
+     "data.resolution.crop_scale_steps=[[1,0.5]]"),
+    (["data.resolution.crop_scale_steps=[null]"],
+     "data.resolution.crop_scale_steps: item 1 is null, not a pair [epoch, min_scale]",
+     "data.resolution.crop_scale_steps=[[1,0.5]]"),
+    (["data.resolution.crop_scale_steps=0.5"],  # the hint used to suggest the flat form, which crashed
+     "data.resolution.crop_scale_steps=0.5 is not a list of pairs [epoch, min_scale]",
+     "data.resolution.crop_scale_steps=[[1,0.5]]"),
+    (["schedule=piecewise", "schedule.points=[1,0.5]"],
+     "schedule.points: item 1 is 1, not a pair [epoch, factor]", "schedule.points=[[1,0.5]]"),
+    (["batch_schedule.steps=64"],
+     "batch_schedule.steps=64 is not a list of pairs [epoch, global_batch_size]", "batch_schedule.steps=[[1,64]]"),
+]
+
+
+@pytest.mark.parametrize("overrides,named,suggested", PAIR_CASES, ids=[" ".join(c[0]) for c in PAIR_CASES])
+def test_a_list_of_pairs_of_a_wrong_shape_names_the_item_and_a_form_that_works(
+    tmp_path: Path, capsys: pytest.CaptureFixture, overrides: list[str], named: str, suggested: str
+) -> None:
+    from largebatch.config import compose_config
+
+    run = tmp_path / "run"
+    common = ["debug=smoke", "progress=false", f"run_dir={run}"]
+    assert main([*common, *overrides]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err == f"largebatch: error: {named}; write {suggested}\n", err
+    assert not run.exists()
+    compose_config([*common, *overrides[:-1], suggested])  # the form it suggests is accepted

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, MutableMapping
 from largebatch.defaults import COMPILE_MODES, CUDA_GRAPH_MODES, MAX_CLASSES, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, parse_compile_mode
 from largebatch.errors import ConfigError, UsageError
 from largebatch.batch_schedule import AdaptiveBatchSchedule, BatchSchedule
+from largebatch.config.pairs import PAIR_KEYS, check_pair_list
 from largebatch.resolution import ResolutionSchedule, check_crop_scale_steps
 
 __all__ = ["canonicalise_choices", "check_ranges", "value_ranges"]
@@ -138,6 +139,13 @@ def _get(cfg: Mapping[str, Any], key: str) -> Any:
     return node
 
 
+def _plain(value: Any) -> Any:
+    """An OmegaConf list or map as plain Python (what the pair checker reads); anything else as is."""
+    from omegaconf import Container, OmegaConf
+
+    return OmegaConf.to_container(value) if isinstance(value, Container) else value
+
+
 def _fail(key: str, value: Any, must: str) -> None:
     raise ConfigError(f"{key}={value} is out of range: it must be {must}; set {key}= to such a value")
 
@@ -147,6 +155,8 @@ def check_ranges(cfg: Mapping[str, Any]) -> None:
 
     ``cfg`` is the composed config (a DictConfig or anything indexable by key parts).
     """
+    for key in PAIR_KEYS:  # first: the checks below read each item as a pair
+        check_pair_list(key, _plain(_get(cfg, key)))
     for key, (ok, must) in _RULES.items():
         value = _get(cfg, key)
         if value is None and key in _OPTIONAL:

@@ -13,6 +13,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from largebatch.config.checks import canonicalise_choices, check_ranges
+from largebatch.config.pairs import PAIR_KEYS, check_pair_list
 from largebatch.config.schema import TrainConfig, register_schema
 from largebatch.errors import ConfigError
 
@@ -172,6 +173,15 @@ def _first_line(e: BaseException) -> str:
     return f"{head} ({key})" if key and key not in head else head
 
 
+def _check_pair_value(e: BaseException) -> None:
+    """A list-of-pairs key given no list (``data.resolution.crop_scale_steps=0.5``): OmegaConf's
+    merge refuses it; :func:`check_pair_list` says so with the form to write, from the value."""
+    for x in (e, e.__cause__, e.__context__):
+        key = str(getattr(x, "full_key", None))
+        if key in PAIR_KEYS:
+            check_pair_list(key, getattr(x, "value", None))
+
+
 @contextmanager
 def hydra_errors() -> Iterator[None]:
     """Turn Hydra's and OmegaConf's composition errors into one-line ``ConfigError``s."""
@@ -181,6 +191,7 @@ def hydra_errors() -> Iterator[None]:
     try:
         yield
     except (HydraException, OmegaConfBaseException) as e:
+        _check_pair_value(e)
         msg = _first_line(e)
         sweep = re.match(r"Ambiguous value for argument '([^=']+)=(.*)'$", msg)
         if sweep:  # Hydra's own fix is on the lines after the first: say it in the one line
