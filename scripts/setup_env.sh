@@ -4,7 +4,7 @@
 #
 #   scripts/setup_env.sh          # .venv: torch 2.14.1, the package with [dev,dali,docs]
 #   scripts/setup_env.sh xla      # .venv-xla: torch 2.9.0 + torch-xla 2.9.0 (XLA:CPU tests)
-#   scripts/setup_env.sh docs     # .venv-docs: the site's tools only (~170 MB, no torch): make docs
+#   scripts/setup_env.sh docs     # .venv-docs: the site's tools only (~195 MB, no torch): make docs
 #
 # Reads: PYTHON (default python3), VENV (default .venv), VENV_XLA (default .venv-xla), VENV_DOCS
 #        (default .venv-docs),

@@ -83,8 +83,18 @@ PAIR_CASES = [
      "data.resolution.crop_scale_steps=[[1,0.5]]"),
     (["schedule=piecewise", "schedule.points=[1,0.5]"],
      "schedule.points: item 1 is 1, not a pair [epoch, factor]", "schedule.points=[[1,0.5]]"),
+    (["batch_schedule.steps=[1,64]"],
+     "batch_schedule.steps: item 1 is 1, not a pair [epoch, global_batch_size]", "batch_schedule.steps=[[1,64]]"),
+    (["batch_schedule.steps=[[1,64.0]]"],
+     "batch_schedule.steps: item 1 is [1, 64.0], not a pair [epoch, global_batch_size] of integers",
+     "batch_schedule.steps=[[1,64]]"),
     (["batch_schedule.steps=64"],
      "batch_schedule.steps=64 is not a list of pairs [epoch, global_batch_size]", "batch_schedule.steps=[[1,64]]"),
+    (["data.resolution.schedule=steps", "data.resolution.steps=[0,32]"],
+     "data.resolution.steps: item 1 is 0, not a pair [epoch, pixels]", "data.resolution.steps=[[0,32]]"),
+    (["data.resolution.schedule=steps", "data.resolution.steps=[[0,16],[1,24.0]]"],
+     "data.resolution.steps: item 2 is [1, 24.0], not a pair [epoch, pixels] of integers",
+     "data.resolution.steps=[[0,16],[1,24]]"),
 ]
 
 

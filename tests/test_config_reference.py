@@ -98,7 +98,9 @@ def test_every_key_has_a_meaning_and_its_checks() -> None:
     # a value's shape is not a unit; a list of lists reads as one (issue 73)
     assert docs["data.resolution.crop_scale_steps"].unit == "" and docs["batch_schedule.steps"].unit == ""
     assert docs["data.resolution.crop_scale_steps"].meaning.startswith("[[epoch, min_scale], ...]")
-    assert docs["data.resolution.steps"].type == "list of lists of integers"
+    assert docs["data.resolution.steps"].type == "list of pairs of integers"
+    # the schema types the list-of-pairs keys as lists of anything (config.pairs checks each item)
+    assert docs["schedule.points"].type == "list of pairs of numbers"
     # where a value comes from: the files, group options and presets that set it
     assert "`optimizer=` (4 of 4)" in docs["optimizer.lr"].meaning and "the ImageNet recipe" in docs["epochs"].meaning
     assert "checks.py" not in " ".join(d.meaning for d in docs.values())

@@ -302,3 +302,40 @@ def test_config_keys_are_tabled_once() -> None:
     assert not tables, tables
     recipes = (ROOT / "docs" / "recipes.md").read_text(encoding="utf-8")
     assert "config-reference.md#ema" in recipes and "config-reference.md#diagnostics" in recipes
+
+
+def _indented_code_blocks(text: str) -> list[int]:
+    """Lines that open an indented (4-space) code block: after a blank line, outside a fence and
+    outside a list item or an admonition (whose bodies are indented)."""
+    found: list[int] = []
+    fence, container, after_blank = "", False, True
+    for n, line in enumerate(text.splitlines(), 1):
+        stripped = line.lstrip()
+        if fence:
+            fence = "" if stripped.startswith(fence) else fence
+            continue
+        opening = re.match(r"\s*(```+|~~~+)", line)
+        if opening:
+            fence = opening.group(1)
+            continue
+        if not stripped:
+            after_blank = True
+            continue
+        indent = len(line) - len(stripped)
+        if indent == 0:
+            container = bool(re.match(r"([-*+]|\d+[.)])\s|!!!|\?\?\?", line))
+        elif indent >= 4 and after_blank and not container:
+            found.append(n)
+        after_blank = False
+    return found
+
+
+def test_no_indented_code_block() -> None:
+    """An indented block is code Sybil never runs and never marks as output: a command goes in a
+    ```bash fence (run, or skipped with its reason), a listing in a ```text one."""
+    found = [f"{path.relative_to(ROOT)}:{n}" for path in [README, *PAGES]
+             for n in _indented_code_blocks(path.read_text(encoding="utf-8"))]
+    assert not found, found
+    sample = ("text\n\n    code\n\n- item\n\n    more of the item\n\n!!! note\n    body\n\n"
+              "```text\n\n    in a fence\n```\n\npara\n    continued\n\n    code again\n")
+    assert _indented_code_blocks(sample) == [3, 20]

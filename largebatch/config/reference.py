@@ -30,6 +30,7 @@ from omegaconf import MISSING
 
 from largebatch.config import schema
 from largebatch.config.checks import value_ranges
+from largebatch.config.pairs import PAIR_KEYS
 
 __all__ = ["DefaultRunValue", "KeyDoc", "field_comments", "key_docs", "reference_tables", "yaml_settings"]
 
@@ -240,7 +241,7 @@ def key_docs() -> list[KeyDoc]:
             set_by = _set_by(settings.get(key, []), key in recipe_keys)
             docs.append(KeyDoc(
                 key=key, group=key.split(".")[0] if "." in key else _TOP,
-                type=_type_name(tp), default=default,
+                type=f"list of pairs {PAIR_KEYS[key].types}" if key in PAIR_KEYS else _type_name(tp), default=default,
                 unit=unit.group(1) if unit else "",
                 allowed=allowed, meaning=_sentence(meaning, set_by)))
 

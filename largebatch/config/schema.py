@@ -220,7 +220,7 @@ class ResolutionConfig:
     # start_epoch and end_epoch, rounded to a multiple of `multiple`
     schedule: ResolutionKind = ResolutionKind.none
     # steps only: [[epoch, pixels], ...], epochs ascending from 0: from that epoch on, that side
-    steps: List[List[int]] = field(default_factory=list)
+    steps: List[Any] = field(default_factory=list)
     start_epoch: int = 0  # [epochs] ramp: start_size up to this epoch
     end_epoch: int = 0  # [epochs] ramp: end_size from this epoch on
     start_size: Optional[int] = None  # [pixels] ramp: the first side; null: data.image_size
@@ -289,7 +289,7 @@ class BatchScheduleConfig:
 
     # [[epoch, global_batch], ...], epochs ascending from 1: from that epoch on, that global
     # batch, a whole multiple of global_batch_size; []: global_batch_size every epoch
-    steps: List[List[int]] = field(default_factory=list)
+    steps: List[Any] = field(default_factory=list)
     via: BatchGrowth = BatchGrowth.accumulation  # how the larger batch is reached
     lr: BatchLR = BatchLR.scale  # the lr per phase: by lr_scaling, or held
     adaptive: AdaptiveBatchConfig = field(default_factory=AdaptiveBatchConfig)
