@@ -51,6 +51,29 @@ class _Work:
         return self.future
 
 
+def nccl_checks(collective: str, output: torch.Tensor, input: torch.Tensor, group_size: int) -> None:
+    """What ``ProcessGroupNCCL`` refuses before it calls NCCL (torch/csrc/distributed/c10d/
+    ProcessGroupNCCL.cpp: ``check_gpu_single_tensor``, ``_reduce_scatter_base``, ``_allgather_base``),
+    with its messages: a tensor not on CUDA or not contiguous, an output and input of different
+    dtypes, sizes that are not the group's multiple. Without these a stand-in passes what the
+    card aborts (an fp32 shard into a bf16 wire's reduce-scatter)."""
+    for tensor in (output, input):
+        if tensor.device.type != "cuda":
+            raise ValueError("Tensors must be CUDA and dense")
+        if not tensor.is_contiguous():
+            raise ValueError("Tensors must be contiguous")
+    if collective == "reduce_scatter":
+        if input.dtype != output.dtype:
+            raise TypeError("input tensor must be the same type as the output tensor.")
+        if input.numel() != output.numel() * group_size:
+            raise ValueError("input tensor must be the same size as output size times world size")
+    elif collective == "all_gather":
+        if input.dtype != output.dtype:
+            raise TypeError("output tensor must have the same type as input tensor")
+        if input.numel() * group_size != output.numel():
+            raise ValueError("output tensor size must be equal to world_size times input tensor size")
+
+
 class _StandInNccl:
     """NCCL's collectives between rank threads: each call waits for every member of its group.
 
@@ -98,17 +121,20 @@ class _StandInNccl:
             self.log.append(entry)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, *, group: _Group) -> None:
+        nccl_checks("reduce_scatter", output, input, len(group.ranks))
         self._record("reduce_scatter", self.me.rank, group.ranks, output, input)
         me, inputs = self._exchange(group, input)
         output.copy_(torch.stack([x.view(len(inputs), -1)[me] for x in inputs]).sum(0))
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, *, group: _Group, async_op: bool) -> _Work:
+        nccl_checks("all_gather", output, input, len(group.ranks))
         self._record("all_gather", self.me.rank, group.ranks, output, input)
         assert async_op, "the all-gather is the future the hook hands DDP"
         output.copy_(torch.cat(self._exchange(group, input)[1]))
         return _Work([output])
 
     def all_reduce(self, tensor: torch.Tensor, *, group: _Group, async_op: bool) -> _Work:
+        nccl_checks("all_reduce", tensor, tensor, 1)
         self._record("all_reduce", self.me.rank, group.ranks, tensor, tensor)
         tensor.copy_(torch.stack(self._exchange(group, tensor)[1]).sum(0))
         return _Work([tensor])
@@ -200,3 +226,50 @@ def test_a_cuda_barrier_names_the_ranks_gpu(monkeypatch: pytest.MonkeyPatch) -> 
     backend.barrier()
     TorchDistributedBackend("cpu").barrier()
     assert barriers == [{"device_ids": [1]}, {}]
+
+
+# -- the stand-in refuses what NCCL refuses --------------------------------------------------------
+
+
+def _cuda(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.as_subclass(_OnCuda)
+
+
+MISUSES = {  # (collective, output, input, group size) -> what ProcessGroupNCCL raises
+    "an fp32 shard of a bf16 wire": (("reduce_scatter", _cuda(torch.zeros(4)), _cuda(torch.zeros(8, dtype=torch.bfloat16)), 2),
+                                     TypeError),
+    "a shard not 1/p of its wire": (("reduce_scatter", _cuda(torch.zeros(3)), _cuda(torch.zeros(8)), 2), ValueError),
+    "a bf16 wire gathered from an fp32 shard": (("all_gather", _cuda(torch.zeros(8, dtype=torch.bfloat16)),
+                                                 _cuda(torch.zeros(4)), 2), TypeError),
+    "a wire not p shards long": (("all_gather", _cuda(torch.zeros(6)), _cuda(torch.zeros(4)), 2), ValueError),
+    "a strided shard": (("reduce_scatter", _cuda(torch.zeros(8))[::2], _cuda(torch.zeros(8)), 2), ValueError),
+    "a CPU tensor": (("all_reduce", torch.zeros(4), torch.zeros(4), 1), ValueError),
+}
+
+
+@pytest.mark.parametrize("case", list(MISUSES))
+def test_the_stand_in_refuses_what_nccl_refuses(case: str) -> None:
+    (collective, output, input, size), error = MISUSES[case]
+    with pytest.raises(error):
+        nccl_checks(collective, output, input, size)
+
+
+# one rank of gloo: (collective, output, input), each wrong as the case says for a group of one
+GLOO_CASES = {
+    "an fp32 shard of a bf16 wire": ("reduce_scatter", torch.zeros(4), torch.zeros(4, dtype=torch.bfloat16)),
+    "a shard not 1/p of its wire": ("reduce_scatter", torch.zeros(4), torch.zeros(5)),
+    "a bf16 wire gathered from an fp32 shard": ("all_gather", torch.zeros(4, dtype=torch.bfloat16), torch.zeros(4)),
+    "a wire not p shards long": ("all_gather", torch.zeros(4), torch.zeros(3)),
+}
+
+
+@pytest.mark.parametrize("case", list(GLOO_CASES))
+def test_gloo_refuses_the_same_dtype_and_size_misuses(case: str) -> None:
+    """A real process group (gloo, one rank, CPU tensors) checks dtypes and sizes as NCCL does:
+    the stand-in's checks are a process group's, not ours; the well-formed call goes through."""
+    collective, output, input = GLOO_CASES[case]
+    group = dist.ProcessGroupGloo(dist.HashStore(), 0, 1)
+    call = group._reduce_scatter_base if collective == "reduce_scatter" else group._allgather_base
+    with pytest.raises(RuntimeError):
+        call(output, input).wait()
+    call(output, torch.zeros_like(output)).wait()
