@@ -81,13 +81,15 @@ class BatchSchedule:
             raise ConfigError(f"batch_schedule.lr={lr} is not one of {', '.join(LR_RULES)}; set one of them")
         if not steps:
             return None
-        must = (f"[[epoch, global_batch], ...] with epochs ascending in 1..{epochs - 1} and each batch a whole "
-                f"multiple of global_batch_size ({global_batch_size})")
+        must = (f"[[epoch, global_batch], ...] with epochs ascending in 1..{epochs - 1} (epochs={epochs}) and each "
+                f"batch a whole multiple of global_batch_size ({global_batch_size})")
         pairs: list[tuple[int, int]] = []
         for pair in steps:
             if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in pair):
                 _bad(steps, must)
             epoch, batch = int(pair[0]), int(pair[1])
+            if epoch >= epochs >= 1 and not (pairs and epoch <= pairs[-1][0]):
+                _past_the_end(steps, epoch, epochs)
             if not 1 <= epoch < epochs or (pairs and epoch <= pairs[-1][0]):
                 _bad(steps, must)
             if batch < global_batch_size or batch % global_batch_size:
@@ -169,8 +171,11 @@ class AdaptiveBatchSchedule(BatchSchedule):
         one-line :class:`ConfigError` naming the key."""
         BatchSchedule.of([], global_batch_size=global_batch_size, epochs=1, via=via, lr=lr)  # checks via, lr
         key = "batch_schedule.adaptive"
+        if raise_at == math.inf:  # would never raise: the fixed batch, which is the switch's job
+            raise ConfigError(f"{key}.raise_at=inf never raises the batch: to keep global_batch_size, set "
+                              f"{key}.enabled=false; to raise it, set {key}.raise_at= to a finite number > 0")
         if isinstance(raise_at, bool) or not isinstance(raise_at, (int, float)) or not 0 < raise_at < math.inf:
-            raise ConfigError(f"{key}.raise_at={raise_at} is out of range: it must be a number > 0; set "
+            raise ConfigError(f"{key}.raise_at={raise_at} is out of range: it must be a finite number > 0; set "
                               f"{key}.raise_at= to such a value")
         if isinstance(growth, bool) or not isinstance(growth, int) or growth < 2:
             raise ConfigError(f"{key}.growth={growth} is out of range: it must be an integer >= 2; set "
@@ -197,11 +202,22 @@ class AdaptiveBatchSchedule(BatchSchedule):
         if epoch != len(self.factors):
             raise ValueError(f"epoch {epoch} decided out of order (decided: {len(self.factors)} epochs)")
         k = self.factors[-1] if self.factors else 1
-        up = k * self.growth
-        raise_ = (epoch > 0 and math.isfinite(noise_scale) and noise_scale >= self.raise_at * self.base * k
-                  and (self.max_batch is None or self.base * up <= self.max_batch) and base_steps // up >= 1)
-        self.factors.append(up if raise_ else k)
+        raise_ = epoch > 0 and self.why_kept(k, noise_scale, base_steps) is None
+        self.factors.append(k * self.growth if raise_ else k)
         return raise_
+
+    def why_kept(self, k: int, noise_scale: float, base_steps: int) -> Optional[str]:
+        """Why a decision at factor ``k`` keeps the batch, in words for the log (None: it raises):
+        the noise scale below the threshold, the raised batch past ``max_batch``, or past the
+        epoch's images (``base_steps`` base batches; not one whole step)."""
+        up = k * self.growth
+        if not (math.isfinite(noise_scale) and noise_scale >= self.raise_at * self.base * k):
+            return f"a raise needs >= {self.raise_at:g} x {self.base * k}"
+        if self.max_batch is not None and self.base * up > self.max_batch:
+            return f"{self.base * up} would pass batch_schedule.adaptive.max_global_batch={self.max_batch}"
+        if base_steps // up < 1:
+            return f"{self.base * up} would exceed the {self.base * base_steps} images of an epoch"
+        return None
 
     def possible_factors(self, base_steps: Optional[int] = None, most: int = 6) -> list[int]:
         """The factors a run may reach: growth**i within max_batch (and an epoch's steps), at
@@ -220,6 +236,17 @@ class AdaptiveBatchSchedule(BatchSchedule):
         lr = f"lr {self.lr_scaling}-scaled per phase" if self.lr == "scale" else "lr held"
         return (f"{self.base}, x{self.growth} at an epoch start when the noise scale >= {self.raise_at:g} x the "
                 f"global batch{cap} (adaptive; {self.via.replace('_', '-')}; {lr})")
+
+
+def _past_the_end(steps: Sequence[Sequence[int]], epoch: int, epochs: int) -> None:
+    """A step at or after the run's last epoch: ``epochs`` is as likely the cause as the step."""
+    shown = [list(p) for p in steps]
+    if epochs < 2:
+        raise ConfigError(f"batch_schedule.steps={shown} needs epochs >= 2 (a step's epoch lies in 1..epochs-1), but "
+                          f"epochs={epochs}: set epochs= above {epoch}, or batch_schedule.steps=[]")
+    raise ConfigError(f"batch_schedule.steps={shown} is out of range: epoch {epoch} is not below epochs={epochs} "
+                      f"(a step's epoch lies in 1..{epochs - 1}); set epochs= above {epoch}, or move the step to an "
+                      f"epoch in 1..{epochs - 1}")
 
 
 def _bad(steps: Sequence[Sequence[int]], must: str) -> None:

@@ -54,7 +54,7 @@ def test_the_lr_follows_the_scaling_rule_per_phase_or_is_held() -> None:
 
 @pytest.mark.parametrize("steps,pattern", [
     ([[0, 16]], "epochs ascending in 1..3"),
-    ([[4, 16]], "epochs ascending in 1..3"),
+    ([[4, 16]], "epoch 4 is not below epochs=4 (a step's epoch lies in 1..3); set epochs= above 4, or move"),
     ([[2, 16], [1, 32]], "batch_schedule.steps=[[2, 16], [1, 32]] is out of range"),
     ([[1, 12]], "whole multiple of global_batch_size (8)"),
     ([[1, 4]], "whole multiple of global_batch_size (8)"),
@@ -234,6 +234,44 @@ def test_a_resume_with_another_batch_schedule_is_refused(tmp_path: Path, capsys:
     assert "belongs to another run" in err and "batch_schedule.steps=[[1, 32]]" in err and "\n" not in err
 
 
+def test_a_step_past_the_last_epoch_names_epochs_as_the_cause(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Issue 75, item 7: at epochs=1 the range was printed as "1..0", with no word of epochs."""
+    assert main(smoke("epochs=1", "batch_schedule.steps=[[1,16]]", f"run_dir={tmp_path / 'run'}")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("largebatch: error: batch_schedule.steps=[[1, 16]] needs epochs >= 2 (a step's epoch lies in "
+                   "1..epochs-1), but epochs=1: set epochs= above 1, or batch_schedule.steps=[]"), err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_lowered_batch_runs_each_phase_and_resumes_bit_identical(tmp_path: Path, forward_sizes: list[int]) -> None:
+    """A schedule may lower the batch (fastai2018_rn50_128gpu goes 16K -> 8K): each epoch has its
+    own factor, the data order does not depend on it, so 8 -> 32 -> 16 trains 8 + 2 + 4 steps and
+    a run stopped inside the lowered phase resumes to the uninterrupted run's weights."""
+    exact = [*EXACT, *DATA, "batch_schedule.steps=[[1,32],[2,16]]", "batch_schedule.via=per_device"]
+    straight = tmp_path / "straight"
+    assert main([*exact, f"run_dir={straight}"]) == 0
+    assert forward_sizes == [8] * 8 + [32] * 2 + [16] * 4
+    epochs = _records(straight, "epoch")
+    assert [(r["epoch"], r["step"], r["global_batch_size"]) for r in epochs] == [(1, 8, 8), (2, 10, 32), (3, 14, 16)]
+    assert "epoch 3/3: global batch 16 (was 32)" in (straight / "train.log").read_text()
+    run = tmp_path / "run"
+    assert main([*exact, f"run_dir={run}", "max_steps=11"]) == 0  # epoch 2's first step of 16
+    assert main([*exact, f"run_dir={run}", "resume=auto", "max_steps=null"]) == 0
+    a, b = _weights(straight, 14), _weights(run, 14)
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+
+
+def test_a_resume_refusal_prints_values_as_written(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Issue 75, item 7: the run's own side was printed as its enum (BatchGrowth.per_device)."""
+    run = tmp_path / "run"
+    assert main(smoke(*DATA, *PHASES, f"run_dir={run}", "max_steps=2")) == 0
+    capsys.readouterr()
+    assert main(smoke(*DATA, *PHASES, "batch_schedule.via=per_device", f"run_dir={run}", "resume=auto")) == 2
+    err = capsys.readouterr().err.strip()
+    assert ("it was made with batch_schedule.via=accumulation, this run has batch_schedule.via=per_device;"
+            in err and "\n" not in err), err
+
+
 def test_a_checkpoint_from_before_the_setting_resumes_with_it_off() -> None:
     from omegaconf import OmegaConf
 
@@ -270,9 +308,28 @@ def test_the_adaptive_rule_raises_past_the_threshold_within_its_bounds() -> None
         tight.decide(5, 1.0, base_steps=3)
 
 
+def test_a_kept_batch_says_which_bound_kept_it() -> None:
+    """Issue 75, item 7: every kept batch was put down to the threshold, even one kept because the
+    raised batch would pass the cap or the epoch's images."""
+    from largebatch.batch_schedule import AdaptiveBatchSchedule
+
+    s = AdaptiveBatchSchedule.of_adaptive(global_batch_size=8, raise_at=2.0, growth=2, max_batch=32)
+    assert s.why_kept(1, 15.9, base_steps=8) == "a raise needs >= 2 x 8"
+    assert s.why_kept(2, float("nan"), base_steps=8) == "a raise needs >= 2 x 16"
+    assert s.why_kept(4, 1e9, base_steps=8) == "64 would pass batch_schedule.adaptive.max_global_batch=32"
+    assert s.why_kept(2, 1e9, base_steps=3) == "32 would exceed the 24 images of an epoch"
+    assert s.why_kept(1, 16.0, base_steps=8) is None
+
+
 @pytest.mark.parametrize("bad,pattern", [
     (["batch_schedule.adaptive.growth=1"], "batch_schedule.adaptive.growth=1 is out of range"),
-    (["batch_schedule.adaptive.raise_at=0"], "batch_schedule.adaptive.raise_at=0.0 is out of range"),
+    (["batch_schedule.adaptive.raise_at=0"], "batch_schedule.adaptive.raise_at=0.0 is out of range: it must be a "
+                                             "finite number > 0"),
+    # never raising is the fixed batch: the message says which switch that is (issue 75, item 7)
+    (["batch_schedule.adaptive.raise_at=inf"], "batch_schedule.adaptive.raise_at=inf never raises the batch: to "
+                                               "keep global_batch_size, set batch_schedule.adaptive.enabled=false; "
+                                               "to raise it, set batch_schedule.adaptive.raise_at= to a finite "
+                                               "number > 0"),
     (["batch_schedule.adaptive.max_global_batch=12"], "batch_schedule.adaptive.max_global_batch=12 is out of range"),
     (["batch_schedule.steps=[[1,16]]"], "set batch_schedule.steps=[] or batch_schedule.adaptive.enabled=false"),
 ])
@@ -325,3 +382,14 @@ def test_an_adaptive_run_raises_its_batch_and_resumes_bit_identical(tmp_path: Pa
     assert [r["global_batch_size"] for r in _records(run, "epoch")][-2:] == [32, 32]
     a, b = _weights(straight, 16), _weights(run, 16)
     assert [k for k in a if not torch.equal(a[k], b[k])] == []
+
+
+def test_an_adaptive_batch_kept_by_the_epochs_images_says_so(tmp_path: Path, noise_of: dict[str, float]) -> None:
+    """32 images, base batch 8: raised to 16 and 32, then x2 = 64 would exceed the epoch's images
+    (the log said "a raise needs >= 2 x 32", which the reading of 1e6 met)."""
+    run = tmp_path / "run"
+    assert main(smoke("accumulation_steps=2", "batch_schedule.adaptive.enabled=true", "epochs=4",
+                      f"run_dir={run}")) == 0
+    assert [r["global_batch_size"] for r in _records(run, "epoch")] == [8, 16, 32, 32]
+    assert ("epoch 4/4: gradient noise scale ~1000000 images, global batch 32: kept (64 would exceed the 32 "
+            "images of an epoch)") in (run / "train.log").read_text()

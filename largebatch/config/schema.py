@@ -274,7 +274,8 @@ class AdaptiveBatchConfig:
     epoch start; needs the noise scale measured (diagnostics.noise_scale) and steps=[]."""
 
     enabled: bool = False  # decide each epoch's global batch from the noise scale
-    # raise when the measured B_simple >= raise_at x the current global batch
+    # raise when the measured B_simple >= raise_at x the current global batch (finite: a batch
+    # never raised is enabled=false)
     raise_at: float = 2.0
     growth: int = 2  # the factor of each raise
     # [images] no raise past this global batch (a multiple of global_batch_size); null: while an
@@ -287,8 +288,9 @@ class BatchScheduleConfig:
     """Batch-size control: the global batch per epoch (``largebatch.batch_schedule``; Mikami et
     al. 2018, Smith et al. 2017). Epochs count from 0; before the first step, global_batch_size."""
 
-    # [[epoch, global_batch], ...], epochs ascending from 1: from that epoch on, that global
-    # batch, a whole multiple of global_batch_size; []: global_batch_size every epoch
+    # [[epoch, global_batch], ...], epochs ascending in 1..epochs-1: from that epoch on, that global
+    # batch, a whole multiple of global_batch_size, higher or lower than the phase before it;
+    # []: global_batch_size every epoch
     steps: List[Any] = field(default_factory=list)
     via: BatchGrowth = BatchGrowth.accumulation  # how the larger batch is reached
     lr: BatchLR = BatchLR.scale  # the lr per phase: by lr_scaling, or held

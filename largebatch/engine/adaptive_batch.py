@@ -51,6 +51,6 @@ class AdaptiveBatchHook(Hook):
         if self.is_main and epoch:
             shown = f"~{value:.0f} images" if math.isfinite(value) else "not resolved yet"
             verdict = (f"raised to {self.schedule.batch_at(epoch)}" if raised
-                       else f"kept (a raise needs >= {self.schedule.raise_at:g} x {before})")
+                       else f"kept ({self.schedule.why_kept(before // self.schedule.base, value, t.steps_per_epoch)})")
             log.info("epoch %d/%d: gradient noise scale %s, global batch %d: %s", epoch + 1, t.settings.epochs,
                      shown, before, verdict)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -215,7 +216,13 @@ def _differences(saved: Optional[dict[str, Any]], current: Optional[dict[str, An
         return any(k == p or (p.endswith(".") and k.startswith(p)) for p in ps)
 
     keys = sorted(k for k in old.keys() | new.keys() if under(k, prefixes) and not under(k, skip))
-    return [(k, old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)]
+    return [(k, _plain(old.get(k)), _plain(new.get(k))) for k in keys if old.get(k) != new.get(k)]
+
+
+def _plain(value: Any) -> Any:
+    """An enum as the value a user writes (``accumulation``, not ``BatchGrowth.accumulation``):
+    the run's own config holds the schema's enums, a checkpoint's their values."""
+    return value.value if isinstance(value, Enum) else value
 
 
 def schedule_changes(saved: Optional[dict[str, Any]], current: Optional[dict[str, Any]]) -> list[str]:
