@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import gc
 import sys
-from typing import Any, Optional, Protocol, runtime_checkable
+from typing import Any, Optional, Protocol, cast, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -132,8 +132,8 @@ def rank_subgroup(group_size: int) -> Optional[dist.ProcessGroup]:
         for start in range(0, world_size, group_size):
             ranks = list(range(start, start + group_size))
             group = dist.new_group(ranks)
-            if rank in ranks:
-                mine = group
+            if rank in ranks:  # a member gets its group; NON_GROUP_MEMBER (-100) is the others' answer
+                mine = cast(dist.ProcessGroup, group)
         _subgroup_cache[group_size] = mine
     return _subgroup_cache[group_size]
 

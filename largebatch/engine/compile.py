@@ -53,8 +53,12 @@ def compile_model(model: nn.Module, mode: str, shapes: int = 1) -> nn.Module:
         import torch._dynamo.config as dynamo_config
 
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, shapes)
-        return torch.compile(model, mode=None if mode == "default" else mode, dynamic=False)
-    return torch.compile(model, mode=None if mode == "default" else mode)
+        compiled = torch.compile(model, mode=None if mode == "default" else mode, dynamic=False)
+    else:
+        compiled = torch.compile(model, mode=None if mode == "default" else mode)
+    # torch.compile of a module returns an OptimizedModule (a Module); its stub says only Callable
+    assert isinstance(compiled, nn.Module), type(compiled)
+    return compiled
 
 
 def uses_cuda_graphs(mode: str) -> bool:

@@ -93,7 +93,7 @@ def build_model_ema(
     from timm.utils import ModelEmaV3
 
     model = unwrap_model(model)
-    options = dict(decay=decay, min_decay=min_decay, use_warmup=warmup, warmup_gamma=warmup_gamma,
+    options: dict[str, Any] = dict(decay=decay, min_decay=min_decay, use_warmup=warmup, warmup_gamma=warmup_gamma,
                    warmup_power=warmup_power, update_after_step=update_after_step)
     device = next(model.parameters()).device
     with _process_groups_set_aside(model) as held:
@@ -103,7 +103,7 @@ def build_model_ema(
             ema = ModelEmaV3(copy.deepcopy(model).cpu(), stochastic_rounding=False, **options)
             ema.module.to(device)
     for (name, group), copied in zip(held, _holders(ema.module, [name for name, _ in held])):
-        copied.process_group = group
+        setattr(copied, "process_group", group)  # a handle, not a Tensor or Module: nn.Module's typed __setattr__ says no
     return ema
 
 
@@ -126,12 +126,12 @@ def _process_groups_set_aside(model: nn.Module) -> Iterator[list[tuple[str, dist
             if isinstance(getattr(m, "process_group", None), dist.ProcessGroup)]
     holders = _holders(model, [name for name, _ in held])
     for m in holders:
-        m.process_group = None
+        setattr(m, "process_group", None)  # nn.Module's typed __setattr__ takes only a Tensor or Module
     try:
         yield held
     finally:
         for (_, group), m in zip(held, holders):
-            m.process_group = group
+            setattr(m, "process_group", group)
 
 
 def _has_generator(device: torch.device) -> bool:
