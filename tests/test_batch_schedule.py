@@ -323,13 +323,13 @@ def test_a_kept_batch_says_which_bound_kept_it() -> None:
 
 @pytest.mark.parametrize("bad,pattern", [
     (["batch_schedule.adaptive.growth=1"], "batch_schedule.adaptive.growth=1 is out of range"),
-    (["batch_schedule.adaptive.raise_at=0"], "batch_schedule.adaptive.raise_at=0.0 is out of range: it must be a "
-                                             "finite number > 0"),
+    (["batch_schedule.adaptive.raise_at=0"], ("batch_schedule.adaptive.raise_at=0.0 is out of range: it must be a "
+                                              "finite number > 0")),
     # never raising is the fixed batch: the message says which switch that is (issue 75, item 7)
-    (["batch_schedule.adaptive.raise_at=inf"], "batch_schedule.adaptive.raise_at=inf never raises the batch: to "
-                                               "keep global_batch_size, set batch_schedule.adaptive.enabled=false; "
-                                               "to raise it, set batch_schedule.adaptive.raise_at= to a finite "
-                                               "number > 0"),
+    (["batch_schedule.adaptive.raise_at=inf"], ("batch_schedule.adaptive.raise_at=inf never raises the batch: to "
+                                                "keep global_batch_size, set batch_schedule.adaptive.enabled=false; "
+                                                "to raise it, set batch_schedule.adaptive.raise_at= to a finite "
+                                                "number > 0")),
     (["batch_schedule.adaptive.max_global_batch=12"], "batch_schedule.adaptive.max_global_batch=12 is out of range"),
     (["batch_schedule.steps=[[1,16]]"], "set batch_schedule.steps=[] or batch_schedule.adaptive.enabled=false"),
 ])
