@@ -17,8 +17,8 @@ nothing is prepared on it, and the visit is one call:
     python benchmarks/gpu_campaign.py run --rehearse --out /tmp/campaign
 
 The call's phases, in order, with their GPU budgets (``PLAN``; 535 s together, under the call's
-540 s): env 10, install 35, data 30 (6,144 JPEGs), then the headline numbers: train-eager 60 and
-train-compiled 150 (ResNet-50 bf16 channels-last training img/s on the JPEGs through the nvJPEG
+540 s): env 20, install 35, data 30 (6,144 JPEGs), then the headline numbers: train-eager 60 and
+train-compiled 140 (ResNet-50 bf16 channels-last training img/s on the JPEGs through the nvJPEG
 loader, with synthetic data as the ceiling and the input stall against it; the compiled rows
 start only with 90 s left), optimizer 40 (``optimizer_step.py``: LARS and LAMB ``step()`` against
 torch's fused and foreach SGD and AdamW and timm's Lars/Lamb, one run), noise-scale 45 (the
@@ -249,10 +249,13 @@ def phase_env(c: Campaign) -> list[Step]:
              "torch.__version__, '| CUDA', torch.version.cuda, '| torchvision', torchvision.__version__, '| timm', "
              "timm.__version__); print('device:', torch.cuda.get_device_name(0) if torch.cuda.is_available() else "
              "'no CUDA device (CPU rehearsal)')")
-    steps = [Step("versions", [c.python, "-c", probe])]
+    # nvidia-smi first: it takes a second, and the versions probe imports torch and timm cold (10 s
+    # and more on a fresh machine)
+    steps = []
     if shutil.which("nvidia-smi"):
         steps.append(Step("nvidia-smi", ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,"
                                          "power.limit", "--format=csv"]))
+    steps.append(Step("versions", [c.python, "-c", probe]))
     return steps
 
 
@@ -311,8 +314,8 @@ def suite_groups() -> list[SuiteGroup]:
     not_trainings = [a for t in (*EAGER_TRAININGS, *COMPILED_TRAININGS)
                      for a in (("--ignore", t) if "::" not in t else ("--deselect", t))]
     return [
-        SuiteGroup("optimizer suite (CUDA cases)", ("tests/test_optim_timm_suite.py",), 25, 20),
-        SuiteGroup("gpu unit tests", ("-m", "gpu", "tests", *not_trainings), 55, 30),
+        SuiteGroup("optimizer suite (CUDA cases)", ("tests/test_optim_timm_suite.py",), 40, 20),
+        SuiteGroup("gpu unit tests", ("-m", "gpu", "tests", *not_trainings), 40, 30),
         SuiteGroup("eager CLI trainings", ("-m", "gpu", *EAGER_TRAININGS), None, 60, min_s=60),
         SuiteGroup("compiled CLI trainings", ("-m", "gpu", *COMPILED_TRAININGS), None, 150, min_s=150),
     ]
@@ -466,11 +469,11 @@ class Phase:
 # the GPU tests, DALI. Each phase's budget is what it may use; what a phase leaves passes on to
 # the next, so the tests get every spare second.
 PLAN: tuple[Phase, ...] = (
-    Phase("env", 10, 60, lambda c, _: phase_env(c), "versions and the card"),
+    Phase("env", 20, 60, lambda c, _: phase_env(c), "versions and the card"),
     Phase("install", 35, 240, lambda c, _: phase_install(c), "offline install"),
     Phase("data", 30, 60, lambda c, _: phase_data(c), "JPEGs"),
     Phase("train-eager", 60, 240, phase_headline_eager, "ResNet-50 training, eager: img/s, MFU, input stall"),
-    Phase("train-compiled", 150, 300, phase_headline_compiled, "ResNet-50 training, compiled"),
+    Phase("train-compiled", 140, 300, phase_headline_compiled, "ResNet-50 training, compiled"),
     Phase("optimizer", 40, 120, phase_optimizer, "optimizer step alone"),
     Phase("noise-scale", 45, 120, phase_noise_scale, "the noise scale's cost"),
     Phase("short-training", 75, 300, phase_training, "short training: loss, exact eval, bit-identical resume"),

@@ -187,6 +187,9 @@ class GradientNoiseScale:
         self.updates: int = 0  # calls to update(), a host count (never read from a tensor)
         # [EMA of |G|² estimates, EMA of tr(Σ) estimates, EMA of ones = 1 − β^t]; moves to the inputs' device
         self._ema: Tensor = torch.zeros(3, dtype=dtype)
+        # True until a state is loaded: the first update then makes the zeros on its inputs' device
+        # instead of copying these from host memory (a copy from pageable memory synchronises)
+        self._fresh: bool = True
 
     def update(self, sq_norm_small: Tensor, batch_small: float, sq_norm_big: Tensor, batch_big: float) -> None:
         """Fold one step's two squared gradient norms into the averages (no host read).
@@ -203,7 +206,10 @@ class GradientNoiseScale:
         if not isinstance(g2, Tensor) or not isinstance(tr, Tensor):
             raise UsageError("GradientNoiseScale.update: the squared norms must be tensors (see squared_norm)")
         if self._ema.device != g2.device:  # the first update, or a state loaded on another device
-            self._ema = self._ema.to(g2.device)
+            if self._fresh and self.updates == 0:
+                self._ema = torch.zeros(3, dtype=self.dtype, device=g2.device)
+            else:
+                self._ema = self._ema.to(g2.device)
         step = torch.stack([g2.to(self.dtype), tr.to(self.dtype), torch.ones_like(g2, dtype=self.dtype)])
         updated = torch.lerp(self._ema, step, 1.0 - self.beta)
         self._ema = torch.where(torch.isfinite(step).all(), updated, self._ema)
@@ -244,6 +250,7 @@ class GradientNoiseScale:
         if not isinstance(ema, Tensor) or ema.shape != (3,):
             raise UsageError(f"GradientNoiseScale: 'ema' must be a tensor of 3 values, got {ema!r}")
         self._ema = ema.detach().to(self.dtype).clone()
+        self._fresh = False
         self.updates = int(state_dict["updates"])
 
     def __repr__(self) -> str:
