@@ -174,12 +174,21 @@ def _train_model(cfg: TrainConfig, backend: Backend, model: Any) -> Any:
     train_model = backend.wrap_model(model, bucket_mb=comm.bucket_mb, algorithm=comm.algorithm,
                                      compress=comm.compress, ranks_per_node=comm.ranks_per_node,
                                      tap_local_norm=cfg.diagnostics.noise_scale.enabled)
-    return compile_model(train_model, cfg.model.compile, shapes=_training_shapes(cfg))
+    return compile_model(train_model, cfg.model.compile, shapes=_training_shapes(cfg, backend.world_size))
 
 
-def _training_shapes(cfg: TrainConfig) -> int:
-    """Distinct (per-device batch, side) pairs of the training batches over the run's epochs:
-    progressive resizing's sides times a per-device batch schedule's factors."""
+def _training_shapes(cfg: TrainConfig, world_size: int = 1) -> int:
+    """Distinct (per-device batch, side) pairs the compiled model is fed over the run's epochs:
+    progressive resizing's sides times a per-device batch schedule's factors, twice that where
+    the noise scale's probe runs (its two half batches are another shape at every side)."""
+    shapes = _batch_shapes(cfg)
+    ns = cfg.diagnostics.noise_scale
+    # plan_noise_scale's choice: the probe runs in one process without accumulation
+    probe = ns.enabled and ns.probe_every > 0 and world_size == 1 and cfg.accumulation_steps == 1
+    return 2 * shapes if probe else shapes
+
+
+def _batch_shapes(cfg: TrainConfig) -> int:
     from largebatch.batch_schedule import AdaptiveBatchSchedule
 
     sizes, batches = _resolution(cfg), _batch_schedule(cfg)

@@ -185,3 +185,11 @@ def test_a_run_counts_its_training_shapes() -> None:
     assert shapes(*per_device) == 2
     assert shapes(*per_device[:2]) == 1  # accumulation: the same batch shape
     assert shapes(*per_device, "data.resolution.schedule=steps", "data.resolution.steps=[[0,16],[2,24],[4,32]]") == 4
+    # the noise scale's probe feeds half batches: another shape at every side
+    probe = ["diagnostics.noise_scale.enabled=true", "diagnostics.noise_scale.probe_every=4"]
+    sides = ["data.resolution.schedule=steps", "data.resolution.steps=[[0,16],[2,24],[4,32]]"]
+    assert shapes(*probe) == 2
+    assert shapes(*probe, *sides) == 6
+    assert shapes("diagnostics.noise_scale.enabled=true", *sides) == 3  # no probe: nothing extra
+    cfg = to_train_config(compose_config(["debug=smoke", "epochs=6", *probe, *sides]))
+    assert _training_shapes(cfg, world_size=2) == 3  # ranks: the gradient norms come free, no probe
