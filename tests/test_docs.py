@@ -43,6 +43,14 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
             "update (largebatch.diagnostics.GradientNoiseScale.update)"} <= links, links
     # signatures are laid out by the formatter, one parameter a line, not one 287-character line
     assert "build_lr_scheduler</span><span class=\"p\">(</span>\n" in api
+    # a class's heading carries its constructor's signature, every parameter named; the two
+    # functions docs/reusable-parts.md uses are on the page too
+    missing = _missing_signatures(api, SIGNED)
+    assert not missing, missing
+    # torch's objects link to torch's documentation, from the committed inventory (no network)
+    for target in ("optim.html#torch.optim.Optimizer", "generated/torch.nn.Module.html#torch.nn.Module",
+                   "generated/torch.nn.SyncBatchNorm.html#torch.nn.SyncBatchNorm.convert_sync_batchnorm"):
+        assert f'href="https://docs.pytorch.org/docs/stable/{target}"' in api, target
     # the configuration reference's tables are written at build time: every key is on the page
     from largebatch.config.reference import key_docs
 
@@ -52,6 +60,46 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
     reference = reference.replace("<wbr>", "")
     missing = [d.key for d in key_docs() if f"<code>{d.key}</code>" not in reference]
     assert not missing and "<!-- config-reference" not in reference, missing
+
+
+SIGNED = ("largebatch.optim.LARS", "largebatch.optim.LAMB", "largebatch.nn.GroupSyncBatchNorm",
+          "largebatch.diagnostics.GradientNoiseScale", "largebatch.data.contract.LoaderSpec",
+          "largebatch.nn.destroy_process_groups", "largebatch.nn.convert_torch_sync_batchnorm")
+
+
+def _missing_signatures(api: str, paths: tuple[str, ...]) -> list[str]:
+    """The objects of ``paths`` whose signature is not on the built api page (``Name(`` under the
+    object's heading), or lacks a parameter griffe (mkdocstrings' reader) finds in the source."""
+    import griffe
+
+    package = griffe.load("largebatch", search_paths=[str(ROOT)], allow_inspection=False)
+    missing = []
+    for path in paths:
+        name = path.rsplit(".", 1)[1]
+        section = api.partition(f'id="{path}"')[2].partition('<div class="doc doc-contents')[0]
+        signature = re.search(rf'<span class="nf">{name}</span><span class="p">\((.*?)</code>', section, re.S)
+        if not signature:
+            missing.append(f"{name}(")
+            continue
+        text = re.sub(r"<[^>]+>", "", signature.group(1))
+        params = [p.name for p in package[path.removeprefix("largebatch.")].parameters if p.name != "self"]
+        missing += [f"{name}({p}" for p in params if not re.search(rf"\b{p}\b", text)]
+    return missing
+
+
+def test_the_committed_torch_inventory_is_the_scripts_table() -> None:
+    """The API page links torch's objects through scripts/torch-objects.inv (mkdocs.yml): a local
+    file, since mkdocstrings fails the strict build when it cannot download an inventory. It is
+    what scripts/torch_inventory.py writes, and mkdocs.yml names no inventory by URL."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("torch_inventory", ROOT / "scripts" / "torch_inventory.py")
+    inventory = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(inventory)  # type: ignore[union-attr]
+    assert (ROOT / "scripts" / "torch-objects.inv").read_bytes() == inventory.inventory()
+    config = (ROOT / "mkdocs.yml").read_text()
+    assert "url: file:scripts/torch-objects.inv" in config and f"base_url: {inventory.BASE_URL}" in config
+    assert not re.search(r"^\s*-\s*(url:\s*)?https?://", config, re.M)
 
 
 def test_the_site_builds_without_torch(tmp_path: Path) -> None:

@@ -297,7 +297,7 @@ def _on_cuda(module: nn.Module) -> bool:
 
 
 def convert_torch_sync_batchnorm(module: nn.Module, process_group: Optional[dist.ProcessGroup] = None) -> nn.Module:
-    """``torch.nn.SyncBatchNorm.convert_sync_batchnorm`` (CUDA only), keeping timm's
+    """:meth:`torch.nn.SyncBatchNorm.convert_sync_batchnorm` (CUDA only), keeping timm's
     ``BatchNormAct2d`` act/drop (torch's conversion would silently drop them): models with
     norm-act layers go through ``timm.layers.convert_sync_batchnorm``."""
     if any(isinstance(m, _BatchNorm) and _is_norm_act(m) for m in module.modules()):
