@@ -5,6 +5,7 @@ installed as the package ``largebatch.conf`` so an installed, non-editable packa
 through ``pkg://largebatch.conf``.
 """
 
+import re
 from pathlib import Path
 
 from setuptools import setup
@@ -19,10 +20,13 @@ PACKAGES = [
     ),
     "largebatch.conf",
 ]
+# the version is written once, in largebatch/__init__.py (read, not imported: the package needs torch)
+VERSION = re.search(r'^__version__ = "([^"]+)"$', (ROOT / "largebatch" / "__init__.py").read_text(encoding="utf-8"),
+                    re.M).group(1)
 
 setup(
     name="largebatch",
-    version="0.1.0",
+    version=VERSION,
     description="Large-batch ImageNet training (LARS/LAMB, grouped SyncBN, LR scaling and "
     "warmup) on CPU, GPU clusters and TPU pods",
     long_description=(ROOT / "README.md").read_text(encoding="utf-8"),

@@ -453,3 +453,24 @@ def test_no_indented_code_block() -> None:
     sample = ("text\n\n    code\n\n- item\n\n    more of the item\n\n!!! note\n    body\n\n"
               "```text\n\n    in a fence\n```\n\npara\n    continued\n\n    code again\n")
     assert _indented_code_blocks(sample) == [3, 20]
+
+
+def test_the_troubleshooting_page_has_every_exit_code() -> None:
+    """The troubleshooting page's exit-code table is errors.py's constants, each by its name and
+    value (so the two cannot drift), plus the two signal codes a run cannot write itself; the
+    version it shows and the changelog's newest heading are the package's."""
+    import largebatch
+    from largebatch import errors
+
+    page = (ROOT / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+    table = page.partition("## Exit codes")[2].partition("\n## ")[0]
+    rows = re.findall(r"^\| (\d+) \| ([^|]+) \|", table, re.M)
+    named = {int(code): name.strip().strip("`") for code, name in rows if name.strip().startswith("`")}
+    constants = {getattr(errors, name): name for name in errors.__all__ if name.startswith("EXIT_")}
+    assert named == constants
+    signals = {int(code): name.strip() for code, name in rows if int(code) not in named}
+    assert signals == {137: "(128 + SIGKILL)", 143: "(128 + SIGTERM)"}
+    versions = set(re.findall(r"prints `largebatch ([\d.]+\w*)`", page))
+    assert versions == {largebatch.__version__}
+    changelog = (ROOT / "docs" / "changelog.md").read_text(encoding="utf-8")
+    assert re.search(r"^## (\S+)", changelog, re.M).group(1) == largebatch.__version__  # type: ignore[union-attr]
