@@ -190,9 +190,10 @@ torchrun_command() {
   fi
 }
 
-# check_env NAME VAR...: refuse, before anything starts, a set VAR whose value the wrappers or
-# torchrun cannot use (torchrun ended in a traceback, or in its usage text naming its own flag,
-# or changed it silently: NPROC_PER_NODE=0 became 1 rank): one line on stderr, NAME's, naming
+# check_env NAME VAR...: refuse, before anything starts, a set VAR whose value the wrappers,
+# torchrun or torch_xla cannot use (torchrun ended in a traceback, or in its usage text naming
+# its own flag, or changed it silently: NPROC_PER_NODE=0 became 1 rank; torch_xla in KeyError
+# or a broken process pool; LB_DRY_RUN=yes ran for real): one line on stderr, NAME's, naming
 # the variable and what it accepts, and exit 2. More CPU ranks than twice a GPU-less node's
 # cores get a warning line: each rank gets a sliver of a core, and a stop takes minutes.
 # Written in launch/lib.sh, copied into launch/slurm.sbatch (with gpu_count); tests/test_launch_env.py
@@ -233,7 +234,15 @@ check_env() {
         fi ;;
       RDZV_PORT)
         [[ $value =~ ^$count$ ]] && (( value <= 65535 )) || what="is not a port" want="1-65535" ;;
-      LB_DRY_RUN | LB_REQUEUE)
+      PJRT_DEVICE)  # torch_xla reads the part before any "_" (TPU_C_API)
+        [[ ${value%%_*} =~ ^(TPU|CPU|CUDA|NEURON)$ ]] ||
+          what="is not a PJRT runtime" want="TPU, CPU, CUDA or NEURON (upper case)" ;;
+      CPU_NUM_DEVICES)
+        [[ $value =~ ^$count$ ]] || what="is not a number of XLA:CPU devices" want="1 or more" ;;
+      LB_SRUN)
+        [[ $value =~ ^(auto|0|1)$ ]] ||
+          what="is not auto, 0 or 1" want="auto, 1 (always srun) or 0 (never: one node only)" ;;
+      LB_DRY_RUN | LB_REQUEUE | LB_TPU_SETUP)
         [[ $value == [01] ]] || what="is not 0 or 1" want="1 (on) or 0 (off)" ;;
     esac
     if [[ -n $what ]]; then

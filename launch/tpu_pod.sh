@@ -22,6 +22,8 @@
 #                   host and run scripts/setup_env.sh xla plus torch-xla[tpu] (libtpu) there
 #   GCLOUD          the gcloud command (default gcloud)
 #   LB_DRY_RUN=1    print the commands instead of running them (same as --dry-run)
+# Exit code: gcloud's (the hosts' launcher's); 2 and one line, before anything starts, where
+#   TPU_NAME or ZONE is unset, or LB_TPU_SETUP or LB_DRY_RUN is other than 0 or 1.
 # Every host reads its own shard of data.root: it must exist on all hosts (a persistent disk
 # attached read-only to all, or a gcsfuse mount). Rank 0 (worker 0) writes the run directory;
 # put RUN_DIR on a shared mount (Filestore, gcsfuse) to resume after worker 0 is replaced.
@@ -31,6 +33,9 @@ if [[ ${1:-} == --dry-run ]]; then
   LB_DRY_RUN=1
   shift
 fi
+
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 run() {  # run CMD...: run it, or print it shell-quoted under LB_DRY_RUN=1
   if [[ ${LB_DRY_RUN:-0} == 1 ]]; then
@@ -42,8 +47,16 @@ run() {  # run CMD...: run it, or print it shell-quoted under LB_DRY_RUN=1
   fi
 }
 
-: "${TPU_NAME:?set TPU_NAME to the TPU VM name (gcloud compute tpus tpu-vm list)}"
-: "${ZONE:?set ZONE to the TPU VM zone, e.g. us-central2-b}"
+# one line and exit 2, as for a bad value (bash's ${VAR:?} exits 1 naming a script line)
+if [[ -z ${TPU_NAME:-} ]]; then
+  echo "tpu_pod.sh: TPU_NAME is not set: set it to the TPU VM's name (gcloud compute tpus tpu-vm list)" >&2
+  exit 2
+fi
+if [[ -z ${ZONE:-} ]]; then
+  echo "tpu_pod.sh: ZONE is not set: set it to the TPU VM's zone (e.g. us-central2-b)" >&2
+  exit 2
+fi
+check_env tpu_pod.sh LB_TPU_SETUP LB_DRY_RUN
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 remote_dir=${REMOTE_DIR:-largebatch}
 run_dir=${RUN_DIR:-runs/tpu-$TPU_NAME-$(date +%Y%m%d-%H%M%S)}

@@ -10,11 +10,12 @@
 # Reads:
 #   PYTHON        the interpreter with torch-xla (default: the active virtualenv's, else this
 #                 checkout's .venv-xla, else python3 on PATH, whichever has torch_xla and largebatch)
-#   PJRT_DEVICE   the PJRT runtime: TPU (default), CPU, CUDA or NEURON; another value stops the
-#                 XLA launcher with one line (exit 2) before it starts a replica
+#   PJRT_DEVICE   the PJRT runtime: TPU (default), CPU, CUDA or NEURON (upper case)
+#   CPU_NUM_DEVICES  replicas under PJRT_DEVICE=CPU, 1 or more (torch_xla's default 1)
 #   LB_DRY_RUN=1  print the command instead of running it (same as --dry-run)
 # Exit code: the XLA launcher's (largebatch.errors); 2 and one line, before anything starts,
-#   where no interpreter has torch_xla and largebatch (see PYTHON).
+#   where no interpreter has torch_xla and largebatch (see PYTHON) or a variable above holds a
+#   value it cannot take (PJRT_DEVICE=FOO, CPU_NUM_DEVICES=0).
 # A spot/preemptible VM: give run_dir=... resume=auto and start the same command again after
 # a preemption; it continues from the last checkpoint. A pod slice: launch/tpu_pod.sh.
 set -euo pipefail
@@ -37,7 +38,7 @@ run() {  # run CMD...: replace this shell with CMD, or print it shell-quoted und
   fi
 }
 
-check_env "${0##*/}" LB_DRY_RUN
+check_env "${0##*/}" PJRT_DEVICE CPU_NUM_DEVICES LB_DRY_RUN
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 find_python "${0##*/}" "$root/.venv-xla" "run 'scripts/setup_env.sh xla'" \
   torch torch_xla hydra largebatch

@@ -293,12 +293,66 @@ def test_slurm_job_refuses_a_bad_rdzv_port_in_one_line(tmp_path: Path) -> None:
     assert line == "slurm.sbatch: RDZV_PORT=x is not a port: set it to 1-65535"
 
 
+def test_slurm_job_refuses_a_bad_lb_srun_in_one_line(tmp_path: Path) -> None:
+    """Named slurm.sbatch (not SLURM's spool path in $0), with the other variables, before the interpreter."""
+    env = _user_env(PATH=f"{_fake_scontrol(tmp_path)}:{SYSTEM_PATH}", SLURM_SUBMIT_DIR=str(ROOT), LB_SRUN="yes",
+                    **SLURM_JOB)
+    line = _one_line(_launch(["bash", str(LAUNCH / "slurm.sbatch")], env, cwd=tmp_path))
+    assert line == ("slurm.sbatch: LB_SRUN=yes is not auto, 0 or 1: "
+                    "set it to auto, 1 (always srun) or 0 (never: one node only)")
+
+
+XLA_RUNTIME = "is not a PJRT runtime: set it to TPU, CPU, CUDA or NEURON (upper case)"
+XLA_CPU_DEVICES = "is not a number of XLA:CPU devices: set it to 1 or more"
+BAD_XLA_VARIABLES = [
+    ({"PJRT_DEVICE": "FOO"}, f"PJRT_DEVICE=FOO {XLA_RUNTIME}"),  # was KeyError: 'FOO' in every replica
+    ({"PJRT_DEVICE": "tpu"}, f"PJRT_DEVICE=tpu {XLA_RUNTIME}"),
+    ({"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "abc"}, f"CPU_NUM_DEVICES=abc {XLA_CPU_DEVICES}"),  # was a
+    ({"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "0"}, f"CPU_NUM_DEVICES=0 {XLA_CPU_DEVICES}"),  # BrokenProcessPool
+]
+XLA_IDS = [line.split()[0] for _, line in BAD_XLA_VARIABLES]
+
+
+@pytest.mark.parametrize("env, line", BAD_XLA_VARIABLES, ids=XLA_IDS)
+def test_tpu_vm_refuses_a_bad_xla_variable_in_one_line(env: dict[str, str], line: str) -> None:
+    """As typed: refused by the wrapper before any interpreter is looked for or started."""
+    proc = _launch(["bash", "launch/tpu_vm.sh", "debug=smoke"], _user_env(**env))
+    assert _one_line(proc) == f"tpu_vm.sh: {line}"
+
+
 @needs_venv
-def test_tpu_vm_refuses_an_unknown_pjrt_device_in_one_line(tmp_path: Path) -> None:
-    """PJRT_DEVICE=FOO ended in ``KeyError: 'FOO'`` from torch_xla in every replica. Here torch_xla is
-    an empty package: the launcher stops before it imports it."""
+@pytest.mark.parametrize("env, line", BAD_XLA_VARIABLES, ids=XLA_IDS)
+def test_xla_launcher_refuses_a_bad_xla_variable_in_one_line(tmp_path: Path, env: dict[str, str], line: str) -> None:
+    """``python launch/xla_spawn.py`` has no wrapper in front: the launcher says the same. Here torch_xla
+    is an empty package: the launcher stops before it imports it."""
     (tmp_path / "torch_xla").mkdir()
     (tmp_path / "torch_xla" / "__init__.py").write_text("")
-    env = _user_env(PYTHON=str(VENV_PYTHON), PYTHONPATH=str(tmp_path), PJRT_DEVICE="FOO")
-    line = _one_line(_launch(["launch/tpu_vm.sh", "debug=smoke"], env, timeout=120))
-    assert line == "largebatch: error: PJRT_DEVICE=FOO is not a PJRT runtime: set it to TPU, CPU, CUDA, NEURON (upper case)"
+    proc = _launch([str(VENV_PYTHON), "launch/xla_spawn.py", "debug=smoke"], _user_env(PYTHONPATH=str(tmp_path), **env),
+                   timeout=120)
+    assert _one_line(proc) == f"largebatch: error: {line}"
+
+
+def _fake_gcloud(tmp_path: Path) -> Path:
+    """A gcloud that only notes that it ran (a refused command must not reach it)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gcloud").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/gcloud-ran\n")
+    (bin_dir / "gcloud").chmod(0o755)
+    return bin_dir
+
+
+POD = {"TPU_NAME": "v4-32", "ZONE": "z"}
+BAD_POD_VARIABLES = [
+    ({"ZONE": "z"}, "TPU_NAME is not set: set it to the TPU VM's name (gcloud compute tpus tpu-vm list)"),  # was exit 1
+    ({"TPU_NAME": "v4-32"}, "ZONE is not set: set it to the TPU VM's zone (e.g. us-central2-b)"),  # was exit 1
+    ({**POD, "LB_DRY_RUN": "yes"}, "LB_DRY_RUN=yes is not 0 or 1: set it to 1 (on) or 0 (off)"),  # ran for real
+    ({**POD, "LB_TPU_SETUP": "yes"}, "LB_TPU_SETUP=yes is not 0 or 1: set it to 1 (on) or 0 (off)"),  # no setup
+]
+
+
+@pytest.mark.parametrize("env, line", BAD_POD_VARIABLES, ids=[line.split()[0] for _, line in BAD_POD_VARIABLES])
+def test_tpu_pod_refuses_a_bad_variable_before_gcloud(tmp_path: Path, env: dict[str, str], line: str) -> None:
+    bin_dir = _fake_gcloud(tmp_path)
+    proc = _launch(["bash", "launch/tpu_pod.sh", "debug=smoke"], _user_env(PATH=f"{bin_dir}:{SYSTEM_PATH}", **env))
+    assert _one_line(proc) == f"tpu_pod.sh: {line}"
+    assert not (tmp_path / "gcloud-ran").exists()

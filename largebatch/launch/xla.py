@@ -12,8 +12,9 @@ message, not one per device.
     PJRT_DEVICE=CPU CPU_NUM_DEVICES=4 python -m largebatch.launch.xla debug=smoke  # try-out
 
 Exit codes are the CLI's (``largebatch.errors``): 0 done, 2 bad input (config, data, batch
-sizes, a ``PJRT_DEVICE`` other than :data:`PJRT_DEVICES`), 3 non-finite loss, 74 a file of the run
-could not be written, 75 preempted after saving, 130 interrupted.
+sizes, a ``PJRT_DEVICE`` other than :data:`PJRT_DEVICES`, a ``CPU_NUM_DEVICES`` below 1), 3
+non-finite loss, 74 a file of the run could not be written, 75 preempted after saving, 130
+interrupted.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from largebatch.errors import EXIT_OK, ReplicaError, UsageError, error_line, exi
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-__all__ = ["PJRT_DEVICES", "ReplicaError", "check_pjrt_device", "launch_replicas", "main"]
+__all__ = ["PJRT_DEVICES", "ReplicaError", "check_xla_environment", "launch_replicas", "main"]
 
 # The runtimes torch_xla starts a PJRT client for (it reads the part before any "_", as in
 # TPU_C_API; upper case); any other PJRT_DEVICE ended in KeyError: 'FOO' from its registry.
@@ -71,12 +72,19 @@ def _run_replica(index: int, raw_cfg: DictConfig) -> None:
         raise ReplicaError(code, error_line(e)) from None
 
 
-def check_pjrt_device() -> None:
-    """Raise :class:`UsageError` naming ``PJRT_DEVICE`` when it is set to no runtime torch_xla has."""
+def check_xla_environment() -> None:
+    """Raise :class:`UsageError` naming ``PJRT_DEVICE`` when it is set to no runtime torch_xla has,
+    or ``CPU_NUM_DEVICES`` when it is not a count (torch_xla's replicas died: a broken process pool).
+
+    ``launch/tpu_vm.sh`` refuses the same values before Python starts (``launch/lib.sh`` check_env).
+    """
     device = os.environ.get("PJRT_DEVICE", "")
     if device and device.split("_")[0] not in PJRT_DEVICES:
-        raise UsageError(f"PJRT_DEVICE={device} is not a PJRT runtime: set it to {', '.join(PJRT_DEVICES)} "
-                         "(upper case)")
+        raise UsageError(f"PJRT_DEVICE={device} is not a PJRT runtime: set it to {', '.join(PJRT_DEVICES[:-1])} "
+                         f"or {PJRT_DEVICES[-1]} (upper case)")
+    count = os.environ.get("CPU_NUM_DEVICES", "")
+    if count and not (count.isascii() and count.isdigit() and int(count) >= 1):
+        raise UsageError(f"CPU_NUM_DEVICES={count} is not a number of XLA:CPU devices: set it to 1 or more")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -88,7 +96,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(__doc__.strip())
         return 0
     try:
-        check_pjrt_device()  # before the config, the runtime and every replica
+        check_xla_environment()  # before the config, the runtime and every replica
         raw = compose_config([*args, "backend=xla"])
         to_train_config(raw)  # type errors show here, once
         launch_replicas(_run_replica, args=(raw,))
