@@ -11,7 +11,10 @@ and writes four PNG plots to ``--out`` (default ``./report``): ``top1_vs_wall.pn
 The noise scale is the run's gradient noise scale B_simple (``diagnostics.noise_scale``;
 McCandlish et al. 2018), the batch beyond which a larger one pays less and less: its column
 is the run's value at the end, its plot the values over training, each run's global batch
-drawn beside it as a dashed line of the same colour. The plots need matplotlib
+drawn beside it as a dashed line of the same colour (stepping where a batch schedule or the
+adaptive batch changed it). The global batch column lists each batch the run trained with,
+in order (``32->64->128``): ``summary.json``'s ``global_batch_size_per_epoch``, else the epoch
+records' ``global_batch_size``, else ``summary.json``'s ``global_batch_size``. The plots need matplotlib
 (the ``report`` extra: ``pip install '/path/to/largebatch[report]'``, the clone's path);
 ``--no-plots`` prints the table without it.
 
@@ -61,7 +64,9 @@ class Run:
     path: Path
     summary: dict[str, Any] = field(default_factory=dict)
     evals: list[dict[str, Any]] = field(default_factory=list)  # epoch, top1 (the one the run counts), wall_s
-    train: list[dict[str, Any]] = field(default_factory=list)  # step, lr, loss, img_per_s, noise_scale
+    train: list[dict[str, Any]] = field(default_factory=list)  # step, lr, loss (None: steps skipped), img_per_s, noise_scale
+    # (step at the epoch's end, its global batch) of each epoch record that names its batch (a batch schedule's)
+    epoch_batches: list[tuple[int, int]] = field(default_factory=list)
     run_stop: Optional[dict[str, Any]] = None  # mlperf run_stop metadata; None: no run_stop logged
     last_epoch: Optional[int] = None  # the highest epoch any metrics record reached
     last_step: Optional[int] = None  # the highest step any metrics record reached
@@ -85,6 +90,24 @@ class Run:
             return None if value is None else float(value)
         logged = [t["noise_scale"] for t in self.train if t["noise_scale"] is not None]
         return logged[-1] if logged and math.isfinite(logged[-1]) else None
+
+    @property
+    def batches(self) -> list[int]:
+        """The global batch of each epoch trained: ``summary.json``'s ``global_batch_size_per_epoch``,
+        else the epoch records' (a batch schedule writes them), else its one ``global_batch_size``
+        (a run from before the per-epoch list, or without a batch schedule and no summary: [])."""
+        per_epoch = self.summary.get("global_batch_size_per_epoch")
+        if per_epoch:
+            return [int(b) for b in per_epoch]
+        if self.epoch_batches:
+            return [b for _, b in self.epoch_batches]
+        batch = self.summary.get("global_batch_size")
+        return [int(batch)] if batch is not None else []
+
+    @property
+    def batch_phases(self) -> list[int]:
+        """:attr:`batches` with each run of equal batches once: ``[32, 64, 128]``."""
+        return [b for i, b in enumerate(self.batches) if i == 0 or b != self.batches[i - 1]]
 
     @property
     def status(self) -> str:
@@ -173,7 +196,7 @@ def _fields(path: Path, n: int, record: dict[str, Any], numbers: Sequence[str],
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             what = "missing" if key not in record else f"{value!r}, not a number"
             raise ReportError(f"{path}: line {n}: '{key}' is {what}; {DAMAGED}")
-        if key != "loss" and not math.isfinite(value):  # a loss may be NaN (non_finite=skip logs it)
+        if key != "loss" and not math.isfinite(value):  # a loss may be NaN; null: every step skipped
             raise ReportError(f"{path}: line {n}: '{key}' is {value!r}, not a finite number; {DAMAGED}")
         out[key] = value
     return out
@@ -212,6 +235,7 @@ SUMMARY_NUMBERS = {
     "epochs": (_count, "a whole number >= 0"),
     "steps": (_count, "a whole number >= 0"),
     "global_batch_size": (_count, "a whole number >= 0"),
+    "final_global_batch_size": (_count, "a whole number >= 0"),
     "world_size": (_count, "a whole number >= 0"),
     "noise_scale_final": (lambda x: True, "a number"),  # may be negative: an estimate of the noise
 }
@@ -231,6 +255,11 @@ def _read_summary(path: Path) -> dict[str, Any]:
             raise ReportError(f"{path} is damaged: '{key}' is {value!r}, not a number; {DAMAGED}")
         if value is not None and not (math.isfinite(value) and plausible(value)):
             raise ReportError(f"{path} is damaged: '{key}' is {value!r}, not {what}; {DAMAGED}")
+    per_epoch = summary.get("global_batch_size_per_epoch")
+    if per_epoch is not None and not (isinstance(per_epoch, list) and all(
+            not isinstance(b, bool) and isinstance(b, int) and b > 0 for b in per_epoch)):
+        raise ReportError(f"{path} is damaged: 'global_batch_size_per_epoch' is {per_epoch!r}, not a list of "
+                          f"whole numbers > 0; {DAMAGED}")
     reason = summary.get("stop_reason")
     if reason is not None and not isinstance(reason, str):
         raise ReportError(f"{path} is damaged: 'stop_reason' is {reason!r}, not a string; {DAMAGED}")
@@ -252,6 +281,12 @@ def _read_metrics(run: Run, path: Path) -> None:
             f = _fields(path, n, r, ("step", "lr"), ("loss", "img_per_s"))
             run.train.append({"step": f["step"], "lr": f["lr"], "loss": f["loss"], "img_per_s": f["img_per_s"],
                               "noise_scale": _noise_scale(path, n, r)})
+        elif kind == "epoch" and r.get("global_batch_size") is not None:  # the epoch's batch (batch schedule)
+            f = _fields(path, n, r, ("step", "global_batch_size"))
+            if not (_count(f["step"]) and _count(f["global_batch_size"]) and f["global_batch_size"] > 0):
+                raise ReportError(f"{path}: line {n}: 'global_batch_size' {f['global_batch_size']!r} at step "
+                                  f"{f['step']!r} is not a whole number > 0; {DAMAGED}")
+            run.epoch_batches.append((int(f["step"]), int(f["global_batch_size"])))
         if kind in ("train", "eval", "epoch"):
             f = _fields(path, n, r, (), ("epoch", "step"))
             if f["epoch"] is not None and kind != "train":  # a train record's epoch is the one in progress
@@ -359,7 +394,8 @@ def _fmt(value: Any, spec: str = "", missing: str = "-") -> str:
 
 
 def format_table(runs: Sequence[Run], *, markdown: bool = False) -> str:
-    """One line per run: time to target, best top-1, epochs, img/s, global batch, world size."""
+    """One line per run: time to target, best top-1, epochs, img/s, global batch (each batch the
+    run trained with, in order: ``32->64->128`` under a batch schedule), world size."""
     head = ["run", "status", "target %", "time to target", "best top-1 %", "epochs", "img/s",
             "noise scale", "global batch", "world size"]
     rows = []
@@ -377,7 +413,7 @@ def format_table(runs: Sequence[Run], *, markdown: bool = False) -> str:
         rows.append([
             r.name, r.status, _fmt(target, "g"), ttt_text,
             _fmt(r.best_top1, ".2f"), _fmt(epochs), _fmt(s.get("img_per_s"), ".0f"),
-            _fmt(r.noise_scale_final, ".0f"), _fmt(s.get("global_batch_size")), _fmt(s.get("world_size")),
+            _fmt(r.noise_scale_final, ".0f"), "->".join(map(str, r.batch_phases)) or "-", _fmt(s.get("world_size")),
         ])
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -437,10 +473,7 @@ def _noise_scale_plot(runs: Sequence[Run], path: Path, plt: Any) -> Path:
         if not pts:
             continue
         line, = ax.plot(*zip(*pts), marker="o" if len(pts) < 30 else None, label=f"{r.name}: noise scale")
-        batch = r.summary.get("global_batch_size")
-        if batch:
-            ax.axhline(batch, color=line.get_color(), linestyle="--", linewidth=0.9,
-                       label=f"{r.name}: global batch {batch}")
+        _batch_line(ax, r, color=line.get_color())
         drawn = True
     if drawn:
         ax.set_yscale("log")
@@ -455,6 +488,29 @@ def _noise_scale_plot(runs: Sequence[Run], path: Path, plt: Any) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _batch_line(ax: Any, run: Run, *, color: str) -> None:
+    """The run's global batch against the step, dashed: flat for one batch, else a step at each
+    epoch end where the batch changed (epoch records' steps; a last epoch stopped inside it runs
+    on to the last logged step)."""
+    phases, batches = run.batch_phases, run.batches
+    label = f"{run.name}: global batch {'->'.join(map(str, phases))}"
+    if len(phases) == 1:
+        ax.axhline(phases[0], color=color, linestyle="--", linewidth=0.9, label=label)
+        return
+    if not phases or not run.epoch_batches:
+        return
+    xs, ys, start = [], [], 0
+    for end, batch in run.epoch_batches:
+        xs += [start, end]
+        ys += [batch, batch]
+        start = end
+    last = run.last_step or start
+    if len(batches) > len(run.epoch_batches) and last > start:
+        xs += [start, last]
+        ys += [batches[len(run.epoch_batches)]] * 2
+    ax.plot(xs, ys, color=color, linestyle="--", linewidth=0.9, label=label)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -4,6 +4,8 @@ batch, resumed inside each phase bit for bit."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -147,6 +149,23 @@ def test_a_run_raises_the_batch_per_phase(tmp_path: Path, forward_sizes: list[in
     events = [json.loads(line) for line in (run / "mlperf_log.jsonl").read_text().splitlines()]
     changes = [(e["value"], e["metadata"].get("epoch_num")) for e in events if e["key"] == "global_batch_size"]
     assert changes == [(8, None), (16, 2), (32, 3)]  # the run_start value, then each change
+    # summary.json keeps the batches reached beside the base, and largebatch-report shows them
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["global_batch_size"], summary["global_batch_size_per_epoch"],
+            summary["final_global_batch_size"]) == (8, [8, 16, 32], 32)
+    assert _report_batch_column(run) == "8->16->32"
+
+
+def _report_batch_column(run: Path) -> str:
+    """The "global batch" cell of largebatch-report's table for ``run`` (one run: no spaces in cells)."""
+    from largebatch.report import main as report
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert report([str(run), "--no-plots"]) == 0
+    head, _, row = out.getvalue().splitlines()[:3]
+    assert head.split()[-4:] == ["global", "batch", "world", "size"], head
+    return row.split()[-2]
 
 
 def test_without_a_schedule_nothing_changes(tmp_path: Path, forward_sizes: list[int]) -> None:
@@ -155,6 +174,9 @@ def test_without_a_schedule_nothing_changes(tmp_path: Path, forward_sizes: list[
     assert forward_sizes == [8] * 24
     assert all("global_batch_size" not in r for r in _records(run, "epoch"))
     assert "batch schedule" not in (run / "train.log").read_text()
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["global_batch_size_per_epoch"], summary["final_global_batch_size"]) == ([8, 8, 8], 8)
+    assert _report_batch_column(run) == "8"
 
 
 def test_the_lr_of_each_phase_is_the_rule_times_the_samples_clock(tmp_path: Path) -> None:
@@ -393,3 +415,26 @@ def test_an_adaptive_batch_kept_by_the_epochs_images_says_so(tmp_path: Path, noi
     assert [r["global_batch_size"] for r in _records(run, "epoch")] == [8, 16, 32, 32]
     assert ("epoch 4/4: gradient noise scale ~1000000 images, global batch 32: kept (64 would exceed the 32 "
             "images of an epoch)") in (run / "train.log").read_text()
+    # the batches reached: in summary.json, the report's column and its noise-scale plot's batch line
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["global_batch_size"], summary["global_batch_size_per_epoch"],
+            summary["final_global_batch_size"]) == (8, [8, 16, 32, 32], 32)
+    assert _report_batch_column(run) == "8->16->32"
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from largebatch.report import main as report
+
+    dashed: list = []
+    flat: list = []
+    real_plot, real_axhline = plt.Axes.plot, plt.Axes.axhline
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plt.Axes, "plot", lambda ax, *a, **k: (k.get("linestyle") == "--" and dashed.append(
+            (list(a[0]), list(a[1]), k["label"]))) or real_plot(ax, *a, **k))
+        mp.setattr(plt.Axes, "axhline", lambda ax, y, **k: flat.append(y) or real_axhline(ax, y, **k))
+        assert report([str(run), "--out", str(tmp_path / "plots")]) == 0
+    # 4 steps of 8, 2 of 16, then 1 of 32 in each of the last two epochs; no flat line at the base
+    assert dashed == [([0, 4, 4, 6, 6, 7, 7, 8], [8, 8, 16, 16, 32, 32, 32, 32], "run: global batch 8->16->32")]
+    assert 8 not in flat, flat

@@ -154,6 +154,8 @@ def test_a_finite_loss_with_infinite_state_is_never_saved(tmp_path: Path, capsys
 def test_skipped_steps_are_logged_and_in_the_summary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
+    """Every step skipped: the log lines, summary.json, and metrics.jsonl's train records (a null
+    loss, not 0.0, and ``skipped_steps``), which largebatch-report reads."""
     import json
 
     from largebatch.cli import main
@@ -166,3 +168,13 @@ def test_skipped_steps_are_logged_and_in_the_summary(
     assert "step 2: 2 step(s) skipped so far for a non-finite loss" in log
     assert "step 4: 4 step(s) skipped so far" in log
     assert "4 step(s) skipped for a non-finite loss" in capsys.readouterr().out
+    # metrics.jsonl says what happened: no loss (null, not a perfect 0.0) and the count so far
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [(r["step"], r["loss"], r["skipped_steps"]) for r in records if r["kind"] == "train"]
+    assert train == [(2, None, 2), (4, None, 4)], train
+    # and largebatch-report reads it, plots included
+    from largebatch.report import load_run
+    from largebatch.report import main as report
+
+    assert [t["loss"] for t in load_run(run).train] == [None, None]
+    assert report([str(run), "--out", str(tmp_path / "plots")]) == 0, capsys.readouterr().err

@@ -281,3 +281,43 @@ def test_a_noise_scale_that_is_not_a_number_is_damage(tmp_path: Path, capsys: py
     assert main([str(run), "--no-plots"]) == 2
     err = capsys.readouterr().err
     assert "'noise_scale' is 'many', not a number" in err and len(err.strip().splitlines()) == 1
+
+
+def _batch_run(root: Path, name: str, epoch_batches: list, summary: dict) -> Path:
+    """A run directory written by hand: epoch records (with ``global_batch_size`` where given, as a
+    batch schedule writes them), a train record whose steps were all skipped (null loss), a summary."""
+    run = root / name
+    run.mkdir(parents=True)
+    lines = [{"kind": "train", "step": 1, "epoch": 0, "lr": 0.1, "loss": None, "skipped_steps": 1, "img_per_s": 9.0}]
+    for i, batch in enumerate(epoch_batches):
+        lines.append({"kind": "epoch", "epoch": i + 1, "step": 4 * (i + 1), "epoch_time_s": 1.0,
+                      **({} if batch is None else {"global_batch_size": batch})})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (run / "summary.json").write_text(json.dumps({"world_size": 1, "epochs": len(epoch_batches), **summary}))
+    return run
+
+
+def test_the_global_batch_column_shows_the_batches_trained(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """summary.json's global_batch_size is the base batch: the column lists the batches each epoch
+    trained with (summary.json's per-epoch list, else the epoch records'), and a run directory from
+    before either (one batch) reads as it always did."""
+    new = _batch_run(tmp_path, "scheduled", [32, 64, 128], {"global_batch_size": 32, "final_global_batch_size": 128,
+                                                            "global_batch_size_per_epoch": [32, 64, 128]})
+    older = _batch_run(tmp_path, "older_scheduled", [32, 64, 64, 128], {"global_batch_size": 32})
+    fixed = _batch_run(tmp_path, "fixed", [None, None], {"global_batch_size": 32})
+    runs = [load_run(p) for p in (new, older, fixed)]
+    assert [r.batches for r in runs] == [[32, 64, 128], [32, 64, 64, 128], [32]]
+    assert [t["loss"] for t in runs[0].train] == [None]  # every step of the interval skipped
+    cells = {ln.split()[0]: ln.split()[-2] for ln in format_table(runs).splitlines()[2:]}
+    assert cells == {"scheduled": "32->64->128", "older_scheduled": "32->64->128", "fixed": "32"}
+    assert main([str(new), str(older), str(fixed), "--out", str(tmp_path / "plots")]) == 0
+
+
+def test_a_bad_per_epoch_batch_is_damage(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = _batch_run(tmp_path, "bad", [32], {"global_batch_size": 32, "global_batch_size_per_epoch": [32, "x"]})
+    assert main([str(run), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert "'global_batch_size_per_epoch' is [32, 'x'], not a list of whole numbers > 0" in err, err
+    run = _batch_run(tmp_path, "bad_record", [0], {"global_batch_size": 32})
+    assert main([str(run), "--no-plots"]) == 2
+    assert "'global_batch_size' 0 at step 4 is not a whole number > 0" in capsys.readouterr().err

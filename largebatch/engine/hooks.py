@@ -89,11 +89,10 @@ class ProgressHook(Hook):
         if self.bar is not None:
             self.bar.update(1)
 
-    def after_log(self, metrics: dict[str, float]) -> None:
+    def after_log(self, metrics: dict[str, Any]) -> None:
         if self.bar is not None:
-            self.bar.set_postfix(
-                loss=f"{metrics['loss']:.3f}", lr=f"{metrics['lr']:.3g}", img_s=f"{metrics['img_per_s']:.0f}"
-            )
+            loss = "skipped" if metrics["loss"] is None else f"{metrics['loss']:.3f}"  # every step non-finite
+            self.bar.set_postfix(loss=loss, lr=f"{metrics['lr']:.3g}", img_s=f"{metrics['img_per_s']:.0f}")
 
     def after_epoch(self) -> None:
         if self.bar is not None:
@@ -232,9 +231,10 @@ class TensorBoardHook(_ScalarWriter):
             f"TensorBoard was turned off at step {step}; training went on and its checkpoints were written")
         log.error("%s", self.failure)
 
-    def after_log(self, metrics: dict[str, float]) -> None:
+    def after_log(self, metrics: dict[str, Any]) -> None:
         step = self.trainer.state.step
-        self._call("add_scalar", "train/loss", metrics["loss"], step)
+        if metrics["loss"] is not None:  # None: every step since the last log skipped (non-finite)
+            self._call("add_scalar", "train/loss", metrics["loss"], step)
         self._call("add_scalar", "train/lr", metrics["lr"], step)
         self._call("add_scalar", "train/img_per_s", metrics["img_per_s"], step)
         for key in ("noise_scale", "grad_sq_norm", "noise_trace"):  # where the run measures it
@@ -279,7 +279,7 @@ class JsonlHook(_ScalarWriter):
         record.update(fields)
         record_failure(self.trainer, self.file.write_line(json.dumps(record)))
 
-    def after_log(self, metrics: dict[str, float]) -> None:
+    def after_log(self, metrics: dict[str, Any]) -> None:
         self.write("train", **metrics)
 
     def after_eval(self, metrics: dict[str, float]) -> None:
@@ -504,9 +504,19 @@ class CheckpointHook(Hook):
             self.save()  # stopped early: keep the position (a no-op if just saved)
 
 
+def _batches_trained(t: Any) -> dict[str, Any]:
+    """The global batch each epoch trained with (``global_batch_size`` is the base batch, which a
+    batch schedule or the adaptive batch raises): one entry per epoch begun, and the last one."""
+    s = t.state
+    begun = s.epoch + (1 if s.epoch_step else 0)  # an epoch stopped inside it counts
+    batches = [t.settings.global_batch_size * t.settings.batch_factor(e) for e in range(begun)]
+    return {"global_batch_size_per_epoch": batches, "final_global_batch_size": batches[-1] if batches else None}
+
+
 class SummaryHook(Hook):
     """The final summary line and ``summary.json`` (and, given ``noise_scale``, the noise scale's
-    ``noise_scale_final`` and line)."""
+    ``noise_scale_final`` and line). ``global_batch_size`` there is the base batch; the batches
+    trained are ``global_batch_size_per_epoch`` (one per epoch begun) and ``final_global_batch_size``."""
 
     def __init__(self, path: Optional[str | os.PathLike], *, target_top1: Optional[float], extra: dict[str, Any],
                  noise_scale: Any = None) -> None:
@@ -536,6 +546,7 @@ class SummaryHook(Hook):
             "stop_reason": t.stop_reason,
             "skipped_steps": s.skipped_steps,
             **self.extra,
+            **_batches_trained(t),
         }
         noise_line = None
         if self.noise_scale is not None:

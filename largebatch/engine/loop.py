@@ -82,7 +82,7 @@ class Hook:
     def before_epoch(self) -> None: ...
     def after_backward(self, micro_batch: int) -> None: ...
     def after_step(self) -> None: ...
-    def after_log(self, metrics: dict[str, float]) -> None: ...
+    def after_log(self, metrics: dict[str, Any]) -> None: ...
     def after_epoch(self) -> None: ...
     def after_eval(self, metrics: dict[str, float]) -> None: ...
     def after_train(self) -> None: ...
@@ -322,23 +322,28 @@ class Trainer:
         self.state.epoch_step += 1
         self.state.images_seen += self.global_batch_size
 
-    def _read_metrics(self) -> dict[str, float]:
+    def _read_metrics(self) -> dict[str, Any]:
         """The one host read-back: mean finite loss since the last log step, the hooks'
         ``log_values``, lr, throughput.
 
+        ``loss`` is None when every step since the last log step was skipped for a non-finite
+        loss (there is no loss to show, and 0 would read as a perfect one); under
+        ``non_finite=skip`` the metrics also hold ``skipped_steps``, the run's count so far.
         Also the non-finite check, which raises per policy (``stop``, or too many skips).
         """
         self.check_non_finite()
         loss = self._loss_sum / self._loss_steps.clamp(min=1)
         names = list(self.log_values)
-        values = torch.stack([loss, *(self.log_values[n]().to(loss) for n in names)]).tolist()
+        values = torch.stack([loss, self._loss_steps.to(loss), *(self.log_values[n]().to(loss) for n in names)]).tolist()
         now = time.perf_counter()
         ips = self._log_images / max(now - self._log_time, 1e-9)
         self._loss_sum.zero_()
         self._loss_steps.zero_()
         self._log_images = 0
         self._log_time = now
-        return {"loss": values[0], "lr": self.current_lr(), "img_per_s": ips, **dict(zip(names, values[1:]))}
+        skipped = {"skipped_steps": self.state.skipped_steps} if self.settings.non_finite == "skip" else {}
+        return {"loss": values[0] if values[1] > 0 else None, "lr": self.current_lr(), "img_per_s": ips,
+                **skipped, **dict(zip(names, values[2:]))}
 
 
 def _joined(batches: list[Any], k: int) -> list[Any]:
