@@ -60,6 +60,97 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
     reference = reference.replace("<wbr>", "")
     missing = [d.key for d in key_docs() if f"<code>{d.key}</code>" not in reference]
     assert not missing and "<!-- config-reference" not in reference, missing
+    # the measured results: benchmarks/README.md's tables on their page, and arXiv IDs as links
+    results = (tmp_path / "site" / "results" / "index.html").read_text()
+    missing = _missing_tables((ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8"), results)
+    assert not missing and "<!-- results:" not in results, missing
+    plain = {f"{page.relative_to(tmp_path / 'site')}: {m}" for page in (tmp_path / "site").rglob("index.html")
+             for m in _plain_arxiv_ids(page.read_text())}
+    assert not plain, sorted(plain)
+    assert '<a href="https://arxiv.org/abs/1811.05233">arXiv 1811.05233</a>' in \
+        (tmp_path / "site" / "recipes" / "index.html").read_text()
+
+
+ARXIV_ID = re.compile(r"\barXiv:? ?(\d{4}\.\d{4,5})")
+
+
+def _plain_arxiv_ids(html: str) -> list[str]:
+    """The arXiv IDs of a built page that are not a link to their abstract (code spans and blocks,
+    which show what a user types, aside)."""
+    html = re.sub(r'<a href="https://arxiv\.org/abs/(\d{4}\.\d{4,5})">arXiv:? ?\1</a>', "", html)
+    html = re.sub(r"<(pre|code)\b.*?</\1>", "", html, flags=re.S)
+    return ARXIV_ID.findall(html)
+
+
+def _header_rows(markdown: str) -> list[tuple[bool, str]]:
+    """(inside a code fence, line) of each table header row of ``markdown``: a ``|`` row followed by
+    its ``|---|`` separator."""
+    rows, fence, lines = [], False, markdown.splitlines()
+    for line, after in zip(lines, lines[1:] + [""]):
+        if line.lstrip().startswith("```"):
+            fence = not fence
+        if line.startswith("|") and re.match(r"^\|[\s:|-]*-[\s:|-]*$", after):
+            rows.append((fence, line))
+    return rows
+
+
+def _missing_tables(markdown: str, html: str) -> list[str]:
+    """The header rows of ``markdown``'s tables that are not on the built page ``html``: a table's
+    header cells as a ``<thead>`` row (markup and the table hook's ``<wbr>`` aside), a table
+    printed in a code block as its line."""
+    import html as html_lib
+
+    def text(s: str) -> str:
+        return " ".join(html_lib.unescape(re.sub(r"<[^>]+>", "", s)).split())
+
+    heads = [[text(c) for c in re.findall(r"<th[^>]*>(.*?)</th>", row, re.S)]
+             for row in re.findall(r"<thead>(.*?)</thead>", html, re.S)]
+    blocks = [html_lib.unescape(re.sub(r"<[^>]+>", "", b)) for b in re.findall(r"<pre.*?</pre>", html, re.S)]
+    missing = []
+    for fenced, row in _header_rows(markdown):
+        if fenced:
+            missing += [row] if not any(row in b for b in blocks) else []
+            continue
+        cells = [" ".join(re.sub(r"[`*]", "", c).split()) for c in row.strip().strip("|").split("|")]
+        missing += [row] if cells not in heads else []
+    return missing
+
+
+def test_the_results_checks_catch_what_they_name() -> None:
+    """The two checks above fail on a page that lost a table or cites an arXiv ID as plain text;
+    the arXiv hook links an ID in text and leaves one in code alone."""
+    import importlib.util
+
+    markdown = "| a | `b` c |\n|---|--:|\n| 1 | 2 |\n\n```text\n| x | y |\n|---|---|\n```\n"
+    page = "<table><thead><tr><th>a</th><th><code>b</code> c</th></tr></thead></table><pre><code>| x | y |</code></pre>"
+    assert _missing_tables(markdown, page) == []
+    assert _missing_tables(markdown + "\n| d |\n|---|\n", page) == ["| d |"]
+    assert _missing_tables(markdown, page.replace("<th>a</th>", "")) == ["| a | `b` c |"]
+    spec = importlib.util.spec_from_file_location("mkdocs_arxiv", ROOT / "scripts" / "mkdocs_arxiv.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)  # type: ignore[union-attr]
+    page = "<p>Mikami (arXiv 1811.05233), <code>arXiv 1711.00489</code>, <a href=\"x\">arXiv 1812.06162</a></p>"
+    assert _plain_arxiv_ids(page) == ["1811.05233", "1812.06162"]
+    assert hook.link(page) == ('<p>Mikami (<a href="https://arxiv.org/abs/1811.05233">arXiv 1811.05233</a>), '
+                               '<code>arXiv 1711.00489</code>, <a href="x">arXiv 1812.06162</a></p>')
+    assert _plain_arxiv_ids(hook.link(page)) == ["1812.06162"]  # a link elsewhere is not the paper's
+
+
+# pages that still name benchmarks/README.md as a plain path instead of linking the results page:
+# docs/scaling-rule.md is rendered from benchmarks/scaling_rule_page.md (to be linked there)
+PLAIN_RESULTS_PATH_LEFT = {"docs/scaling-rule.md"}
+
+
+def test_pages_link_the_results_instead_of_naming_the_readme() -> None:
+    """A page sends the reader to [Measured results](results.md), which shows benchmarks/README.md,
+    not to the file's path; the README's arXiv IDs are links, as the site's are (the hook)."""
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for path in PAGES
+             if path.name != "results.md" and path.relative_to(ROOT).as_posix() not in PLAIN_RESULTS_PATH_LEFT
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if "benchmarks/README" in line and not HTML_COMMENT_LINE.match(line)]
+    assert not found, "\n".join(found)
+    readme = README.read_text(encoding="utf-8")
+    assert ARXIV_ID.findall(readme) and not ARXIV_ID.findall(re.sub(r"\[arXiv (\S+)\]\(https://arxiv\.org/abs/\1\)", "", readme))
 
 
 SIGNED = ("largebatch.optim.LARS", "largebatch.optim.LAMB", "largebatch.nn.GroupSyncBatchNorm",
