@@ -7,6 +7,7 @@ format 1), taken from this repository's history and run in a subprocess.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from largebatch.engine.checkpoint import checkpoint_name, list_checkpoints, load_checkpoint
-from largebatch.engine.checkpoint_format import FORMAT, RunCheckpoint, RunIdentity
+from largebatch.engine.checkpoint_format import ADDED_KEYS, FORMAT, RunCheckpoint, RunIdentity
 from largebatch.errors import CheckpointError
 from tests.smoke import EXACT, smoke
 
@@ -123,7 +124,7 @@ def test_a_format_1_checkpoint_of_the_previous_main_resumes_exactly(tmp_path: Pa
         assert torch.equal(resumed["model"][key], value), key
 
 
-# -- keys added since format 2, and the features an older reader must refuse (issue 75) --------
+# -- keys added since format 2, and the features an older reader must refuse ---------------------
 
 PREVIOUS_MAIN = "6a5bd1e"  # main before format 3: it reads formats 1-2
 
@@ -152,15 +153,14 @@ def _schema_keys() -> dict[str, object]:
 def test_every_config_key_is_of_format_2_or_declared_with_its_absent_value() -> None:
     """A feature that adds a config key declares it in ADDED_KEYS (its value when absent, and the
     feature an older reader must know), or this fails."""
-    from largebatch.engine.checkpoint_format import ADDED_KEYS
-
     format2 = set((REPO / "tests" / "fixtures" / "format2_config_keys.txt").read_text().split())
-    keys = _schema_keys()
-    undeclared = sorted(k for k in keys if k not in format2 and k not in ADDED_KEYS)
+    keys = {f"config.{k}": v for k, v in _schema_keys().items()}
+    added = {k: a for k, a in ADDED_KEYS.items() if k.startswith("config.")}
+    undeclared = sorted(k for k in keys if k.removeprefix("config.") not in format2 and k not in added)
     assert undeclared == [], f"declare these in largebatch.engine.checkpoint_format.ADDED_KEYS: {undeclared}"
-    assert sorted(k for k in ADDED_KEYS if k not in keys) == []  # no stale entry
+    assert sorted(k for k in added if k not in keys) == []  # no stale entry
     # what a run did before the key existed is the schema's default (the key's off state)
-    assert {k: a.absent for k, a in ADDED_KEYS.items()} == {k: keys[k] for k in ADDED_KEYS}
+    assert {k: a.absent for k, a in added.items()} == {k: keys[k] for k in added}
 
 
 def test_a_run_that_uses_a_feature_writes_format_3_naming_it() -> None:
@@ -214,3 +214,101 @@ def test_a_checkpoint_from_before_a_key_changes_nothing_on_resume() -> None:
     check_same_run(before, now, Path("c.pt"))  # no error
     with pytest.raises(CheckpointError, match="batch_schedule.steps"):
         check_same_run(before, {**now, "batch_schedule": {"steps": [[1, 16]]}}, Path("c.pt"))
+
+
+# A real run of this code with every feature that adds a key on (EMA, noise scale, batch
+# schedule, progressive resizing, a piecewise lr): 2 steps, one checkpoint.
+FEATURES_ON = ("ema.enabled=true", "batch_schedule.steps=[[1,16]]", "data.resolution.schedule=steps",
+               "data.resolution.steps=[[0,16],[1,24]]", "schedule=piecewise", "schedule.points=[[0,1.0],[1,0.1]]",
+               "max_steps=2", "checkpoint.every_steps=2")
+
+
+@pytest.fixture(scope="module")
+def feature_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from largebatch.cli import main
+
+    run = tmp_path_factory.mktemp("features") / "run"
+    assert main(smoke(*FEATURES_ON, f"run_dir={run}", base=EXACT)) == 0
+    return run
+
+
+def _undeclared(tree: dict[str, object], known: set[str], prefix: str = "") -> list[str]:
+    """The paths of ``tree`` (nested dicts) neither in ``known`` nor under a path in it."""
+    out: list[str] = []
+    for key, value in tree.items():
+        path = prefix + str(key)
+        if path in known:
+            if isinstance(value, dict) and path in ("train_state", "rng", "config"):
+                out += _undeclared(value, known, path + ".")
+        elif isinstance(value, dict) and value:
+            out += _undeclared(value, known, path + ".")
+        else:
+            out.append(path)
+    return out
+
+
+def test_every_key_a_checkpoint_holds_is_of_format_2_or_declared(feature_run: Path) -> None:
+    """A feature that adds a key to the record (a part, a train_state or rng entry, a config
+    key) declares it in ADDED_KEYS, or this fails: an older reader would skip it silently."""
+    fixtures = REPO / "tests" / "fixtures"
+    format2 = {line for line in (fixtures / "format2_record_keys.txt").read_text().split("\n")
+               if line and not line.startswith("#")}
+    format2 |= {f"config.{k}" for k in (fixtures / "format2_config_keys.txt").read_text().split()}
+    state = load_checkpoint(list_checkpoints(feature_run / "checkpoints")[-1])
+    assert state["format"] == 3 and state["features"] == ["batch_schedule", "piecewise_schedule",
+                                                           "progressive_resizing"]
+    assert {"ema", "noise_scale"} <= state.keys()  # the optional parts are there to be checked
+    known = format2 | set(ADDED_KEYS) | {"features"}  # format 3's own key
+    undeclared = _undeclared({k: v for k, v in state.items() if k != "resolved"}, known)
+    assert undeclared == [], f"declare these in largebatch.engine.checkpoint_format.ADDED_KEYS: {undeclared}"
+
+
+def test_a_checkpoint_that_uses_an_unknown_feature_is_refused_at_resume_in_one_line(
+        feature_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """What a requeued job on an older image meets: exit 2, one line naming the feature and the
+    version that wrote the file, and the run directory as it was."""
+    import shutil
+
+    from largebatch.cli import main
+    from largebatch.engine.checkpoint import save_checkpoint
+
+    run = tmp_path / "run"
+    shutil.copytree(feature_run, run)
+    newest = list_checkpoints(run / "checkpoints")[-1]
+    state = load_checkpoint(newest)
+    save_checkpoint({**state, "features": [*state["features"], "time_travel"], "version": "9.0"},
+                    newest.parent, newest.name)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(smoke(*FEATURES_ON, f"run_dir={run}", "resume=auto", "max_steps=null", base=EXACT)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "time_travel" in err[0] and "9.0" in err[0] and "batch_schedule" not in err[0], err
+    after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    log = run / "train.log"  # the refused attempt is logged after the run's lines
+    assert after.pop(log).startswith(before.pop(log)) and after == before
+
+
+@pytest.mark.parametrize("key", [k for k in ADDED_KEYS if k.startswith("config.")])
+def test_a_checkpoint_from_before_each_added_key_resumes_as_the_run_without_it(key: str, feature_run: Path) -> None:
+    """A run without the feature is the run from before the key: the checkpoint's config with
+    the key taken out fits, and reads back as this run's config (with its lr schedule)."""
+    from largebatch.engine.checkpoint_format import with_absent_keys
+    from largebatch.engine.resume import check_same_run, schedule_changes
+
+    now = load_checkpoint(list_checkpoints(feature_run / "checkpoints")[-1])["config"]
+    for other, added in ADDED_KEYS.items():  # this version's run with every added key off
+        if other.startswith("config."):
+            *parents, last = other.removeprefix("config.").split(".")
+            node = now
+            for part in parents:
+                node = node[part]
+            node[last] = added.absent
+    before = json.loads(json.dumps(now))
+    *parents, last = key.removeprefix("config.").split(".")
+    node = before
+    for part in parents:
+        node = node[part]
+    del node[last]
+    assert with_absent_keys(before, now) == now
+    assert schedule_changes(before, now) == []
+    check_same_run(before, now, Path("before.pt"))  # no error

@@ -36,7 +36,10 @@ before; one that uses a feature (a batch schedule, progressive resizing, ...) wr
 which a reader from before format 3 refuses, and a format-3 reader refuses a feature it does
 not know: a requeued job landing on an older image stops with one line naming the version
 that wrote the file, instead of training on as another run. A file of a newer format than
-this code knows is refused the same way. Only ``model`` is required to read a file (a
+this code knows is refused the same way. A new feature therefore needs no new format: it
+declares each key it adds in :data:`ADDED_KEYS` (a test fails for a key that is neither of
+format 2 nor declared), and the readers before it refuse the files that use it. Only
+``model`` is required to read a file (a
 weights-only file loads for inspection); :meth:`RunCheckpoint.missing_parts` says what a
 run needs to continue from it.
 """
@@ -64,7 +67,7 @@ FORMAT = 3  # the newest format this code reads (it writes 2 or 3: the module do
 
 @dataclass(frozen=True)
 class AddedKey:
-    """A config key added after format 2: the value that means what a run did before the key
+    """A checkpoint key added after format 2: the value that means what a run did before the key
     existed, and the feature a run uses when its value differs (None: the key never changes
     what a continued run computes, only how it is measured, recorded or composed)."""
 
@@ -72,41 +75,52 @@ class AddedKey:
     feature: Optional[str] = None
 
 
-# Every config key added since format 2 (largebatch of 2026-11-25, commit ccb132e: the keys of
-# tests/fixtures/format2_config_keys.txt). A new key is declared here, with the value a run
-# without it had and the feature that makes an older reader refuse the checkpoint
-# (tests/test_checkpoint_format.py fails for a schema key that is in neither).
+# Every key a checkpoint holds that format 2 did not (largebatch of 2026-11-25, commit ccb132e:
+# the keys of tests/fixtures/format2_record_keys.txt and, under ``config.``, of
+# tests/fixtures/format2_config_keys.txt), by its path in the record: ``config.<key>``, a
+# part's name, or ``<part>.<key>``. A new key is declared here, with the value a run without
+# it had and the feature that makes an older reader refuse the checkpoint when the value
+# differs (tests/test_checkpoint_format.py fails for a key that is in neither). Reading an
+# older checkpoint, an absent key takes its ``absent`` value; writing, the features whose keys
+# differ from it are the file's ``features``.
 ADDED_KEYS: dict[str, AddedKey] = {
-    "schedule.points": AddedKey([], "piecewise_schedule"),
-    "data.resolution.schedule": AddedKey("none", "progressive_resizing"),
-    "data.resolution.steps": AddedKey([], "progressive_resizing"),
-    "data.resolution.start_epoch": AddedKey(0, "progressive_resizing"),
-    "data.resolution.end_epoch": AddedKey(0, "progressive_resizing"),
-    "data.resolution.start_size": AddedKey(None, "progressive_resizing"),
-    "data.resolution.end_size": AddedKey(None, "progressive_resizing"),
-    "data.resolution.multiple": AddedKey(32, "progressive_resizing"),
-    "data.resolution.eval_size": AddedKey(None, "progressive_resizing"),
-    "data.resolution.eval_follows_train": AddedKey(False, "progressive_resizing"),
-    "data.resolution.crop_scale_steps": AddedKey([], "progressive_resizing"),
-    "data.resolution.rect_val": AddedKey(False),  # evaluation only (resume._HOW_KEYS)
-    "data.resolution.rect_val_from_epoch": AddedKey(0),
-    "diagnostics.noise_scale.enabled": AddedKey(True),  # measured beside the step, the step unchanged
-    "diagnostics.noise_scale.beta": AddedKey(0.99),
-    "diagnostics.noise_scale.probe_every": AddedKey(0),
-    "batch_schedule.steps": AddedKey([], "batch_schedule"),
-    "batch_schedule.via": AddedKey("accumulation"),  # read only with steps or the adaptive batch
-    "batch_schedule.lr": AddedKey("scale"),
-    "batch_schedule.adaptive.enabled": AddedKey(False, "adaptive_batch"),
-    "batch_schedule.adaptive.raise_at": AddedKey(2.0),
-    "batch_schedule.adaptive.growth": AddedKey(2),
-    "batch_schedule.adaptive.max_global_batch": AddedKey(None),
-    "recipe.mode": AddedKey("auto"),  # how the config was composed: its values are in the config
-    "recipe.derived": AddedKey({}),
-    "recipe.warnings": AddedKey([]),
+    "config.schedule.points": AddedKey([], "piecewise_schedule"),
+    "config.data.resolution.schedule": AddedKey("none", "progressive_resizing"),
+    "config.data.resolution.steps": AddedKey([], "progressive_resizing"),
+    "config.data.resolution.start_epoch": AddedKey(0, "progressive_resizing"),
+    "config.data.resolution.end_epoch": AddedKey(0, "progressive_resizing"),
+    "config.data.resolution.start_size": AddedKey(None, "progressive_resizing"),
+    "config.data.resolution.end_size": AddedKey(None, "progressive_resizing"),
+    "config.data.resolution.multiple": AddedKey(32, "progressive_resizing"),
+    "config.data.resolution.eval_size": AddedKey(None, "progressive_resizing"),
+    "config.data.resolution.eval_follows_train": AddedKey(False, "progressive_resizing"),
+    "config.data.resolution.crop_scale_steps": AddedKey([], "progressive_resizing"),
+    "config.data.resolution.rect_val": AddedKey(False),  # evaluation only (resume._HOW_KEYS)
+    "config.data.resolution.rect_val_from_epoch": AddedKey(0),
+    "config.diagnostics.noise_scale.enabled": AddedKey(True),  # measured beside the step, the step unchanged
+    "config.diagnostics.noise_scale.beta": AddedKey(0.99),
+    "config.diagnostics.noise_scale.probe_every": AddedKey(0),
+    "config.batch_schedule.steps": AddedKey([], "batch_schedule"),
+    "config.batch_schedule.via": AddedKey("accumulation"),  # read only with steps or the adaptive batch
+    "config.batch_schedule.lr": AddedKey("scale"),
+    "config.batch_schedule.adaptive.enabled": AddedKey(False, "adaptive_batch"),
+    "config.batch_schedule.adaptive.raise_at": AddedKey(2.0),
+    "config.batch_schedule.adaptive.growth": AddedKey(2),
+    "config.batch_schedule.adaptive.max_global_batch": AddedKey(None),
+    "config.recipe.mode": AddedKey("auto"),  # how the config was composed: its values are in the config
+    "config.recipe.derived": AddedKey({}),
+    "config.recipe.warnings": AddedKey([]),
+    "noise_scale": AddedKey(None),  # the noise scale's averages: without them it is measured afresh
+    "train_state.batch_factors": AddedKey([], "adaptive_batch"),  # the adaptive batch's decisions
+    # each rank's device generator (format 2: ``cuda``, rank 0's list); a reader without it
+    # keeps its seeded device generators: only on-device random draws (dropout) differ
+    "rng.device": AddedKey(None),
 }
 
 # the features this code continues a run with
 FEATURES = frozenset(k.feature for k in ADDED_KEYS.values() if k.feature)
+
+_CONFIG = "config."
 
 
 def _select(tree: Any, key: str) -> tuple[bool, Any]:
@@ -117,23 +131,27 @@ def _select(tree: Any, key: str) -> tuple[bool, Any]:
     return True, tree
 
 
-def features_used(config: Optional[dict[str, Any]]) -> list[str]:
-    """The features of :data:`ADDED_KEYS` a run's config (a plain dict) uses, sorted."""
+def features_used(state: dict[str, Any]) -> list[str]:
+    """The features of :data:`ADDED_KEYS` a checkpoint's record (a plain dict) uses, sorted:
+    those with a key whose value differs from the key's ``absent`` one."""
     used = set()
     for key, added in ADDED_KEYS.items():
-        found, value = _select(config or {}, key)
+        found, value = _select(state, key)
         if added.feature and found and to_plain(value) != added.absent:
             used.add(added.feature)
     return sorted(used)
 
 
 def with_absent_keys(saved: Optional[dict[str, Any]], current: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
-    """``saved`` (a checkpoint's config) with each :data:`ADDED_KEYS` key that ``current`` has and
-    it lacks set to the key's absent value: what the run that wrote it did without the key."""
+    """``saved`` (a checkpoint's config) with each :data:`ADDED_KEYS` config key that ``current``
+    has and it lacks set to the key's absent value: what the run that wrote it did without the key."""
     if not isinstance(saved, dict) or not isinstance(current, dict):
         return saved
     out = copy.deepcopy(saved)
     for key, added in ADDED_KEYS.items():
+        if not key.startswith(_CONFIG):
+            continue
+        key = key[len(_CONFIG):]
         if _select(current, key)[0] and not _select(out, key)[0]:
             *parents, last = key.split(".")
             node = out
@@ -220,9 +238,8 @@ class RunCheckpoint:
 
     def to_state(self) -> dict[str, Any]:
         """The dict ``torch.save`` writes: plain values only (``weights_only=True`` reads it)."""
-        features = features_used(self.identity.config)
         state: dict[str, Any] = {
-            "format": 3 if features else 2,
+            "format": 2,
             "version": self.version,
             "model": self.model,
             "optimizer": self.optimizer,
@@ -235,13 +252,15 @@ class RunCheckpoint:
             "config": self.identity.config,
             "resolved": self.identity.resolved,
         }
-        if features:
-            state["features"] = features
         if self.ema is not None:
             state["ema"] = self.ema
         if self.noise_scale is not None:
             state["noise_scale"] = self.noise_scale
-        return to_plain(state)
+        state = to_plain(state)
+        features = features_used(state)
+        if features:  # a reader from before format 3 refuses it; a newer one checks the list
+            state.update(format=3, features=features)
+        return state
 
     @classmethod
     def from_state(cls, state: dict[str, Any], path: Path | str) -> "RunCheckpoint":
