@@ -18,6 +18,7 @@ EXPERIMENTS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "con
 REQUIRED = {
     "goyal2017_rn50_8k", "jia2018_rn50_64k", "ying2018_rn50_32k_tpu",
     "wongpanich2020_effnet_b2", "wongpanich2020_effnet_b5", "mlperf_rn50", "fastai2018_rn50_128gpu",
+    "mikami2018_rn50_68k",
 }
 
 
