@@ -7,7 +7,7 @@
 #   scripts/test.sh                # everything
 #   scripts/test.sh -k lars        # extra arguments go to the first pytest run (no time budget then)
 # The whole suite runs on one pytest-xdist worker per core (at most 4; LARGEBATCH_TEST_WORKERS=N
-# sets it), prints its 20 slowest tests and fails over its time budget (tests/time_budget.json).
+# sets it), each with its share of the cores as torch threads (OMP_NUM_THREADS sets it), prints its 20 slowest tests and fails over its time budget (tests/time_budget.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # .venv-xla is set up meanwhile (pip's unpacking waits on the disk more than on the CPU): minutes
@@ -18,8 +18,14 @@ scripts/setup_env.sh xla > "$xla_log" 2>&1 &
 xla_setup=$!
 trap 'kill "$xla_setup" 2> /dev/null || :' EXIT
 scripts/setup_env.sh main
+user_threads=${OMP_NUM_THREADS:-}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-workers() { local n; n=$(OMP_NUM_THREADS='' nproc); echo "${LARGEBATCH_TEST_WORKERS:-$((n < 4 ? n : 4))}"; }
+cores=$(OMP_NUM_THREADS='' nproc)
+workers() { echo "${LARGEBATCH_TEST_WORKERS:-$((cores < 4 ? cores : 4))}"; }
+# torch threads a worker (unless OMP_NUM_THREADS is set): the cores shared out, at least 1. Two
+# workers of 2 threads on 2 cores spin in OpenMP's barriers while the other runs: measured on
+# tests/test_cli.py + test_resume.py, 1 thread a worker took 0.56x the CPU time of 2.
+worker_threads() { local w; w=$(workers); echo "${user_threads:-$((cores / w > 0 ? cores / w : 1))}"; }
 export LARGEBATCH_CACHE=${LARGEBATCH_CACHE:-$PWD/.cache/largebatch}
 if (($#)); then
   .venv/bin/python -m pytest -q "$@" tests  # tests/xla skip here, with the reason
@@ -27,7 +33,8 @@ else
   # the whole suite on LARGEBATCH_TEST_WORKERS pytest-xdist workers (default: one per core, at
   # most 4; the SLURM tests share one worker, tests/test_slurm.py); its 20 slowest tests, and
   # held to its time budget (tests/time_budget.py)
-  LARGEBATCH_TIME_BUDGET=1 .venv/bin/python -m pytest -q --durations=20 -n "$(workers)" --dist loadgroup tests
+  OMP_NUM_THREADS=$(worker_threads) LARGEBATCH_TIME_BUDGET=1 \
+    .venv/bin/python -m pytest -q --durations=20 -n "$(workers)" --dist loadgroup tests
 fi
 if ! wait "$xla_setup"; then
   cat "$xla_log" >&2

@@ -37,16 +37,16 @@ echo "setup $1" >> {events}
 """)
     _executable(tree / "scripts" / "test_xla.sh", f"""#!/usr/bin/env bash
 [[ -e {tree}/xla-ready ]] || {{ echo "xla tests without their venv" >> {events}; exit 1; }}
-echo "xla tests" >> {events}
+echo "xla tests threads=$OMP_NUM_THREADS" >> {events}
 """)
     _executable(tree / ".venv" / "bin" / "python", f"""#!/usr/bin/env bash
-echo "main tests start $*" >> {events}; sleep 1; echo "main tests end" >> {events}
+echo "main tests start $* threads=$OMP_NUM_THREADS" >> {events}; sleep 1; echo "main tests end" >> {events}
 """)
     return tree
 
 
-def _run(tree: Path) -> subprocess.CompletedProcess:
-    env = {"PATH": os.environ["PATH"], "HOME": str(tree)}
+def _run(tree: Path, **extra: str) -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ["PATH"], "HOME": str(tree), **extra}
     return subprocess.run(["bash", str(tree / "scripts" / "test.sh")], cwd=tree, env=env, capture_output=True,
                           text=True, timeout=60)
 
@@ -58,7 +58,8 @@ def test_the_xla_venv_is_set_up_while_the_main_tests_run(tmp_path: Path) -> None
     events = (tree / "events").read_text().splitlines()
     main_start = next(i for i, e in enumerate(events) if e.startswith("main tests start"))
     assert events.index("setup xla start") < events.index("main tests end")  # side by side
-    assert events.index("setup xla end") < events.index("xla tests")
+    xla = next(i for i, e in enumerate(events) if e.startswith("xla tests"))
+    assert events.index("setup xla end") < xla
     assert "-n" in events[main_start].split() and "--dist loadgroup" in events[main_start]  # the whole suite: xdist
 
 
@@ -69,3 +70,19 @@ def test_a_failed_xla_setup_ends_the_run_with_its_output(tmp_path: Path) -> None
     assert "pip says why" in proc.stderr and proc.stderr.strip().splitlines()[-1].startswith(
         "test.sh: setting up .venv-xla failed"), proc.stderr
     assert "xla tests" not in (tree / "events").read_text()
+
+
+def test_each_worker_gets_its_share_of_the_cores_as_threads(tmp_path: Path) -> None:
+    """More torch threads than cores spin in OpenMP's barriers: a worker gets cores / workers
+    (at least 1); the XLA tests, one process, keep 2; a user's OMP_NUM_THREADS wins."""
+    cores = len(os.sched_getaffinity(0))  # what nproc counts
+    for workers, extra, threads in ((1, {}, cores), (cores, {}, 1), (cores * 2, {}, 1),
+                                    (cores, {"OMP_NUM_THREADS": "3"}, 3)):
+        tree = _tree(tmp_path / f"{workers}-{len(extra)}", xla_setup_exit=0)
+        proc = _run(tree, LARGEBATCH_TEST_WORKERS=str(workers), **extra)
+        assert proc.returncode == 0, proc.stderr
+        events = (tree / "events").read_text().splitlines()
+        main = next(e for e in events if e.startswith("main tests start"))
+        assert main.endswith(f"threads={threads}") and f"-n {workers}" in main, (workers, extra, main)
+        xla = next(e for e in events if e.startswith("xla tests"))
+        assert xla == f"xla tests threads={extra.get('OMP_NUM_THREADS', 2)}", (workers, extra, xla)
