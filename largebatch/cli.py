@@ -5,8 +5,8 @@ composes ``conf/train.yaml`` with Hydra and runs one training job (``largebatch.
 or a sweep of them with ``-m`` (``largebatch.multirun``). The command line itself (Hydra's
 flags, ``hydra.run.dir``) is ``largebatch.config.command_line``.
 
-Exit codes are ``largebatch.errors``'s table (0 done, 2 bad input, 3 non-finite loss, 74 a
-file of the run could not be written, 75 preempted after saving, 130 a second Ctrl-C); every exception is
+Exit codes are ``largebatch.errors``'s table (0 done, 2 bad input, 3 non-finite loss, 4 a step out
+of memory, 74 a file of the run could not be written, 75 preempted after saving, 130 a second Ctrl-C); every exception is
 mapped by ``largebatch.errors.exit_code`` alone, and one it does not know (a bug) keeps its
 traceback.
 """

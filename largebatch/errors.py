@@ -16,6 +16,12 @@ Exit codes:
 * 3 (``EXIT_NON_FINITE``): the loss became NaN/inf (``non_finite=stop``, or more than
   ``max_skipped_steps`` skipped steps with ``non_finite=skip``); the message names the step
   and the rank.
+* 4 (``EXIT_OUT_OF_MEMORY``): a training step could not allocate its tensors (CUDA out of
+  memory, the CPU allocator's "can't allocate memory"): the line names the step, the
+  per-device batch and the training side, and what to lower; the checkpoints written before
+  are intact: with a larger ``accumulation_steps`` ``resume=auto`` continues from the last one
+  (:class:`StepOutOfMemoryError`).
+  An out-of-memory kill by the kernel (137) comes with no line: nothing is left to print it.
 * 74 (``EXIT_IO_ERROR``, sysexits' EX_IOERR): a file of the run could not be written (disk
   full, quota, read-only file system, I/O error): a checkpoint, ``config.yaml``,
   ``metrics.jsonl``, ``mlperf_log.jsonl``, the TensorBoard events or ``summary.json``
@@ -42,15 +48,16 @@ from pathlib import Path
 from typing import Optional
 
 __all__ = [
-    "EXIT_INTERRUPTED", "EXIT_IO_ERROR", "EXIT_NON_FINITE", "EXIT_OK", "EXIT_PREEMPTED", "EXIT_USAGE",
-    "STOP_SIGNALS", "USER_ERRORS", "CheckpointError", "CheckpointSaveError", "ConfigError", "DataError",
+    "EXIT_INTERRUPTED", "EXIT_IO_ERROR", "EXIT_NON_FINITE", "EXIT_OK", "EXIT_OUT_OF_MEMORY", "EXIT_PREEMPTED",
+    "EXIT_USAGE", "STOP_SIGNALS", "USER_ERRORS", "CheckpointError", "CheckpointSaveError", "ConfigError", "DataError",
     "ModelError", "NonFiniteLossError", "Preempted", "ReplicaError", "ReportError", "RunDirError", "RunFileError",
-    "TooFewSamplesError", "UsageError", "WriteError", "error_line", "exit_code", "os_error_text",
+    "StepOutOfMemoryError", "TooFewSamplesError", "UsageError", "WriteError", "error_line", "exit_code", "os_error_text",
 ]
 
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_NON_FINITE = 3
+EXIT_OUT_OF_MEMORY = 4
 EXIT_IO_ERROR = 74
 EXIT_PREEMPTED = 75
 EXIT_INTERRUPTED = 130
@@ -141,6 +148,25 @@ class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite (names the step and the rank)."""
 
 
+class StepOutOfMemoryError(RuntimeError):
+    """A training step could not allocate its tensors (reading its batch, forward, backward or
+    the optimizer step): ``step`` (1-based: the step that failed), ``epoch`` (0-based) and
+    ``per_device_batch`` (the images one device held in a micro-batch) locate it, ``cause``
+    says what could not be allocated.
+
+    Raised by the loop (:class:`largebatch.engine.loop.Trainer`), which knows the step but not
+    the settings behind it; ``largebatch.run`` restates it with the training side and the
+    setting to lower.
+    """
+
+    def __init__(self, message: str, *, step: int, epoch: int, per_device_batch: int, cause: str) -> None:
+        super().__init__(message)
+        self.step = step
+        self.epoch = epoch
+        self.per_device_batch = per_device_batch
+        self.cause = cause  # the failed allocation in a few words
+
+
 class Preempted(Exception):
     """The run stopped on SIGTERM/SIGINT/SIGHUP after saving a checkpoint (resumable).
 
@@ -181,6 +207,8 @@ def exit_code(exc: BaseException) -> Optional[int]:
         return EXIT_USAGE
     if isinstance(exc, NonFiniteLossError):
         return EXIT_NON_FINITE
+    if isinstance(exc, StepOutOfMemoryError):
+        return EXIT_OUT_OF_MEMORY
     if isinstance(exc, Preempted):
         return EXIT_PREEMPTED
     if isinstance(exc, KeyboardInterrupt):

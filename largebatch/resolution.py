@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 
 from largebatch.errors import ConfigError
 
-__all__ = ["ResolutionSchedule", "check_crop_scale_steps", "min_scale_at", "ramp_size"]
+__all__ = ["ResolutionSchedule", "check_crop_scale_steps", "min_scale_at", "ramp_size", "side_setting"]
 
 
 def ramp_size(epoch: int, *, start_epoch: int, end_epoch: int, start_size: int, end_size: int,
@@ -130,6 +130,20 @@ class ResolutionSchedule:
             value = getattr(self, name)
             if not (_int(value) and value >= self.multiple):
                 _bad(f"{key}.{name}", value, f"an integer >= data.resolution.multiple ({self.multiple})")
+
+
+def side_setting(schedule: Optional[ResolutionSchedule], image_size: int, side: int) -> str:
+    """The setting that asks for the training side ``side``, with its value, as a message names
+    it for the user to lower: ``data.image_size=224``, ``data.resolution.steps=[[0, 32], [1, 4096]]``,
+    ``data.resolution.end_size=288``."""
+    if schedule is None:
+        return f"data.image_size={image_size}"
+    if schedule.kind == "steps":
+        return f"data.resolution.steps={[list(p) for p in schedule.steps]}"
+    if side == schedule.end_size or side == schedule.start_size:
+        name = "end_size" if side == schedule.end_size else "start_size"
+        return f"data.resolution.{name}={side}"
+    return f"data.resolution.start_size={schedule.start_size} and end_size={schedule.end_size}"
 
 
 def _int(x: object) -> bool:

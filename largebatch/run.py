@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from largebatch import __version__
 from largebatch.engine.batch_plan import BatchPlan, batch_too_large, plan_batches
 from largebatch.engine.run_log import log_into_run_dir, setup_logging
-from largebatch.errors import Preempted, TooFewSamplesError, UsageError
+from largebatch.errors import Preempted, StepOutOfMemoryError, TooFewSamplesError, UsageError
 
 if TYPE_CHECKING:
     from largebatch.backends.base import Backend
@@ -414,10 +414,43 @@ def _hooks(cfg: TrainConfig, backend: Backend, run_dir: Path, val_loader: Iterab
     )
 
 
-def _train(trainer: Any, hooks: Any, run_dir: Path, loaders: Sequence[Loader], is_main: bool) -> dict[str, Any]:
-    """Run the loop; a SIGTERM/SIGINT stop becomes ``Preempted`` (exit 75, resumable)."""
+def _out_of_memory(err: StepOutOfMemoryError, cfg: TrainConfig, plan: BatchPlan, run_dir: Path) -> StepOutOfMemoryError:
+    """The loop's out-of-memory error in the run's terms: the batch and the side it failed at, the
+    settings to lower, and how to go on. The checkpoints written before are untouched; a resume
+    may change accumulation_steps (the same global batch in smaller micro-batches) but not the
+    sides or the global batch (``largebatch.engine.resume.RUN_KEYS``), so those take a new run_dir."""
+    from largebatch.engine.checkpoint import list_checkpoints
+    from largebatch.resolution import side_setting
+
+    sizes = _resolution(cfg)
+    side = sizes.size_at(err.epoch) if sizes is not None else cfg.data.image_size
+    lower_side = f"the side ({side_setting(sizes, cfg.data.image_size, side)})"
+    halves = err.per_device_batch % 2 == 0
+    lower_micro = (f"the images per device (accumulation_steps={2 * plan.accumulation_steps} keeps global_batch_size="
+                   f"{plan.global_batch_size} in micro-batches of {err.per_device_batch // 2})")
+    saved = list_checkpoints(run_dir / "checkpoints")
+    if saved and halves:
+        advice = (f"lower {lower_micro} and resume=auto run_dir={run_dir} continues from its last checkpoint "
+                  f"({saved[-1].name}), or lower {lower_side} in a new run_dir (a resumed run keeps its sides)")
+    elif saved:
+        advice = f"lower {lower_side} or global_batch_size in a new run_dir (a resumed run keeps both)"
+    else:
+        advice = (f"lower {lower_side} or {lower_micro if halves else 'global_batch_size'} and run again "
+                  f"(no checkpoint was written yet)")
+    return StepOutOfMemoryError(
+        f"step {err.step} (epoch {err.epoch + 1}) ran out of memory: {err.per_device_batch} images per device at "
+        f"{side} px ({err.cause}); {advice}",
+        step=err.step, epoch=err.epoch, per_device_batch=err.per_device_batch, cause=err.cause)
+
+
+def _train(cfg: TrainConfig, plan: BatchPlan, trainer: Any, hooks: Any, run_dir: Path,
+           loaders: Sequence[Loader]) -> dict[str, Any]:
+    """Run the loop; a SIGTERM/SIGINT stop becomes ``Preempted`` (exit 75, resumable), a step
+    out of memory one line naming the side and the batch (exit 4)."""
     try:
         trainer.train()
+    except StepOutOfMemoryError as err:
+        raise _out_of_memory(err, cfg, plan, run_dir) from None
     finally:
         hooks.preemption.uninstall()
     if trainer.failure is not None:  # a run file could not be written (a checkpoint was saved)
@@ -429,7 +462,7 @@ def _train(trainer: Any, hooks: Any, run_dir: Path, loaders: Sequence[Loader], i
             signal_name=hooks.preemption.signal_name,
         )
     skipped = sum(loader.skipped for loader in loaders)
-    if skipped and is_main:
+    if skipped and trainer.backend.is_main:
         log.warning("%d unreadable image file(s) were skipped (named above in the log)", skipped)
     return hooks.summary.summary
 
@@ -525,7 +558,7 @@ def _run_job(cfg: TrainConfig, raw_cfg: Optional[DictConfig], backend: Backend) 
             backend=backend, settings=_step_settings(cfg, backend, plan, precision.autocast_dtype, batches), scaler=scaler,
             hooks=hooks.hooks, state=state,
         )
-        return _train(trainer, hooks, run_dir, (train_loader, val_loader), backend.is_main)
+        return _train(cfg, plan, trainer, hooks, run_dir, (train_loader, val_loader))
     finally:
         for loader in loaders:  # now, not in the garbage collection of the process-group shutdown
             loader.close()

@@ -54,6 +54,7 @@ def _save_error() -> errors.CheckpointSaveError:
         (errors.CheckpointError("k"), EXIT_USAGE),
         (errors.ReportError("p"), EXIT_USAGE),
         (errors.NonFiniteLossError("n"), EXIT_NON_FINITE),
+        (errors.StepOutOfMemoryError("s", step=1, epoch=0, per_device_batch=8, cause="c"), errors.EXIT_OUT_OF_MEMORY),
         (_save_error(), EXIT_IO_ERROR),
         (errors.RunFileError("cannot write the metrics file m: [Errno 30 EROFS]", path=Path("m"), errno=30), EXIT_IO_ERROR),
         (errors.Preempted("p"), EXIT_PREEMPTED),

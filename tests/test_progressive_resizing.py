@@ -162,6 +162,7 @@ def test_training_batches_follow_the_steps_and_evaluation_its_own_side(tmp_path:
     assert "resolution: training crops steps 16 px from epoch 0, 24 px from epoch 1, 32 px from epoch 2" in log
     assert "epoch 2/3: training crops of 24 px (was 16 px)" in log
     assert "epoch 3/3: training crops of 32 px (was 24 px)" in log
+    assert "longest side of the images" not in log  # 32 px crops of 36 px images: no warning (issue 75)
 
 
 def test_the_ramp_in_a_real_run(tmp_path: Path, sides: dict[str, list[int]]) -> None:

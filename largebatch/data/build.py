@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from largebatch.backends.base import Backend
     from largebatch.data.contract import Loader, LoaderSpec
 
-__all__ = ["DaliDecision", "build_run_loaders", "cache_write_error", "dali_decision", "ensure_checked",
-           "resolve_data_root"]
+__all__ = ["SIDE_ABOVE_IMAGES", "DaliDecision", "build_run_loaders", "cache_write_error", "dali_decision",
+           "ensure_checked", "resolve_data_root", "warn_side_above_images"]
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +172,42 @@ def _log_resolution(spec: LoaderSpec) -> None:
     log.info("resolution: training crops %s; evaluation crops %s", train, side)
 
 
+# A training side more than this many times the longest side of the data's images gets a warning
+# at start. A random-resized crop at a side above its image's adds no detail, only pixels: 4x the
+# side is 16x the pixels of the source, and a step's memory and time grow with them (side^2), so a
+# side that far above the images is almost always a slip (a side meant for another data set, an
+# extra digit) that would end in an out-of-memory error an epoch later. A side a little above the
+# images (evaluating at 1.15x, FixRes-style, or 224 px crops of 160 px copies) stays well below it.
+# A warning, not an error: upsampling small images on purpose is the user's call.
+SIDE_ABOVE_IMAGES = 4
+
+
+def warn_side_above_images(root: Path, spec: LoaderSpec) -> None:
+    """One warning line when the largest training side of ``spec`` is more than
+    :data:`SIDE_ABOVE_IMAGES` times the longest side of a sample of ``root/train``'s images,
+    naming the side, the setting behind it, the images' side and what to do."""
+    from largebatch.data.images import largest_sampled_side
+    from largebatch.resolution import side_setting
+
+    sched = spec.train_sizes
+    if sched is None:
+        side = spec.image_size
+    elif sched.kind == "steps":
+        side = max(s for _, s in sched.steps)
+    else:
+        side = max(sched.start_size, sched.end_size)
+    images = largest_sampled_side(root / "train")
+    if images is None or side <= SIDE_ABOVE_IMAGES * images:
+        return
+    gib = spec.batch_size * 3 * side * side * 4 / 2**30  # float32: the pipelines normalise in it
+    log.warning(
+        "%s trains at %d px, %.1fx the longest side of the images in %s (%d px, sampled): every crop is "
+        "upsampled, and a batch of %d images at %d px is %.1f GiB before the model's activations; lower the "
+        "side to %d px (%dx the images) or less, or point data.root at larger images",
+        side_setting(sched, spec.image_size, side), side, side / images, root, images, spec.batch_size, side, gib,
+        SIDE_ABOVE_IMAGES * images, SIDE_ABOVE_IMAGES)
+
+
 def _refuse_rect_val(spec: LoaderSpec, *, loader: str, reads_with: str, backend: Backend) -> None:
     """``spec.rect_val`` needs the torchvision pipeline and a backend that runs any batch shape:
     one line naming the fix, before a loader is built (``data.loader=auto`` is known only here)."""
@@ -202,6 +238,8 @@ def build_run_loaders(
         backend: the run's backend (``is_main``, ``broadcast_object``).
     """
     decode = "mixed (GPU)" if spec.on_gpu else "CPU"
+    if backend.is_main and not shards:
+        warn_side_above_images(root, spec)
     if shards:
         from largebatch.data.pipelines.dali_graph import require_dali
         from largebatch.data.pipelines.dali_shards import build_dali_shard_loaders

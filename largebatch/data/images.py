@@ -28,6 +28,7 @@ __all__ = [
     "check_same_classes",
     "check_split_classes",
     "decompression_bomb_limit",
+    "largest_sampled_side",
     "list_class_images",
     "list_classes",
     "list_folder",
@@ -92,6 +93,32 @@ class Unreadable(NamedTuple):
 
 _SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"))
+
+
+def largest_sampled_side(split_dir: str | os.PathLike, *, classes: int = 8, per_class: int = 4) -> int | None:
+    """The longest side (pixels) among a few images of ``split_dir``: the first ``per_class``
+    files of ``classes`` class folders spread over the sorted list, read from their headers
+    (no decode: milliseconds, also on ImageNet). None where no image could be read."""
+    try:
+        names, _ = list_classes(split_dir)
+    except OSError:
+        return None
+    picked = names[::max(1, len(names) // classes)][:classes]
+    largest = None
+    for name in picked:
+        try:
+            with os.scandir(os.path.join(split_dir, name)) as entries:
+                files = [e.path for e in entries if e.name.lower().endswith(IMG_EXTENSIONS)][:per_class]
+        except OSError:
+            continue
+        for path in files:
+            try:
+                with Image.open(path) as img:
+                    side = max(img.size)
+            except (OSError, ValueError, Image.DecompressionBombError):
+                continue
+            largest = side if largest is None else max(largest, side)
+    return largest
 
 
 def special_file(path: str | os.PathLike) -> str | None:

@@ -9,7 +9,9 @@ Event order (each hook sees the events it defines, in the order the hooks were g
             run_step                      # no host read here (see largebatch.engine.nonfinite):
                 after_backward(i)             #   after micro-batch i's backward (i = 0..n-1), before
                                           #   the optimizer step; at i = n-1 .grad is the step's
-                                          #   (all-reduced) gradient, still loss-scaled
+                                          #   (all-reduced) gradient, still loss-scaled; a failed
+                                          #   allocation here or reading the step's batch is
+                                          #   StepOutOfMemoryError (engine.out_of_memory)
             after_step                    # checkpoints every N steps, stop requests (preemption)
             after_log(metrics)            # every log_every steps and at an epoch's last step:
                                           # the one read-back: the loss and the hooks'
@@ -40,6 +42,7 @@ from torch import nn
 
 from largebatch.defaults import LOG_EVERY, MAX_SKIPPED_STEPS
 from largebatch.engine.nonfinite import NonFiniteGuard, NonFiniteLossError
+from largebatch.engine.out_of_memory import step_memory
 from largebatch.errors import UsageError
 
 if TYPE_CHECKING:
@@ -171,6 +174,8 @@ class Trainer:
         for h in self.hooks:
             h.trainer = self
         self.steps_per_epoch = len(train_loader) // settings.accumulation_steps
+        # images of one micro-batch on this device (a per_device batch schedule joins k of them)
+        self._micro_batch_size = settings.global_batch_size // max(1, backend.world_size * settings.accumulation_steps)
         if self.steps_per_epoch == 0:
             raise UsageError(
                 f"an epoch has no optimizer step: {len(train_loader)} batches per rank for "
@@ -266,12 +271,14 @@ class Trainer:
                 self.call("before_epoch")
                 batches = iter(self.train_loader)
                 k, steps = s.batch_factor(self.state.epoch), self.steps_in_epoch(self.state.epoch)
+                joined = k > 1 and s.batch_schedule is not None and s.batch_schedule.via == "per_device"
                 while self.state.epoch_step < steps and not self._should_stop():
-                    micro = list(itertools.islice(batches, s.accumulation_steps * k))
-                    if len(micro) < s.accumulation_steps * k:
-                        break  # the loader ended early (e.g. skipped unreadable files)
-                    joined = k > 1 and s.batch_schedule is not None and s.batch_schedule.via == "per_device"
-                    self.run_step(_joined(micro, k) if joined else micro)
+                    with step_memory(step=self.state.step + 1, epoch=self.state.epoch,
+                                     per_device_batch=self._micro_batch_size * (k if joined else 1)):
+                        micro = list(itertools.islice(batches, s.accumulation_steps * k))
+                        if len(micro) < s.accumulation_steps * k:
+                            break  # the loader ended early (e.g. skipped unreadable files)
+                        self.run_step(_joined(micro, k) if joined else micro)
                     self.call("after_step")
                     if self.state.step % max(1, s.log_every) == 0 or self.state.epoch_step == steps:
                         self.call("after_log", self._read_metrics())

@@ -3,8 +3,8 @@
 torchrun exits 1 whenever a worker fails, whatever the worker's reason. The scripts in
 ``launch/`` set ``LARGEBATCH_EXIT_DIR``; each worker writes its exit code to
 ``<dir>/exit-<restart>-<rank>`` (its error line, if any, on the second line) and the script
-then exits with the documented code (75 preempted, 2 bad input, 3 non-finite, 74 a run file
-write failed) instead of torchrun's 1, printing that line last, after torchrun's failure report.
+then exits with the documented code (75 preempted, 2 bad input, 3 non-finite, 4 out of
+memory, 74 a run file write failed) instead of torchrun's 1, printing that line last, after torchrun's failure report.
 """
 
 from __future__ import annotations
