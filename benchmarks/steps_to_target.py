@@ -71,6 +71,7 @@ work, and stop it while the test suite runs):
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -374,20 +375,58 @@ def percentile_interval(v: Sequence[float]) -> tuple[float, float]:
 def bootstrap_draws(by_batch: dict[int, list[float]], draws: int = 1000, seed: int = 0
                     ) -> tuple[list[float], list[float]]:
     """(S_min, B_crit) fitted to ``draws`` resamples of the seeds (with replacement within each batch)."""
+    got = joint_draws(by_batch, None, draws, seed)
+    return [g[0] for g in got], [g[1] for g in got]
+
+
+def joint_draws(by_batch: dict[int, list[float]], noise: dict[int, list[float | None]] | None,
+                draws: int = 1000, seed: int = 0) -> list[tuple[float, float, float | None]]:
+    """(S_min, B_crit, median B_simple) per resample of the runs (with replacement within each batch):
+    ``noise`` gives each run's B_simple at the target in ``by_batch``'s order (None: not probed), so
+    a resampled run brings its steps and its B_simple together and the ratio B_simple / B_crit gets
+    one interval from the same draws (None as the third value without ``noise``)."""
     rng = np.random.default_rng(seed)
-    bs = sorted(by_batch)
-    smins, bcrits = [], []
+    out = []
     for _ in range(draws):
-        xs, ys = [], []
-        for b in bs:
+        xs, ys, ns = [], [], []
+        for b in sorted(by_batch):
             v = by_batch[b]
-            for s in rng.choice(v, size=len(v), replace=True):
+            for i in rng.choice(len(v), size=len(v), replace=True):
                 xs.append(b)
-                ys.append(s)
+                ys.append(v[i])
+                if noise and noise[b][i] is not None:
+                    ns.append(noise[b][i])
         s_min, b_crit = fit_curve(xs, ys)
-        smins.append(s_min)
-        bcrits.append(b_crit)
-    return smins, bcrits
+        out.append((s_min, b_crit, statistics.median(ns) if ns else None))
+    return out
+
+
+def lr_choice_span(means: dict[int, dict[float, float]], sd: float, df: int, n: int, grid_points: int = 2000
+                   ) -> tuple[float, float, int] | None:
+    """The least and greatest B_crit over every choice of one lr per batch among the lrs whose sweep
+    the rows cannot tell from the chosen one (``fixed.tied_lrs`` on mean log steps over the ``n``
+    sweep seeds, spread ``sd`` on ``df``), each choice fitted to its sweep seeds' mean log steps (the
+    fit on the seeds, which are as many at every batch); and the number of choices. ``means``: per
+    batch, lr -> mean log steps. None with fewer than three batches.
+
+    The choices multiply (thousands), so a profile of the fit's cost over a log grid of B_crit (S_min
+    is closed-form for a given B_crit) ranks them all at once, and the extreme ones are refitted by
+    ``fit_curve``."""
+    if len(means) < 3:
+        return None
+    bs = sorted(means)
+    sets = [fixed.tied_lrs({lr: -m for lr, m in means[b].items()}, sd, df, n) for b in bs]
+    picks = np.array(list(itertools.product(*[[means[b][lr] for lr in s] for b, s in zip(bs, sets)])))
+    grid = np.exp(np.linspace(math.log(min(bs) / 64), math.log(max(bs) * 64), grid_points))
+    f = np.log1p(grid[None, :] / np.asarray(bs, dtype=float)[:, None])  # (batches, grid)
+    cost = np.zeros((len(picks), grid_points))
+    for chunk in range(0, len(picks), 512):
+        r = picks[chunk:chunk + 512, :, None] - f[None]  # (choices, batches, grid)
+        cost[chunk:chunk + 512] = (r ** 2).sum(1) - r.sum(1) ** 2 / len(bs)
+    on_grid = grid[cost.argmin(1)]
+    order = np.argsort(on_grid)
+    refit = [fit_curve(bs, [math.exp(m) for m in picks[i]])[1] for i in (*order[:8], *order[-8:])]
+    return min(refit), max(refit), len(picks)
 
 
 def doubling_gain(batch: float, b_crit: float) -> float:
@@ -551,19 +590,71 @@ def reached_steps(rows: dict, recipe: str, args: argparse.Namespace) -> tuple[di
     return by_batch, missed
 
 
+def seed_spread(rows: dict, args: argparse.Namespace) -> tuple[float, int]:
+    """The seed spread of log steps to the target, pooled over the cells whose chosen lr has all its
+    seeds at the target, and its degrees of freedom (0 while none has)."""
+    n = len(args.seeds)
+    groups = [[math.log(r["steps"]) for r in chosen_rows(rows, rc, b, args) if r["reached"]] for rc, b in cells(args)]
+    return fixed.pooled_sd([g for g in groups if len(g) == n])
+
+
+def sweep_scores(rows: dict, recipe: str, args: argparse.Namespace) -> dict[int, dict[float, float]]:
+    """Per batch whose lr is chosen: each lr of its grid with every sweep seed at the target -> their
+    mean log steps (the score the lr was chosen by)."""
+    out = {}
+    for b in args.batches:
+        if chosen_lr(rows, recipe, b, args) is None:
+            continue
+        got = {lr: s for lr in grid_of(rows, recipe, b, args) or []
+               if (s := score(rows, recipe, b, lr, args.seeds[: args.sweep_seeds])) is not None and math.isfinite(s)}
+        out[b] = got
+    return out
+
+
+def ema_lag(rows: list[dict[str, Any]], args: argparse.Namespace) -> tuple[float, float] | None:
+    """How B_simple moved over the last epoch before the target and what the EMA reads for it, the
+    medians over ``rows`` that have an epoch of noise curve before their target: (growth per epoch,
+    read / true). Read / true is an EMA's (decay ``--noise-beta`` per probe, P probes an epoch) of a
+    value growing by r an epoch at a steady rate: (1 - beta) / (1 - beta r^(-1/P))."""
+    per, beta = args.evals_per_epoch, args.noise_beta
+    growth, read = [], []
+    for r in rows:
+        c = r.get("noise_curve") or []  # the tests' rows carry none
+        if r["reached"] and len(c) > per and c[-1][0] == r["steps"] and c[-1 - per][1] > 0:
+            g = c[-1][1] / c[-1 - per][1]
+            spe = r["steps_per_epoch"]
+            probes = spe / eval_every(spe, args.probes_per_epoch)
+            growth.append(g)
+            read.append((1 - beta) / (1 - beta * g ** (-1 / probes)))
+    return (statistics.median(growth), statistics.median(read)) if growth else None
+
+
 def fit_recipe(rows: dict, recipe: str, args: argparse.Namespace) -> dict[str, Any] | None:
     """The fit S = S_min (1 + B_crit / B) over ``reached_steps``'s batches (None with fewer than
     three): the fitted values, their 95% bootstrap intervals over seeds, the bootstrap's B_crit draws
-    and the B_simple each fitted run read at the target."""
+    and the B_simple each fitted run read at the target; the ratio median B_simple / B_crit with its
+    interval from the same draws (``ratio``: value, lo, hi; None without B_simple), per probed batch
+    its median B_simple / B_crit (``per_batch``), B_crit's span over the lrs the sweep seeds cannot
+    tell apart (``lr_span``, ``lr_choice_span``) and the EMA's lag at the target (``lag``, ``ema_lag``)."""
     by_batch, _ = reached_steps(rows, recipe, args)
     if len(by_batch) < 3:
         return None
     s_min, b_crit = fit_curve([b for b in by_batch for _ in by_batch[b]], [s for b in by_batch for s in by_batch[b]])
-    smins, bcrits = bootstrap_draws(by_batch)
-    noise = [r["b_simple_at_target"] for b in by_batch for r in chosen_rows(rows, recipe, b, args)
-             if r["b_simple_at_target"] is not None]
-    return {"s_min": s_min, "b_crit": b_crit, "s": percentile_interval(smins), "b": percentile_interval(bcrits),
-            "draws": bcrits, "noise": noise, "batches": sorted(by_batch)}
+    runs = {b: chosen_rows(rows, recipe, b, args) for b in by_batch}
+    draws = joint_draws(by_batch, {b: [r["b_simple_at_target"] for r in rs] for b, rs in runs.items()})
+    noise = [r["b_simple_at_target"] for b in by_batch for r in runs[b] if r["b_simple_at_target"] is not None]
+    per_batch = {b: statistics.median(v) / b_crit for b, rs in runs.items()
+                 if (v := [r["b_simple_at_target"] for r in rs if r["b_simple_at_target"] is not None])}
+    ratio = None
+    if noise:
+        lo, hi = percentile_interval([d[2] / d[1] for d in draws])
+        ratio = (statistics.median(noise) / b_crit, lo, hi)
+    sd, df = seed_spread(rows, args)
+    return {"s_min": s_min, "b_crit": b_crit, "s": percentile_interval([d[0] for d in draws]),
+            "b": percentile_interval([d[1] for d in draws]), "draws": [d[1] for d in draws], "noise": noise,
+            "batches": sorted(by_batch), "ratio": ratio, "per_batch": per_batch,
+            "lr_span": lr_choice_span(sweep_scores(rows, recipe, args), sd, df, args.sweep_seeds) if df else None,
+            "lag": ema_lag([r for rs in runs.values() for r in rs], args)}
 
 
 def fit_recipes(args: argparse.Namespace, rows: dict) -> dict[str, dict[str, Any]]:
@@ -578,7 +669,8 @@ def results_section(args: argparse.Namespace, rows: dict, heading: str = "##",
     interval and B_simple against it: the report's results, and the scaling-rule page's. ``fits``:
     ``fit_recipes``'s, where the caller has them (the bootstrap is the costly part)."""
     L = [f"{heading} Steps to the target", "",
-          "| recipe | batch | lr | steps (geometric mean, 95% interval) | examples | reached | B_simple at target |",
+          "| recipe | batch | lr | steps (geometric mean, 95% interval) | examples (that mean x the batch) | reached | "
+          "B_simple at target |",
           "|---|---|---|---|---|---|---|"]
     fits = fit_recipes(args, rows) if fits is None else fits
     doublings: dict[str, dict[int, list[float]]] = {}
@@ -593,7 +685,7 @@ def results_section(args: argparse.Namespace, rows: dict, heading: str = "##",
             got = [r["steps"] for r in rs if r["reached"]]
             noise = [r["b_simple_at_target"] for r in rs if r["b_simple_at_target"] is not None]
             L.append(f"| {recipe} | {b} | {lr:g} | {geo_ci(got) if got else 'not reached'} | "
-                     f"{f'{statistics.mean(got) * b:,.0f}' if got else ''} | {len(got)}/{len(rs)} | "
+                     f"{f'{geo_interval(got)[0] * b:,.0f}' if got else ''} | {len(got)}/{len(rs)} | "
                      f"{f'{statistics.median(noise):.0f} (n={len(noise)})' if noise else 'not probed'} |")
         doublings[recipe], missed_here = reached_steps(rows, recipe, args)
         if missed_here:
@@ -609,21 +701,65 @@ def results_section(args: argparse.Namespace, rows: dict, heading: str = "##",
               f"**{f['b_crit']:.0f}** [{f['b'][0]:.0f}, {top}] images (95% bootstrap over seeds, "
               f"batches {f['batches']}). Regions: " +
               ", ".join(f"{b}: {region(b, f['b_crit'])}" for b in f["batches"]) + "."]
-        if f["noise"]:
-            med = statistics.median(f["noise"])
-            inside = f["b"][0] <= med <= f["b"][1]
-            far = f"{med / f['b'][0]:.2f}" if f["b"][0] > 0 else "unbounded"
-            L += [f"B_simple at the target (median of {len(f['noise'])} runs): **{med:.0f}**, "
-                  f"{med / f['b_crit']:.2f} x the fitted B_crit ({med / f['b'][1]:.2g} to {far} x the ends of its "
-                  "interval); "
-                  + ("inside B_crit's interval: the noise scale predicts the bend here." if inside else
-                     "outside B_crit's interval: the noise scale does not predict the bend within it.")]
+        if f["ratio"]:
+            L += ["", *noise_lines(f).split("\n")]  # two paragraphs
         L.append("")
     L += recipes_compared(fits)
     L += [f"Regions as named above: perfect scaling where doubling the batch cuts the steps by {PERFECT_RATIO}x or "
           f"more in the fitted model (B <= B_crit/8), maximal data parallelism where by {FLAT_RATIO}x or less "
           "(B >= 4.5 B_crit), diminishing returns between.", ""]
     return L
+
+
+def noise_verdict(ratio: tuple[float, float, float], span: tuple[float, float] | None, b_simple: float,
+                  reach: tuple[float, float] | None = None) -> str:
+    """What B_simple says about the bend, from the ratio B_simple / B_crit and its joint interval
+    (``ratio``: value, lo, hi), B_crit's span over the lr choices the sweeps cannot tell apart
+    (``span``) and B_simple's range over the batches it is read at, corrected for the EMA's lag
+    (``reach``): a prediction where the interval holds 1; an under- or overestimate "consistent with
+    'approximately'" where the span holds B_simple (the bend may be there for an lr the rows cannot
+    rule out); not told apart from that where only ``reach`` meets the span; otherwise off by the
+    factor, which none of these closes."""
+    r, lo, hi = ratio
+    if lo <= 1 <= hi:
+        return "the ratio's interval holds 1: the noise scale predicts the bend here"
+    factor, side = (1 / r, "under") if r < 1 else (r, "over")
+    if span and span[0] <= b_simple <= span[1]:
+        return (f"a {factor:.1f}x {side}estimate, consistent with \"approximately\": the bend of some lr choice "
+                "the sweeps cannot rule out lies at B_simple")
+    off = f"{factor:.1f}x {'below' if r < 1 else 'above'} the bend"
+    if span and reach and reach[0] <= span[1] and span[0] <= reach[1]:
+        return (f"{off} at the chosen lrs, but read at another batch and corrected for the EMA's lag B_simple "
+                "reaches B_crit's span over the lr choices: not told apart from \"approximately\"")
+    return (f"{off}, outside the ratio's interval, B_crit's span over the lr choices and B_simple's range over "
+            "the batches it is read at (corrected for the EMA's lag)")
+
+
+def noise_lines(f: dict[str, Any]) -> str:
+    """B_simple against a fit (``fit_recipe``'s): the ratio with its joint interval, B_crit's span
+    over the lr choices, how B_simple depends on the batch it is read at and on the EMA's lag, and
+    the verdict (``noise_verdict``)."""
+    med = statistics.median(f["noise"])
+    r, lo, hi = f["ratio"]
+    span, pb, lag = f["lr_span"], f["per_batch"], f["lag"]
+    text = (f"B_simple at the target (median of {len(f['noise'])} runs): **{med:.0f}**, {r:.2f} x the fitted B_crit "
+            f"[{lo:.2f}, {hi:.2f}] (95%, the same bootstrap: each resampled run brings its B_simple). ")
+    if span:
+        text += (f"B_crit's interval is for the chosen lrs: over every choice of one lr per batch among those the "
+                 f"sweep seeds cannot tell apart ({span[2]:,} choices, each fitted to its sweep seeds) B_crit spans "
+                 f"{span[0]:.0f}-{span[1]:.0f}, which {'holds' if span[0] <= med <= span[1] else 'does not hold'} "
+                 "B_simple. ")
+    reach = None
+    text = text.rstrip() + "\n\n"
+    if len(pb) > 1:
+        text += (f"B_simple also depends on the batch it is read at: {min(pb.values()):.2f}-{max(pb.values()):.2f} "
+                 f"x B_crit over batches {min(pb)}-{max(pb)} ({pb[min(pb)]:.2f} at {min(pb)}, {pb[max(pb)]:.2f} at "
+                 f"{max(pb)})")
+        text += (f"; over the last epoch before the target it grew {lag[0]:.2f}x (median), which the EMA "
+                 f"reads {abs(1 - lag[1]) * 100:.0f}% {'low' if lag[1] < 1 else 'high'}. ") if lag else ". "
+        fix = 1 / lag[1] if lag else 1.0
+        reach = (min(pb.values()) * f["b_crit"] * fix, max(pb.values()) * f["b_crit"] * fix)
+    return text + f"So: **{noise_verdict(f['ratio'], span[:2] if span else None, med, reach)}**."
 
 
 def doubling_word(lo: float, hi: float) -> str:

@@ -5,6 +5,7 @@ give other numbers and other verdicts, with the prose's broken premises named on
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import re
@@ -144,9 +145,40 @@ def test_the_imagenet_mapping_is_checked_against_the_measured_bend(modules: tupl
     fitted, lo, hi, imagenet_k = map(int, got.groups())
     assert lo <= b_crit <= hi and fitted == pytest.approx(b_crit, rel=0.1), text
     assert imagenet_k == round(fitted / n_train * page.IMAGENET_TRAIN / 1000), text
+    assert ", inside the \"batches of tens of thousands\"" in text and "cannot test" in text, text
+    assert "any B_crit from 80 to 799 here" in text, text
     assert list(premises.values()) == [True], premises
-    # ImageNet's 4.8K: not tens of thousands
-    _, premises = page.bend_on_imagenet(stt.fit_recipe(rows_for(b_crit / 10, batches), "sgd+warmup", args), args)
+    # ImageNet's 4.8K: not tens of thousands, and the words say so
+    text, premises = page.bend_on_imagenet(stt.fit_recipe(rows_for(b_crit / 10, batches), "sgd+warmup", args), args)
+    assert ", outside the \"batches of tens of thousands\"" in text, text
+    # the band of bends that map into tens of thousands is a decade: over batches wide enough that it
+    # no longer holds most of them, "this comparison cannot test it" loses its premise
+    wide = argparse.Namespace(**{**vars(args), "batches": [32 * 2 ** i for i in range(9)]})
+    _, premises = page.bend_on_imagenet(stt.fit_recipe(rows_for(b_crit, batches), "sgd+warmup", args), wide)
     assert list(premises.values()) == [False], premises
     text, premises = page.bend_on_imagenet(stt.fit_recipe(rows_for(b_crit, batches[:2]), "sgd+warmup", args), args)
     assert "(pending)" in text and premises == {}
+
+
+def test_lars_against_sgd_is_worded_from_its_ratios_and_flags_its_premises(modules: tuple[ModuleType, ModuleType]
+                                                                          ) -> None:
+    """Where LARS's larger B_crit comes from: slower at the smallest batch, no faster at the upper
+    half's; rows where LARS is as fast at the smallest batch flip the words and break the premise."""
+    page = modules[1]
+    stt = _load("steps_to_target")
+    args = stt.parse(["--render"])
+    rows = stt.read_rows(args.out.with_suffix(".jsonl"))
+    text, premises = page.lars_against_sgd(rows, args)
+    assert "LARS took 1.34 [1.09, 1.65] x SGD+warmup's steps at batch 32" in text, text
+    assert "further out because it is slower at small batches" in text and all(premises.values()), premises
+    fast = {k: (dict(r, steps=r["steps"] // 2) if k[:2] == ("lars", 32) else r) for k, r in rows.items()}
+    text, premises = page.lars_against_sgd(fast, args)
+    assert "further out" not in text and "is not shown to be slower at 32" in text, text
+    assert premises == {"LARS is slower than SGD+warmup at the smallest batch": False,
+                        "LARS is no faster than SGD+warmup at the upper half's batches": True}
+
+
+def test_the_probes_an_epoch_name_the_batches_that_take_more(modules: tuple[ModuleType, ModuleType]) -> None:
+    page = modules[1]
+    stt = _load("steps_to_target")
+    assert page.probes_words(stt.parse(["--render"]), stt) == "8 probes an epoch, 10 at batches 512 and 1024"

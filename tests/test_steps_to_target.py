@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -226,7 +227,7 @@ def test_the_results_compare_each_doubling_and_the_noise_scale_with_the_fit(stud
     assert ratio["64 -> 128"] == pytest.approx(1.5, abs=0.1) and ratio["512 -> 1024"] == pytest.approx(1.11, abs=0.1)
     assert lines["64 -> 128"].endswith("fewer steps, less than halved |"), text
     assert lines["512 -> 1024"].endswith("not resolved |"), text
-    assert "B_crit **1" in text and "inside B_crit's interval" in text, text
+    assert "B_crit **1" in text and "the ratio's interval holds 1: the noise scale predicts the bend" in text, text
     summary = next(line for line in text.splitlines() if line.startswith("- **lars**"))
     assert summary.startswith("- **lars**: halving excluded from the first doubling (64 -> 128); "
                               "fewer steps, less than halved: 64 -> "), summary
@@ -310,3 +311,40 @@ def test_two_recipes_bends_are_compared_through_their_bootstraps(study: ModuleTy
     assert b_line.endswith(": larger; B_simple at the target 1.00x a's."), b_line
     assert c_line.endswith(": not told apart."), c_line
     assert study.recipes_compared({"a": fits["a"]}) == []
+
+
+def test_the_noise_scale_verdict_follows_the_ratio_the_lr_choices_and_the_reading(study: ModuleType) -> None:
+    """B_simple against the bend: a prediction where the ratio's joint interval holds 1; "approximately"
+    where B_crit's span over the tied lr choices holds B_simple; not told apart from that where only
+    B_simple read at another batch (EMA lag corrected) reaches the span; otherwise off by the factor."""
+    assert study.noise_verdict((0.9, 0.8, 1.1), (300, 700), 380).startswith("the ratio's interval holds 1")
+    assert study.noise_verdict((0.76, 0.63, 0.88), (269, 701), 317).startswith(
+        "a 1.3x underestimate, consistent with \"approximately\"")
+    assert study.noise_verdict((0.31, 0.26, 0.40), (569, 1203), 202, (182, 600)).startswith(
+        "3.2x below the bend at the chosen lrs, but read at another batch")
+    assert study.noise_verdict((0.31, 0.26, 0.40), (569, 1203), 202, (182, 315)).startswith(
+        "3.2x below the bend, outside the ratio's interval")
+    assert study.noise_verdict((2.0, 1.5, 2.6), None, 800).startswith("2.0x above the bend")
+
+
+def test_the_joint_draws_resample_a_run_with_its_noise_scale_and_keep_the_bootstrap(study: ModuleType) -> None:
+    rng = np.random.default_rng(2)
+    by = {b: list(300 * (1 + 200 / b) * np.exp(rng.normal(0, 0.05, 4))) for b in (32, 64, 128, 256)}
+    noise = {b: [None] * 4 if b == 32 else [float(b)] * 4 for b in by}  # each batch's runs read the batch
+    draws = study.joint_draws(by, noise, draws=50)
+    assert [d[1] for d in draws] == study.bootstrap_draws(by, draws=50)[1]  # the same resamples
+    assert all(d[2] in (64.0, 128.0, 256.0) or 64 <= d[2] <= 256 for d in draws)
+    assert study.joint_draws(by, None, draws=3)[0][2] is None
+
+
+def test_the_lr_choice_span_covers_every_tied_choice(study: ModuleType) -> None:
+    """Two tied lrs per batch, one fast and one slow: the span runs from the fit of the choice that
+    flattens the curve most to the one that bends it most, each as ``fit_curve`` gives it."""
+    import itertools
+    base = {b: math.log(300 * (1 + 200 / b)) for b in (32, 64, 128, 256, 512)}
+    means = {b: {0.1: m, 0.2: m + 0.1, 0.4: m + 3.0} for b, m in base.items()}  # 0.4 is told apart
+    lo, hi, n = study.lr_choice_span(means, sd=0.1, df=40, n=2)
+    assert n == 2 ** 5
+    fits = [study.fit_curve(list(base), [math.exp(means[b][lr]) for b, lr in zip(base, pick)])[1]
+            for pick in itertools.product((0.1, 0.2), repeat=5)]
+    assert lo == pytest.approx(min(fits), rel=1e-4) and hi == pytest.approx(max(fits), rel=1e-4)
