@@ -2,7 +2,10 @@
 
 * zero-initialised last BN gamma of every residual block (Goyal et al. 2017, sec. 5.1: each
   block starts as the identity, which makes the early, high-lr phase of large-batch
-  training stable).
+  training stable);
+* optionally, the classifier's weights drawn from N(0, std) (fast.ai's DAWNBench 2018 code,
+  diux-dev/imagenet18 ``training/resnet.py``: N(0, 0.01) with ``--init-bn0``) instead of
+  timm's default.
 
 The channels_last memory format is the backend's choice, made where the model is moved to
 its device (``Backend.prepare_model`` in ``largebatch/backends/base.py``).
@@ -20,7 +23,7 @@ from torch import nn
 
 from largebatch.errors import ModelError
 
-__all__ = ["build_model", "check_model_name", "zero_init_last_bn", "ModelError"]
+__all__ = ["build_model", "check_model_name", "init_classifier", "zero_init_last_bn", "ModelError"]
 
 
 def zero_init_last_bn(model: nn.Module) -> int:
@@ -68,8 +71,12 @@ def build_model(
     zero_init_last_bn_gamma: bool = True,
     drop_rate: float = 0.0,
     drop_path_rate: float = 0.0,
+    fc_init_std: float | None = None,
 ) -> nn.Module:
-    """Build the timm model ``name`` for ``num_classes`` classes, from scratch."""
+    """Build the timm model ``name`` for ``num_classes`` classes, from scratch.
+
+    ``fc_init_std``: draw the classifier's weights from N(0, fc_init_std) (its bias keeps its
+    initialisation); None keeps timm's (for ResNet, torch's uniform +-1/sqrt(fan_in))."""
     check_model_name(name)
     kwargs: dict = {"num_classes": num_classes, "drop_rate": drop_rate}
     if drop_path_rate:
@@ -81,4 +88,17 @@ def build_model(
         model = timm.create_model(name, pretrained=False, **kwargs)
     if zero_init_last_bn_gamma:
         zero_init_last_bn(model)
+    if fc_init_std is not None:
+        init_classifier(model, fc_init_std)
     return model
+
+
+def init_classifier(model: nn.Module, std: float) -> nn.Linear:
+    """Draw the weights of ``model``'s classifier (timm's ``get_classifier()``) from N(0, std);
+    return it. :class:`ModelError` when the classifier is not one ``nn.Linear``."""
+    head = model.get_classifier() if callable(getattr(model, "get_classifier", None)) else None
+    if not isinstance(head, nn.Linear):
+        raise ModelError(f"model.fc_init_std needs a model whose classifier is one nn.Linear "
+                         f"(timm's get_classifier()); {type(model).__name__} has {type(head).__name__}")
+    nn.init.normal_(head.weight, mean=0.0, std=std)
+    return head

@@ -158,7 +158,7 @@ def _model(cfg: TrainConfig, backend: Backend, num_classes: int, channels_last: 
 
     m = cfg.model
     model = build_model(m.name, num_classes, zero_init_last_bn_gamma=m.zero_init_last_bn,
-                        drop_rate=m.drop_rate, drop_path_rate=m.drop_path_rate)
+                        drop_rate=m.drop_rate, drop_path_rate=m.drop_path_rate, fc_init_std=m.fc_init_std)
     model = backend.prepare_model(model, channels_last=channels_last)
     if cfg.bn.group_size != 1 and backend.world_size > 1:
         model = convert_group_sync_batchnorm(model, cfg.bn.group_size, backend.bn_reducer(cfg.bn.group_size))
@@ -230,7 +230,7 @@ def _optimizer(cfg: TrainConfig, model: Any, lr: float) -> Any:
 
     opt = cfg.optimizer
     return build_optimizer(opt.name, model, lr=lr, weight_decay=opt.weight_decay,
-                           exclude_bn_bias=opt.exclude_bn_bias, **_optimizer_options(opt))
+                           exclude_bn_bias=opt.exclude_bn_bias, decay_bias=opt.decay_bias, **_optimizer_options(opt))
 
 
 def _scheduler(cfg: TrainConfig, optimizer: Any, steps_per_epoch: int, lr: float,

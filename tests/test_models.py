@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from largebatch.models import ModelError, build_model, zero_init_last_bn
+from largebatch.models import ModelError, build_model, init_classifier, zero_init_last_bn
 
 
 def test_resnet_last_bn_gamma_zeroed_or_not() -> None:
@@ -28,3 +28,14 @@ def test_efficientnet_residual_blocks_zeroed() -> None:
 def test_unknown_model_is_a_clear_error() -> None:
     with pytest.raises(ModelError, match="resnet"):
         build_model("resnet51x", 10)
+
+
+def test_fc_init_std_draws_the_classifier_weights_only() -> None:
+    torch.manual_seed(0)
+    default = build_model("resnet18", 10, zero_init_last_bn_gamma=False)
+    torch.manual_seed(0)
+    drawn = build_model("resnet18", 10, zero_init_last_bn_gamma=False, fc_init_std=0.01)
+    assert float(drawn.fc.weight.detach().std()) == pytest.approx(0.01, rel=0.1)
+    assert torch.equal(drawn.fc.bias, default.fc.bias) and torch.equal(drawn.conv1.weight, default.conv1.weight)
+    with pytest.raises(ModelError, match="fc_init_std"):
+        init_classifier(torch.nn.Conv2d(1, 1, 1), 0.01)

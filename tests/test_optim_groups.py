@@ -37,6 +37,17 @@ def test_resnet_split_every_param_once_bn_and_bias_excluded(resnet: nn.Module) -
     assert len(decayed) == 21 and len(excluded) == 41  # 20 convs + fc; 20 BNs x 2 + fc.bias
 
 
+def test_decay_bias_excludes_the_bn_parameters_only(resnet: nn.Module) -> None:
+    """fast.ai's --no-bn-wd (imagenet18 bnwd_optim_params): BN exempt, the fc bias decayed and adapted."""
+    groups = param_groups(resnet, weight_decay=5e-5, decay_bias=True)
+    names = {id(p): n for n, p in resnet.named_parameters()}
+    excluded = {names[id(p)] for p in groups[1]["params"]}
+    assert excluded == {f"{m}.{p}" for m, mod in resnet.named_modules() if isinstance(mod, nn.BatchNorm2d)
+                        for p, _ in mod.named_parameters(recurse=False)}
+    assert "fc.bias" in {names[id(p)] for p in groups[0]["params"]} and groups[1]["lars_exclude"]
+    assert param_groups(resnet, 5e-5, exclude_bn_bias=False, decay_bias=True)[0]["params"] == list(resnet.parameters())
+
+
 def test_exclude_bn_bias_false_gives_one_decayed_adapted_group(resnet: nn.Module) -> None:
     groups = param_groups(resnet, weight_decay=1e-4, exclude_bn_bias=False)
     assert len(groups) == 1

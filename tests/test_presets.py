@@ -429,6 +429,27 @@ def _fastai_lr(epoch: int, batch_num: int, batch_tot: int) -> float:
     return l0 + ((epoch - e0) * batch_tot + batch_num) * (l1 - l0) / ((e1 - e0) * batch_tot)
 
 
+def test_fastai2018_model_and_weight_decay_are_the_sources() -> None:
+    """imagenet18 @5534ba11: --init-bn0 zero-inits each block's last BN gamma and draws the fc
+    weights from N(0, 0.01) (training/resnet.py); --no-bn-wd exempts BN parameters only
+    (training/experimental_utils.py bnwd_optim_params), so the fc bias is decayed."""
+    cfg = _cfg("fastai2018_rn50_128gpu")
+    m = cfg.model
+    torch.manual_seed(0)
+    model = build_model(m.name, 1000, zero_init_last_bn_gamma=m.zero_init_last_bn, drop_rate=m.drop_rate,
+                        drop_path_rate=m.drop_path_rate, fc_init_std=m.fc_init_std)
+    w = model.get_classifier().weight.detach()
+    assert float(w.mean().abs()) < 1e-4 and float(w.std()) == pytest.approx(0.01, rel=0.01)  # 2,048,000 draws
+    assert float(w.abs().max()) > 1 / 2048 ** 0.5  # not timm's uniform +-1/sqrt(2048)
+    opt = trainer_optimizer(cfg, model, lr=1.0)
+    bn = {id(p) for mod in model.modules() if isinstance(mod, nn.modules.batchnorm._BatchNorm)
+          for p in mod.parameters(recurse=False)}
+    excluded = {id(p) for g in opt.param_groups if g["weight_decay"] == 0.0 for p in g["params"]}
+    decayed = {id(p) for g in opt.param_groups if g["weight_decay"] == 1e-4 for p in g["params"]}
+    assert excluded == bn and id(model.get_classifier().bias) in decayed
+    assert excluded | decayed == {id(p) for p in model.parameters()}
+
+
 def test_fastai2018_phases_are_the_sources() -> None:
     """Every epoch's global batch, training side and crop scale, the side and shape of the
     evaluation after it, and the lr at every optimizer step of an ImageNet run, against the

@@ -76,6 +76,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "data.synthetic.image_size": _int_in(MIN_IMAGE_SIZE, MAX_IMAGE_SIZE, " (pixels)"),
     "model.drop_rate": _FRACTION,
     "model.drop_path_rate": _FRACTION,
+    "model.fc_init_std": _POSITIVE,
     "precision.init_scale": _POSITIVE,
     "precision.growth_interval": _int_at_least(1),
     "backend.timeout_s": _int_at_least(1),
@@ -93,7 +94,8 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "diagnostics.noise_scale.beta": _finite(lambda x: 0 < x < 1, "a number in (0, 1)"),
     "diagnostics.noise_scale.probe_every": _int_at_least(0),  # 0: no probe
 }
-_OPTIONAL = {"max_steps", "target_top1", "optimizer.momentum", "optimizer.trust_coefficient", "optimizer.eps"}
+_OPTIONAL = {"max_steps", "target_top1", "optimizer.momentum", "optimizer.trust_coefficient", "optimizer.eps",
+             "model.fc_init_std"}
 # what check_ranges says of the keys it checks beyond _RULES (several values, or another key)
 _CROP_SCALE = "[min, max] with 0 < min <= max <= 1 (area fractions)"
 _BETAS = "two numbers in [0, 1)"

@@ -137,6 +137,9 @@ class ModelConfig:
     channels_last: Optional[bool] = None  # NHWC memory; null: on CUDA devices only (1.75x for RN50)
     drop_rate: float = 0.0  # dropout before the classifier (timm's drop_rate)
     drop_path_rate: float = 0.0  # stochastic depth rate (timm's drop_path_rate)
+    # the classifier's weights drawn from N(0, fc_init_std) (fast.ai's DAWNBench code: 0.01);
+    # null: timm's initialisation
+    fc_init_std: Optional[float] = None
     # torch.compile mode (reduce-overhead and max-autotune replay CUDA graphs);
     # true/false mean default/none. Costs start-up time (~50 s for resnet18 on a
     # CPU). The run's config records the mode by its name (true is saved as default).
@@ -156,6 +159,9 @@ class OptimizerConfig:
     lr: float = MISSING  # per base_batch_size images, before scaling
     weight_decay: float = MISSING  # weight decay coefficient (not scaled with the batch)
     exclude_bn_bias: bool = MISSING  # no weight decay / no LARS adaptation on BN and bias
+    # with exclude_bn_bias: true excludes the normalisation layers' parameters only, and biases
+    # are decayed and adapted like weights (fast.ai's DAWNBench code, --no-bn-wd)
+    decay_bias: bool = False
     # SGD, LARS: heavy-ball momentum (null: the optimizer's default)
     momentum: Optional[float] = None
     nesterov: Optional[bool] = None  # SGD, LARS: Nesterov momentum

@@ -107,6 +107,8 @@ ADDED_KEYS: dict[str, AddedKey] = {
     "config.batch_schedule.adaptive.raise_at": AddedKey(2.0),
     "config.batch_schedule.adaptive.growth": AddedKey(2),
     "config.batch_schedule.adaptive.max_global_batch": AddedKey(None),
+    "config.model.fc_init_std": AddedKey(None),  # the classifier's initialisation: a resume loads the weights
+    "config.optimizer.decay_bias": AddedKey(False, "bias_decay"),  # which tensors are decayed
     "config.recipe.mode": AddedKey("auto"),  # how the config was composed: its values are in the config
     "config.recipe.derived": AddedKey({}),
     "config.recipe.warnings": AddedKey([]),

@@ -72,6 +72,7 @@ def build_optimizer(
     lr: float,
     weight_decay: float,
     exclude_bn_bias: bool = True,
+    decay_bias: bool = False,
     **options: Any,
 ) -> torch.optim.Optimizer:
     """Build the optimizer registered as ``name``.
@@ -84,6 +85,7 @@ def build_optimizer(
         lr: learning rate (already scaled for the global batch).
         weight_decay: weight decay of the decayed group.
         exclude_bn_bias: exclude BN, bias and ``no_weight_decay()`` tensors from decay and adaptation.
+        decay_bias: with ``exclude_bn_bias``, decay and adapt biases: exclude BN only (see ``param_groups``).
         **options: optimizer options among ``momentum, nesterov, trust_coefficient, eps, lr_in_momentum,
             betas, foreach``, each accepted only by the optimizers that take it; an option set to None keeps
             the default.
@@ -101,7 +103,8 @@ def build_optimizer(
             f"it accepts: {', '.join(sorted(entry.options))}"
         )
     if isinstance(model_or_groups, nn.Module):
-        params: Any = param_groups(model_or_groups, weight_decay, exclude_bn_bias=exclude_bn_bias)
+        params: Any = param_groups(model_or_groups, weight_decay, exclude_bn_bias=exclude_bn_bias,
+                                   decay_bias=decay_bias)
     else:
         params = list(model_or_groups)
     kwargs = {**entry.defaults, **{k: v for k, v in options.items() if v is not None}}

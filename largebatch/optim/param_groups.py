@@ -27,7 +27,8 @@ _NORM_LAYERS = (
 )
 
 
-def param_groups(model: nn.Module, weight_decay: float, exclude_bn_bias: bool = True) -> list[dict[str, Any]]:
+def param_groups(model: nn.Module, weight_decay: float, exclude_bn_bias: bool = True,
+                 decay_bias: bool = False) -> list[dict[str, Any]]:
     """Parameter groups for an optimizer: decayed and adapted tensors, then excluded ones.
 
     Excluded (``weight_decay=0.0, lars_exclude=True``): tensors with at most one dimension, biases, the
@@ -42,6 +43,9 @@ def param_groups(model: nn.Module, weight_decay: float, exclude_bn_bias: bool = 
         model: the model whose parameters to split.
         weight_decay: decay of the non-excluded group.
         exclude_bn_bias: False gives a single group, all parameters decayed and adapted (default: True).
+        decay_bias: with ``exclude_bn_bias``, exclude only the normalisation layers' parameters and the
+            ``no_weight_decay()`` names: biases and other 1-D tensors are decayed and adapted (fast.ai's
+            DAWNBench 2018 code, diux-dev/imagenet18 ``bnwd_optim_params``; default: False).
     """
     if weight_decay < 0:
         raise UsageError(f"weight_decay must be >= 0, got {weight_decay!r}")
@@ -51,7 +55,7 @@ def param_groups(model: nn.Module, weight_decay: float, exclude_bn_bias: bool = 
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        if exclude_bn_bias and _is_excluded(name, param.ndim, id(param) in norm_params, no_decay_names):
+        if exclude_bn_bias and _is_excluded(name, param.ndim, id(param) in norm_params, no_decay_names, decay_bias):
             excluded.append(param)
         else:
             decay.append(param)
@@ -62,12 +66,12 @@ def param_groups(model: nn.Module, weight_decay: float, exclude_bn_bias: bool = 
     return [g for g in groups if g["params"]]
 
 
-def _is_excluded(name: str, ndim: int, in_norm_layer: bool, no_decay_patterns: set[str]) -> bool:
+def _is_excluded(name: str, ndim: int, in_norm_layer: bool, no_decay_patterns: set[str],
+                 decay_bias: bool = False) -> bool:
     """Whether a parameter belongs to the excluded group (see :func:`param_groups`)."""
+    bias = ndim <= 1 or name == "bias" or name.endswith(".bias")
     return (
-        ndim <= 1
-        or name == "bias"
-        or name.endswith(".bias")
+        (bias and not decay_bias)
         or in_norm_layer
         or any(fnmatch.fnmatchcase(name, pattern) for pattern in no_decay_patterns)
     )
