@@ -64,7 +64,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """``largebatch-train [--cfg job] [-m] [key=value ...]``: compose the config and run it (or sweep it)."""
     from largebatch.launch.lifetime import start_rank
 
-    start_rank()  # under torchrun: ends with the agent, a stop before training exits 75
+    # a stop before training exits 75 (not 143) where this is the process's command line (argv
+    # None) or a torchrun rank; under torchrun it also ends with the agent
+    start_rank(command_line=argv is None)
     code, line = run_command(argv)
     if line:
         print(line, file=sys.stderr)

@@ -11,7 +11,7 @@ import sys
 from largebatch.launch.lifetime import start_rank
 
 if __name__ == "__main__":
-    start_rank()  # before the imports below (seconds of torch): a stop while they run is a stop too
+    start_rank(command_line=True)  # before the imports below (seconds of torch): a stop while they run is a stop too
 
 from largebatch.cli import run_command  # noqa: E402
 from largebatch.launch.exit_code import LINE_BY_LAUNCHER, report_exit_code

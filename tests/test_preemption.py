@@ -112,3 +112,17 @@ def test_after_a_stop_by_signal_the_handlers_ignore_it_delivered_again() -> None
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+# issue 75 item 6a: largebatch-train run by itself (no launcher) and stopped in its first
+# seconds exited 143 with nothing on stderr, where the launch scripts said 75 for the same moment
+def test_a_single_process_stopped_as_it_starts_says_nothing_to_save_and_exits_75(tmp_path: Path) -> None:
+    train = Path(sys.executable).with_name("largebatch-train")
+    proc = subprocess.Popen([str(train), *FAST, f"run_dir={tmp_path / 'run'}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # imports, well before the first step
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_PREEMPTED == 75, (out, err)
+    assert err.strip() == ("largebatch: preempted: SIGTERM before the first step; nothing to save yet: rerun the "
+                           "same command (resume=auto)")

@@ -14,7 +14,7 @@ parent expected and signals itself.
 
 **A stop while a rank starts.** For the ~10-15 s a rank imports, joins the process group and
 builds its loaders, SIGTERM/SIGHUP killed it (143/129) and SIGINT gave a traceback, and torchrun
-reported 1. :func:`stop_before_training` installs handlers that end the rank at once with exit 75
+reported 1; so did ``largebatch-train`` run by itself. :func:`stop_before_training` installs handlers that end the rank at once with exit 75
 and one line ("nothing to save yet"), as a requeue-on-75 wrapper expects; the training loop's
 :class:`~largebatch.engine.preemption.PreemptionHook` replaces them once training begins.
 """
@@ -105,8 +105,13 @@ def stop_before_training() -> None:
             return
 
 
-def start_rank() -> None:
-    """A torchrun rank's first act: a stop before training exits 75, and the agent's death is a stop."""
-    if under_torchrun():
+def start_rank(*, command_line: bool = False) -> None:
+    """A training process's first act: a stop before training exits 75 in a torchrun rank and in
+    a command-line process (``command_line``: ``largebatch-train`` run directly, which without
+    it was killed silently, 143, for the seconds of its start-up, where the launch scripts said
+    75 "nothing to save yet"); under torchrun the agent's death is a stop too. A ``main()``
+    called inside another program (its tests, a notebook) keeps that program's handlers."""
+    if under_torchrun() or command_line:
         stop_before_training()
+    if under_torchrun():
         die_with_parent(expected_parent(AGENT_PID))
