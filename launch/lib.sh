@@ -44,7 +44,7 @@ run() {  # run CMD...: run CMD and exit with the workers' code, or print it unde
   # had saved). The agent is ended then (its ranks are done) and the ranks' code is used.
   while kill -0 "$child" 2> /dev/null; do
     if [[ -z $stopping ]]; then
-      wait "$child" || :
+      wait "$child" 2> /dev/null || :  # 2>: not bash's "Killed" job notice (a SIGKILLed agent)
     elif ranks_reported "$LARGEBATCH_EXIT_DIR" "${LB_LOCAL_RANKS:-0}"; then
       kill -s KILL -- "-$child" 2> /dev/null || kill -s KILL "$child" 2> /dev/null || :
       break
@@ -54,6 +54,17 @@ run() {  # run CMD...: run CMD and exit with the workers' code, or print it unde
   done
   # its own exit status (bash keeps it for a second wait); 2>: not bash's "Killed" job notice
   wait "$child" 2> /dev/null || rc=$?
+  # The launcher died of a signal nobody sent through this shell (SIGKILL of torchrun's agent,
+  # the OOM killer): its ranks end with it (PR_SET_PDEATHSIG: a stop, a checkpoint, exit 75) but
+  # are still saving. Without this wait the job ended 137 with no line while the ranks went on
+  # to print a summary that read like a finished run; now it ends with their code and line.
+  if [[ -z $stopping ]] && (( rc > 128 && ${LB_LOCAL_RANKS:-0} > 0 )); then
+    local waited=0
+    until ranks_reported "$LARGEBATCH_EXIT_DIR" "$LB_LOCAL_RANKS" || (( waited >= 600 )); do
+      sleep 0.1  # at most 60 s: a step, a checkpoint and torchrun's shutdown timeout (30 s)
+      waited=$((waited + 1))
+    done
+  fi
   trap - TERM INT HUP
   rc=$(worker_exit_code "$LARGEBATCH_EXIT_DIR" "$rc")
   # the ranks left their one line to this script (LARGEBATCH_LINE_BY_LAUNCHER): print it once,

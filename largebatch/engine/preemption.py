@@ -38,6 +38,19 @@ log = logging.getLogger("largebatch")
 
 _SIGNALS = STOP_SIGNALS
 
+# the torchrun agent's pid, which largebatch.launch.torchrun leaves to its ranks
+# (largebatch.launch.lifetime.AGENT_PID; read, not imported: the engine does not import the edge)
+_AGENT_PID = "LARGEBATCH_AGENT_PID"
+
+
+def _launcher_gone() -> bool:
+    """Whether this rank's torchrun agent has ended: the stop signal is then the one its death
+    sent (``PR_SET_PDEATHSIG``), not a scheduler's or a user's."""
+    try:
+        return os.getppid() != int(os.environ[_AGENT_PID])
+    except (KeyError, ValueError):
+        return False
+
 
 class PreemptionHook(Hook):
     """Turns SIGTERM/SIGINT/SIGHUP into a stop after the current step, agreed by all ranks.
@@ -49,6 +62,7 @@ class PreemptionHook(Hook):
     def __init__(self, check_every: int = 1) -> None:
         self.check_every = max(1, check_every)
         self.signal_name: Optional[str] = None  # set on the rank(s) that got a signal
+        self.cause: Optional[str] = None  # why it came, where known (the launcher died)
         self.preempted = False  # True on every rank once they agreed to stop
         self._previous: dict[int, Any] = {}
 
@@ -66,7 +80,10 @@ class PreemptionHook(Hook):
                 raise KeyboardInterrupt  # second Ctrl-C: stop now
             return  # already stopping after this step
         self.signal_name = signal.Signals(signum).name
-        log.warning("%s received: finishing the current step, then saving a checkpoint", self.signal_name)
+        if _launcher_gone():
+            self.cause = "its launcher, torchrun's agent, ended"
+        log.warning("%s received%s: finishing the current step, then saving a checkpoint", self.signal_name,
+                    f" ({self.cause})" if self.cause else "")
 
     def before_train(self) -> None:
         PreemptionHook.took_over = True
@@ -93,7 +110,8 @@ class PreemptionHook(Hook):
             t.request_stop("a file of the run could not be written")
         if signalled:
             self.preempted = True
-            t.request_stop(f"preempted ({self.signal_name or 'signal on another rank'})")
+            why = f": {self.cause}" if self.cause else ""
+            t.request_stop(f"preempted ({self.signal_name or 'signal on another rank'}{why})")
 
     def uninstall(self) -> None:
         """Put the previous handlers back (``largebatch.run`` calls it after the final

@@ -81,8 +81,10 @@ def _resume(tmp_path: Path, run: Path, max_steps: int) -> subprocess.CompletedPr
 @pytest.mark.parametrize("victim", ["launch group", "agent"])
 def test_nothing_outlives_a_killed_launcher_and_resume_works(tmp_path: Path, victim: str) -> None:
     run = tmp_path / "run"
-    proc = subprocess.Popen(["bash", str(LAUNCH / "torchrun.sh"), *ARGS, f"run_dir={run}"], env=_env(tmp_path),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    err_file = tmp_path / "stderr"
+    with open(err_file, "w") as err_out:
+        proc = subprocess.Popen(["bash", str(LAUNCH / "torchrun.sh"), *ARGS, f"run_dir={run}"], env=_env(tmp_path),
+                                stdout=subprocess.DEVNULL, stderr=err_out, start_new_session=True)
     try:
         wait_for_checkpoint(run / "checkpoints", proc)
         job = _processes_naming(f"run_dir={run}")
@@ -102,6 +104,16 @@ def test_nothing_outlives_a_killed_launcher_and_resume_works(tmp_path: Path, vic
         proc.wait(timeout=30)
     assert not left, f"still running {took:.0f} s after the {victim} was killed: {left}"
     assert took < 15, took
+    if victim == "agent":
+        # issue 75 item 6b: the launch ended 137 with bash's "line 46: ... Killed" notice and no
+        # line, while the ranks saved and printed a summary that read like a finished run; it
+        # now waits for them and ends with their code and a line saying why and how to continue
+        err = err_file.read_text()
+        assert proc.returncode == 75, err[-3000:]
+        assert "Killed" not in err, err[-3000:]
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("largebatch: preempted: preempted (SIGTERM: its launcher, torchrun's agent, ended)"), last
+        assert last.endswith(f"continue with resume=auto run_dir={run}"), last
     step = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])["train_state"]["step"]
     assert step < 240, "a rank finished the run alone"
     resumed = _resume(tmp_path, run, step + 2)  # the run lock is free: not refused as "in use"
