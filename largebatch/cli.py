@@ -13,10 +13,12 @@ traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional, Sequence
 
 from largebatch import __version__
+from largebatch.launch.lifetime import EXIT_PEER_LOST, peer_lost
 from largebatch.errors import (  # noqa: F401  (EXIT_*: the codes, importable from the CLI as before)
     EXIT_INTERRUPTED, EXIT_IO_ERROR, EXIT_NON_FINITE, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE, error_line, exit_code,
 )
@@ -55,6 +57,9 @@ def run_command(argv: Optional[Sequence[str]] = None) -> tuple[int, Optional[str
         return _train_once(opts.overrides), None
     except BaseException as e:  # KeyboardInterrupt too: a second Ctrl-C is exit 130
         code = exit_code(e)
+        if code is None and peer_lost(e):  # another rank ended: its line says why, not a traceback here
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            return EXIT_PEER_LOST, f"largebatch: error: rank {os.environ.get('RANK', '?')} stopped: another rank of the job ended ({first[:200]})"
         if code is None:
             raise  # a bug: keep its traceback
         return code, error_line(e)

@@ -15,11 +15,13 @@ if __name__ == "__main__":
 
 from largebatch.cli import run_command  # noqa: E402
 from largebatch.launch.exit_code import LINE_BY_LAUNCHER, report_exit_code
+from largebatch.launch.lifetime import EXIT_PEER_LOST  # noqa: E402
 
 if __name__ == "__main__":
     code, line = run_command()
     # Under launch/*.sh the script prints the line once for all ranks (LARGEBATCH_LINE_BY_LAUNCHER)
     if line and not os.environ.get(LINE_BY_LAUNCHER):
         print(line, file=sys.stderr)
-    report_exit_code(code, line)
+    if code != EXIT_PEER_LOST:  # the rank that ended (or the agent, for a killed one) reports why
+        report_exit_code(code, line)
     sys.exit(code)

@@ -29,8 +29,8 @@ from types import FrameType
 from typing import Optional
 
 __all__ = [
-    "AGENT_PID", "LAUNCHER_PID", "die_with_parent", "expected_parent", "start_rank", "stop_before_training",
-    "under_torchrun",
+    "AGENT_PID", "EXIT_PEER_LOST", "LAUNCHER_PID", "die_with_parent", "expected_parent", "peer_lost", "start_rank",
+    "stop_before_training", "under_torchrun",
 ]
 
 # set by launch/lib.sh (the launch shell's pid) and by largebatch.launch.torchrun (the agent's
@@ -41,6 +41,21 @@ AGENT_PID = "LARGEBATCH_AGENT_PID"
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # largebatch.errors.STOP_SIGNALS
 _EXIT_PREEMPTED = 75  # largebatch.errors.EXIT_PREEMPTED (not imported: this runs before the imports)
+
+
+# A rank whose collective failed because another rank is gone exits 1, as torchrun reads any
+# failure, with one line and no traceback; it reports no code to the launch scripts: the rank that
+# ended (or the agent, for one a signal killed) reports why, and that line is the one to read.
+EXIT_PEER_LOST = 1
+
+# what gloo (and the TCP store) say when the other end of a rank's connection is gone
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+
+
+def peer_lost(err: BaseException) -> bool:
+    """Whether ``err`` is a collective that failed because another rank ended (killed, crashed),
+    in a rank of a torchrun job; not a bug of this rank."""
+    return under_torchrun() and isinstance(err, RuntimeError) and any(text in str(err) for text in _PEER_GONE)
 
 
 def under_torchrun() -> bool:

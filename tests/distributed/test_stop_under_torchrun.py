@@ -107,3 +107,4 @@ def test_a_rank_killed_by_sigkill_is_one_line_naming_it(tmp_path: Path) -> None:
     last = _last_line(err)
     assert "rank 1" in last and "SIGKILL" in last and "resume=auto" in last, err[-3000:]
     assert "=====" not in err, err[-3000:]
+    assert err.strip() == last, err[-3000:]  # issue 75 item 6c: no gloo traceback from the surviving rank
