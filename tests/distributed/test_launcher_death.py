@@ -112,7 +112,11 @@ def test_nothing_outlives_a_killed_launcher_and_resume_works(tmp_path: Path, vic
         assert proc.returncode == 75, err[-3000:]
         assert "Killed" not in err, err[-3000:]
         last = err.strip().splitlines()[-1]
-        assert last.startswith("largebatch: preempted: preempted (SIGTERM: its launcher, torchrun's agent, ended)"), last
+        # the rank names the launcher's end where it sees it first; a SIGTERM that reaches the rank
+        # before it does (the agent's death signal) is the same stop, said as a plain SIGTERM
+        assert last.startswith(("largebatch: preempted: preempted (SIGTERM: its launcher, torchrun's agent, ended)",
+                                "largebatch: preempted: preempted (SIGTERM) at step")), last
+        assert "checkpoint saved in" in last, last
         assert last.endswith(f"continue with resume=auto run_dir={run}"), last
     step = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])["train_state"]["step"]
     assert step < 240, "a rank finished the run alone"
