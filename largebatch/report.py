@@ -38,7 +38,6 @@ run could not be read, so a script notices.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -49,6 +48,7 @@ from typing import Any, Optional, Sequence
 
 from largebatch.engine.run_dir import live_owner
 from largebatch.errors import EXIT_OK, EXIT_USAGE, ReportError
+from largebatch.tools.args import OneLineArgumentParser
 
 __all__ = ["ReportError", "Run", "format_table", "load_run", "main", "run_status", "write_plots"]
 
@@ -514,7 +514,7 @@ def _batch_line(ax: Any, run: Run, *, color: str) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="largebatch-report", description=__doc__.split("\n\n")[0])
+    p = OneLineArgumentParser(prog="largebatch-report", description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories made by largebatch-train")
     p.add_argument("--out", type=Path, default=Path("report"), help="folder for the PNG plots (default: ./report)")
     p.add_argument("--no-plots", action="store_true", help="print the table only (no matplotlib needed)")

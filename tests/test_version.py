@@ -22,7 +22,8 @@ def test_setup_reads_the_package_version() -> None:
 
 
 @pytest.mark.parametrize("module", ["largebatch.cli", "largebatch.tools.make_synthetic",
-                                    "largebatch.tools.check_data", "largebatch.tools.make_shards"])
+                                    "largebatch.tools.check_data", "largebatch.tools.make_shards",
+                                    "largebatch.report"])
 def test_version_prints_the_package_version(module: str, capsys: pytest.CaptureFixture[str]) -> None:
     import importlib
 
