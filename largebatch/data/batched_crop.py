@@ -1,0 +1,167 @@
+"""The training augmentation of a batch of same-size images, per batch instead of per sample.
+
+torchvision's transforms, v1 and v2 alike, crop, resize, flip and normalise one sample per
+call: in a DataLoader worker that is a few kernels and some Python for every image, which on a
+host with few cores per accelerator is where an epoch goes. Images that all have one size (a
+decoded store holds every image at one stored side, :mod:`largebatch.data.decoded_store`) can
+be augmented a batch at a time instead:
+
+* **boxes**: :func:`random_resized_crop_boxes` draws every sample's crop with the rule of
+  torchvision's ``RandomResizedCrop.get_params`` (area fraction uniform in ``scale``, log aspect
+  ratio uniform in ``log(ratio)``, the first of 10 tries that fits, else the centre crop of the
+  nearest allowed aspect ratio), vectorised over the batch: the same distribution, not the same
+  stream of numbers (tests/test_batched_crop.py holds the two equal by two-sample KS tests). It
+  draws from a ``torch.Generator`` the caller passes, always the same amount per batch, so a
+  batch is a function of the generator's state (what a resumable sampler needs);
+* **pixels**: :func:`resized_crops`, one ``torchvision.ops.roi_align`` call for the whole batch
+  (``aligned=True``: pixel ``k`` covers ``[k, k + 1)``, so a box is the crop's own edges);
+* **flip**: the drawn half of the batch reversed along the width, by index;
+* **normalise**: ``(x / 255 - mean) / std`` written straight into the model's dtype and layout
+  (:func:`largebatch.data.augment.normalise_cast`).
+
+``sampling_ratio=1`` (:data:`SAMPLING_RATIO`): one bilinear sample at the centre of each output
+pixel's bin, which is exactly a bilinear resize without antialiasing (``F.interpolate(...,
+align_corners=False)``, ``resized_crop(antialias=False)``). More samples per bin would average
+(antialias) a crop larger than the output, at ``sampling_ratio**2`` times the cost (measured
+~3x for 2 on these CPUs); a store's side is picked just above the training side (48 -> 32, 160
+-> 128), so a crop shrinks by at most the ratio of the two (1.5x, 1.25x) and is enlarged for
+most draws (the mean crop side is ~0.7 of the image's), where one sample per pixel loses
+nothing. Two differences from the per-sample torchvision path remain, both in the pixels, not
+the geometry: no antialiasing where a crop is shrunk (torchvision's PIL resize averages), and
+at a crop's edge an enlarged crop's outermost output pixels blend in up to half a pixel of the
+image just outside the box (``roi_align`` samples the image; ``resized_crop`` repeats the crop's
+edge pixel); elsewhere the two agree to float rounding (tests/test_batched_crop.py).
+
+Why not the batched matrix resize of :mod:`largebatch.data.batched_resize` (antialiased, equal
+to PIL): it reads every input pixel of the span for every output pixel row and column, a cost
+that grows with the stored side; ``roi_align`` reads 4 input pixels per output pixel.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torchvision.ops import roi_align
+
+from largebatch.data.augment import (
+    IMAGENET_DEFAULT_MEAN,
+    IMAGENET_DEFAULT_STD,
+    TRAIN_CROP_RATIO,
+    TRAIN_CROP_SCALE,
+    TRAIN_FLIP,
+    normalise_cast,
+)
+
+__all__ = ["SAMPLING_RATIO", "TRIES", "augment_same_size", "draw_flips", "flip_rows", "random_resized_crop_boxes",
+           "resized_crops"]
+
+TRIES = 10  # RandomResizedCrop.get_params's tries before its centre-crop fallback
+SAMPLING_RATIO = 1  # roi_align samples per output pixel and axis: bilinear, no antialiasing (see above)
+
+
+def _fallback_box(height: int, width: int, ratio: Sequence[float]) -> tuple[int, int]:
+    """``(h, w)`` of get_params's fallback: the whole image cut to the nearest allowed aspect ratio."""
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        return int(round(width / min(ratio))), width
+    if in_ratio > max(ratio):
+        return height, int(round(height * max(ratio)))
+    return height, width
+
+
+def random_resized_crop_boxes(
+    count: int,
+    height: int,
+    width: int,
+    *,
+    generator: torch.Generator,
+    scale: Sequence[float] = TRAIN_CROP_SCALE,
+    ratio: Sequence[float] = TRAIN_CROP_RATIO,
+) -> torch.Tensor:
+    """``(count, 4)`` int64 ``(top, left, h, w)`` crops of a ``height x width`` image, drawn by
+    ``RandomResizedCrop.get_params``'s rule for all ``count`` samples at once.
+
+    Per sample and try: area ``height * width * U(scale)``, aspect ``exp(U(log ratio))``, ``w =
+    round(sqrt(area * aspect))``, ``h = round(sqrt(area / aspect))``; the first try with ``0 < w
+    <= width`` and ``0 < h <= height`` is kept, its top-left uniform over the positions that fit;
+    a sample whose 10 tries all fail gets :func:`_fallback_box`, centred. The draws are made in
+    get_params's precision (float32 uniforms, float64 arithmetic); every call consumes the same
+    amount of ``generator`` whatever is accepted.
+    """
+    if count < 0 or height < 1 or width < 1:
+        raise ValueError(f"need count >= 0 and a non-empty image, got count={count}, {height}x{width}")
+    if not 0 < scale[0] <= scale[1] or not 0 < ratio[0] <= ratio[1]:
+        raise ValueError(f"scale and ratio must be increasing positive ranges, got scale={scale}, ratio={ratio}")
+    area = float(height * width)
+    log_ratio = torch.log(torch.tensor([float(ratio[0]), float(ratio[1])]))  # float32, as get_params
+    fraction = torch.empty(count, TRIES).uniform_(float(scale[0]), float(scale[1]), generator=generator)
+    log_aspect = torch.empty(count, TRIES).uniform_(float(log_ratio[0]), float(log_ratio[1]), generator=generator)
+    target = area * fraction.double()
+    aspect = torch.exp(log_aspect).double()
+    w = torch.round(torch.sqrt(target * aspect))  # round half to even, as Python's round
+    h = torch.round(torch.sqrt(target / aspect))
+    fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
+    first = fits.to(torch.uint8).argmax(dim=1, keepdim=True)  # the first try that fits (0 if none)
+    accepted = fits.any(dim=1)
+    fallback_h, fallback_w = _fallback_box(height, width, ratio)
+    h = torch.where(accepted, h.gather(1, first).squeeze(1), float(fallback_h))
+    w = torch.where(accepted, w.gather(1, first).squeeze(1), float(fallback_w))
+    # top-left: uniform over the integers 0..room (torch.randint(0, room + 1)); centred in the fallback
+    room = torch.stack([height - h, width - w], dim=1)
+    offset = torch.floor(torch.rand(count, 2, dtype=torch.float64, generator=generator) * (room + 1))
+    offset = torch.where(accepted[:, None], torch.minimum(offset, room), torch.div(room, 2, rounding_mode="floor"))
+    return torch.stack([offset[:, 0], offset[:, 1], h, w], dim=1).to(torch.int64)
+
+
+def draw_flips(count: int, *, generator: torch.Generator, probability: float = TRAIN_FLIP) -> torch.Tensor:
+    """``(count,)`` bool: which samples are flipped (each with ``probability``, one uniform each)."""
+    return torch.rand(count, generator=generator) < probability
+
+
+def resized_crops(images: torch.Tensor, boxes: torch.Tensor, side: int,
+                  *, sampling_ratio: int = SAMPLING_RATIO) -> torch.Tensor:
+    """Crop ``boxes`` (``(N, 4)`` ``(top, left, h, w)``, one per image) out of ``images`` (``(N, C,
+    H, W)``, uint8 or float) and resize each to ``side x side``: float32 ``(N, C, side, side)`` on
+    the 0..255 scale, by one ``roi_align`` call (bilinear, see the module docstring)."""
+    if images.dim() != 4 or boxes.shape != (images.shape[0], 4):
+        raise ValueError(f"need (N, C, H, W) images and (N, 4) boxes, got {tuple(images.shape)} and "
+                         f"{tuple(boxes.shape)}")
+    pixels = images if images.dtype == torch.float32 else images.to(torch.float32)
+    top, left, h, w = boxes.to(torch.float32).unbind(1)
+    index = torch.arange(images.shape[0], dtype=torch.float32, device=images.device)
+    rois = torch.stack([index, left, top, left + w, top + h], dim=1).to(images.device)  # (k, x1, y1, x2, y2)
+    return roi_align(pixels, rois, (side, side), spatial_scale=1.0, sampling_ratio=sampling_ratio, aligned=True)
+
+
+def flip_rows(images: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
+    """Reverse the width of the images ``flips`` marks, in place; returns ``images``."""
+    rows = flips.nonzero().squeeze(1)  # host tensors here: no device sync
+    images[rows] = images[rows].flip(-1)
+    return images
+
+
+def augment_same_size(
+    images: torch.Tensor,
+    side: int,
+    *,
+    generator: torch.Generator,
+    scale: Sequence[float] = TRAIN_CROP_SCALE,
+    ratio: Sequence[float] = TRAIN_CROP_RATIO,
+    hflip: float = TRAIN_FLIP,
+    mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
+    std: Sequence[float] = IMAGENET_DEFAULT_STD,
+    dtype: torch.dtype = torch.float32,
+    channels_last: bool = False,
+) -> torch.Tensor:
+    """The training augmentation of a batch of uint8 ``(N, 3, H, W)`` images: random-resized crop
+    to ``side`` (torchvision's rule, drawn from ``generator``), horizontal flip with probability
+    ``hflip``, normalised into ``dtype`` (NHWC-strided if ``channels_last``).
+
+    Draws, in this order: :func:`random_resized_crop_boxes`, then :func:`draw_flips`.
+    """
+    count, _, height, width = images.shape
+    boxes = random_resized_crop_boxes(count, height, width, generator=generator, scale=scale, ratio=ratio)
+    flips = draw_flips(count, generator=generator, probability=hflip)
+    crops = flip_rows(resized_crops(images, boxes, side), flips)
+    return normalise_cast(crops, mean, std, dtype, channels_last)
