@@ -104,10 +104,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"torch {torch.__version__}, {args.threads} thread(s), batch {args.batch}, {args.batches} batches a "
           f"round, median of {args.rounds} interleaved rounds; load average at start "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print("img/s: images per wall second; img/CPU-s: per CPU second of this process (the work alone, "
-          "less sensitive to other jobs)")
-    print("| stored -> side | batched img/s (img/CPU-s) | per-sample v2 | per-sample v1 | per-sample uint8 "
-          "| batched / v2 (by CPU-s) | store decode img/s |")
+    print("each cell: images per wall second (per CPU second of this process: the work alone, less "
+          "sensitive to other jobs); store decode: per wall second")
+    print("| stored -> side | batched | per-sample v2 | per-sample v1 | per-sample uint8 | batched / v2 "
+          "| store decode |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     normalize = v1.Normalize(IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD)
     for case in args.cases.split(","):
