@@ -157,10 +157,10 @@ def destroy_process_groups() -> None:
     collective frees that work's tensors just after the caller's ``wait()`` returned, which
     needs the GIL; if the interpreter is finalizing by then the thread is force-exited inside
     a noexcept destructor and the process dies with ``terminate called without an active
-    exception`` (SIGABRT) after a finished run (about 1 run in 6 of a 2-rank gloo test here).
+    exception`` (SIGABRT) after a finished run (measured: about 1 run in 6 of a 2-rank gloo job on a CPU).
     So forget the cached subgroups, collect the cycles the caller's model and hooks leave
     behind (drop your own references first), then destroy: the last reference goes and
-    ``~ProcessGroupGloo`` joins the threads here. Call it instead of
+    ``~ProcessGroupGloo`` joins the threads before this returns. Call it instead of
     ``dist.destroy_process_group()`` at the end of a program; a no-op when not initialized.
     """
     release_subgroups()
