@@ -44,10 +44,13 @@ class LARS(Optimizer):
 
     For each tensor ``w`` with gradient ``g`` in a group that is not excluded::
 
-        ratio = trust_coefficient * ||w|| / (||g|| + weight_decay * ||w|| + eps)   (1 if ||w|| or ||g|| is 0)
-        ratio = min(ratio / lr, 1)                                                  (only with trust_clip)
+        ratio = trust_coefficient * ||w|| / (||g|| + weight_decay * ||w|| + eps)
+        ratio = min(ratio / lr, 1)                     (only with trust_clip)
         buf   = momentum * buf + ratio * (g + weight_decay * w)
-        w     = w - lr * buf              (Nesterov: w - lr * (ratio * (g + weight_decay * w) + momentum * buf))
+        w     = w - lr * buf
+
+    The ratio is 1 where ``||w||`` or ``||g||`` is 0. With ``nesterov=True`` the last line is
+    ``w = w - lr * (ratio * (g + weight_decay * w) + momentum * buf)``.
 
     A group with ``lars_exclude=True`` (BN and bias parameters, see :func:`largebatch.optim.param_groups`)
     gets plain momentum SGD: no weight decay (its ``weight_decay`` is ignored) and no trust ratio. Exclusion
@@ -62,8 +65,11 @@ class LARS(Optimizer):
     and the MLPerf ResNet-50 reference's ``lars_optimizer.py`` (``ApplyMomentum`` with ``lr=1`` and the
     gradient times ``lr * ratio``)::
 
-        buf   = momentum * buf + lr * ratio * (g + weight_decay * w)        (excluded groups: + lr * g)
-        w     = w - buf                   (Nesterov: w - (lr * ratio * (g + weight_decay * w) + momentum * buf))
+        buf   = momentum * buf + lr * ratio * (g + weight_decay * w)
+        w     = w - buf
+
+    (in an excluded group the buffer adds ``lr * g`` instead; with ``nesterov=True`` the last line is
+    ``w = w - (lr * ratio * (g + weight_decay * w) + momentum * buf)``)
 
     The two agree while ``lr`` is constant. When it changes, the first form applies the new ``lr`` to the whole
     buffer at once; this one lets the old ``lr`` carry on in the buffer for about ``1 / (1 - momentum)`` steps
