@@ -39,9 +39,12 @@ pytestmark = [
                               "--install start, as root)"),
 ]
 
-# 8 steps per epoch, a checkpoint every step; fp32 and one loader worker: the subject is SLURM
+# 8 steps per epoch, a checkpoint every step (the first one says the run can save: a stop now is
+# resumed); fp32 and one loader worker: the subject is SLURM. 3 epochs (24 steps) outlast a stop
+# sent at the first checkpoint many times over, and the requeued run has little left to do.
 ARGS = smoke("backend=cpu", "data.workers=1", "data.synthetic.train_per_class=16", "checkpoint.every_steps=1",
              "precision=fp32")
+STEPS = 24  # epochs=3
 # what a CPU-only cluster needs instead of the script's 8 GPUs and 64 CPUs per task
 SBATCH_CPU = ["--nodes=1", "--gpus-per-node=0", "--cpus-per-task=1"]
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
@@ -101,7 +104,7 @@ def _wait_until_final(env: dict[str, str], job: str, out: Path, timeout_s: float
     deadline = time.time() + timeout_s
     while (info := _job(env, job))["JobState"] not in FINAL:
         assert time.time() < deadline, f"job {job} still {info['JobState']}; output:\n{_tail(out)}"
-        time.sleep(1)
+        time.sleep(0.5)
     return info
 
 
@@ -140,7 +143,7 @@ def _assert_saved_requeued_finished(info: dict[str, str], job: str, out: Path, r
 
 
 def test_a_cpu_job_runs_to_completion(slurm_env: dict[str, str], tmp_path: Path) -> None:
-    job = _submit(_job_env(slurm_env, tmp_path / "runs"), tmp_path, "epochs=2")
+    job = _submit(_job_env(slurm_env, tmp_path / "runs"), tmp_path, "epochs=2", "checkpoint.every_steps=0")
     out = tmp_path / f"slurm-{job}.out"
     info = _wait_until_final(slurm_env, job, out)
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), _tail(out)
@@ -153,12 +156,20 @@ def test_a_cpu_job_runs_to_completion(slurm_env: dict[str, str], tmp_path: Path)
 def test_scancel_full_saves_requeues_and_the_job_finishes(slurm_env: dict[str, str], tmp_path: Path) -> None:
     """scancel --signal=TERM --full signals every process of the job (the batch shell, torchrun,
     the ranks, their loader workers): the run saves, exits 75 and requeues itself."""
-    job = _submit(_job_env(slurm_env, tmp_path / "runs"), tmp_path, "epochs=12")  # 96 steps
+    job = _submit(_job_env(slurm_env, tmp_path / "runs"), tmp_path, "epochs=3")
     out = tmp_path / f"slurm-{job}.out"
     run_dir = tmp_path / "runs" / f"slurm-{job}"
     _wait_for_checkpoint(slurm_env, job, run_dir, out)
     subprocess.run(["scancel", "--signal=TERM", "--full", job], env=slurm_env, check=True, timeout=30)
-    _assert_saved_requeued_finished(_wait_until_final(slurm_env, job, out), job, out, run_dir, 96)
+    _assert_saved_requeued_finished(_wait_until_final(slurm_env, job, out), job, out, run_dir, STEPS)
+
+
+def _ranks(run_dir: Path) -> list[str]:
+    """The pids of the training processes of ``run_dir`` (the ranks and their loader workers, not
+    torchrun's agent, whose command line names the module after its own options)."""
+    found = subprocess.run(["pgrep", "-f", "--", f"-u -m largebatch[.]train run_dir={re.escape(str(run_dir))} "],
+                           capture_output=True, text=True)
+    return found.stdout.split()
 
 
 def test_the_time_limit_warning_saves_requeues_and_the_job_finishes(slurm_env: dict[str, str],
@@ -168,25 +179,39 @@ def test_the_time_limit_warning_saves_requeues_and_the_job_finishes(slurm_env: d
     the warning up to 30 s early (warn time + its 30 s period), so with a fixed limit the
     warning could come before the first checkpoint or again in every rerun. The test therefore
     submits a 10-minute limit, cuts it to 1 minute once a checkpoint exists (the warning then
-    comes at the next check, within 30 s), and gives the requeued job 10 minutes again."""
-    job = _submit(_job_env(slurm_env, tmp_path / "runs"), tmp_path, "epochs=40",  # 320 steps, ~100 s on 2 cores:
-                  # with 160 a quiet machine finished before the warning (up to 30 s late) came
+    comes at the next check, within 30 s), and gives the requeued job 10 minutes again. Until the
+    warning reaches the batch shell the ranks are stopped (SIGSTOP), so that a short run outlasts
+    that wait however fast it trains; they continue (SIGCONT) once the script passes it on."""
+    job = _submit(_job_env(slurm_env, tmp_path / "runs"), tmp_path, "epochs=3",
                   sbatch=("--time=10", "--signal=B:TERM@30"))
     out = tmp_path / f"slurm-{job}.out"
     run_dir = tmp_path / "runs" / f"slurm-{job}"
     _wait_for_checkpoint(slurm_env, job, run_dir, out)
-    subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=1"], env=slurm_env, check=True, timeout=30)
+    ranks = _ranks(run_dir)
+    assert ranks, f"no training process of {run_dir} found; output:\n{_tail(out)}"
+    subprocess.run(["kill", "-STOP", *ranks], check=True)
+    try:
+        subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=1"], env=slurm_env, check=True,
+                       timeout=30)
+        deadline = time.time() + 90
+        while "SIGTERM received: passing it on to the training" not in out.read_text():
+            info = _job(slurm_env, job)
+            assert info["JobState"] == "RUNNING", \
+                f"job {job} is {info['JobState']} before the time limit's warning:\n{_tail(out)}"
+            assert time.time() < deadline, f"no warning 90 s after the cut to 1 minute; output:\n{_tail(out)}"
+            time.sleep(0.2)
+    finally:
+        subprocess.run(["kill", "-CONT", *ranks])
     deadline = time.time() + 120
     while f"requeueing job {job}" not in out.read_text():
         info = _job(slurm_env, job)
         assert info["JobState"] in {"RUNNING", "COMPLETING"}, \
-            f"job {job} is {info['JobState']} before the time limit's warning (raise epochs):\n{_tail(out)}"
+            f"job {job} is {info['JobState']} after the time limit's warning:\n{_tail(out)}"
         assert time.time() < deadline, f"no requeue after the warning; output:\n{_tail(out)}"
-        time.sleep(0.5)
+        time.sleep(0.2)
     subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=10"], env=slurm_env, check=True, timeout=30)
     info = _wait_until_final(slurm_env, job, out)
-    assert "SIGTERM received: passing it on to the training" in out.read_text()
-    _assert_saved_requeued_finished(info, job, out, run_dir, 320)
+    _assert_saved_requeued_finished(info, job, out, run_dir, STEPS)
 
 
 def test_a_high_partition_job_preempts_a_low_one_which_saves_requeues_and_finishes(
@@ -198,7 +223,7 @@ def test_a_high_partition_job_preempts_a_low_one_which_saves_requeues_and_finish
     cpus = subprocess.run(["sinfo", "--noheader", "--nodes=localhost", "--format=%c"], env=slurm_env, check=True,
                           capture_output=True, text=True, timeout=30).stdout.split()[0]
     env = _job_env(slurm_env, tmp_path / "runs")
-    job = _submit(env, tmp_path, "epochs=12", sbatch=(f"--cpus-per-task={cpus}",))  # 96 steps
+    job = _submit(env, tmp_path, "epochs=3", sbatch=(f"--cpus-per-task={cpus}",))
     out = tmp_path / f"slurm-{job}.out"
     run_dir = tmp_path / "runs" / f"slurm-{job}"
     _wait_for_checkpoint(slurm_env, job, run_dir, out)
@@ -208,7 +233,7 @@ def test_a_high_partition_job_preempts_a_low_one_which_saves_requeues_and_finish
     ).stdout.strip().split(";")[0]
     info = _wait_until_final(slurm_env, job, out)
     assert _job(slurm_env, high)["JobState"] == "COMPLETED"
-    _assert_saved_requeued_finished(info, job, out, run_dir, 96)
+    _assert_saved_requeued_finished(info, job, out, run_dir, STEPS)
 
 
 def test_a_sigterm_before_the_ranks_can_save_still_requeues(slurm_env: dict[str, str], tmp_path: Path) -> None:
@@ -244,27 +269,39 @@ def test_two_ranks_on_one_node_save_requeue_and_finish(slurm_env: dict[str, str]
     requeued job finishes on two ranks again."""
     env = _job_env(slurm_env, tmp_path / "runs")
     env["NPROC_PER_NODE"] = "2"
-    job = _submit(env, tmp_path, "epochs=12", sbatch=("--cpus-per-task=2",))  # 96 steps of 2 x 4 images
+    job = _submit(env, tmp_path, "epochs=3", sbatch=("--cpus-per-task=2",))  # steps of 2 x 4 images
     out = tmp_path / f"slurm-{job}.out"
     run_dir = tmp_path / "runs" / f"slurm-{job}"
     _wait_for_checkpoint(slurm_env, job, run_dir, out)
     subprocess.run(["scancel", "--signal=TERM", "--full", job], env=slurm_env, check=True, timeout=30)
     info = _wait_until_final(slurm_env, job, out)
-    _assert_saved_requeued_finished(info, job, out, run_dir, 96)
+    _assert_saved_requeued_finished(info, job, out, run_dir, STEPS)
     assert out.read_text().count("rank 0/2 (local 0/2)") == 2, _tail(out)  # both runs had two ranks
+
+
+def _job_processes(job: str, run_dir: Path) -> list[str]:
+    """The pids of the job's batch script (in slurmd's spool), its torchrun agent and its ranks."""
+    found = [subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True, check=False).stdout.split()
+             for pattern in (f"/job{int(job):05d}/slurm_script", f"rdzv-id={job} ")]
+    return [pid for pids in found for pid in pids] + _ranks(run_dir)
 
 
 def test_a_plain_scancel_cancels_the_job_without_a_requeue(slurm_env: dict[str, str], tmp_path: Path) -> None:
     """scancel without --signal is the user's "stop": SLURM records the job CANCELLED at once
     (ExitCode 143:0) and it does not come back, although the ranks do get SIGTERM and save; an
     LB_RUN_DIR job can continue the run."""
-    job = _submit(_job_env(slurm_env, tmp_path / "runs"), tmp_path, "epochs=12")  # 96 steps
+    job = _submit(_job_env(slurm_env, tmp_path / "runs"), tmp_path, "epochs=3")
     out = tmp_path / f"slurm-{job}.out"
     run_dir = tmp_path / "runs" / f"slurm-{job}"
     _wait_for_checkpoint(slurm_env, job, run_dir, out)
     subprocess.run(["scancel", job], env=slurm_env, check=True, timeout=30)
-    _wait_until_final(slurm_env, job, out)
-    time.sleep(15)  # longer than cred_expire: a requeued job would be pending or running again
+    # SLURM records the job CANCELLED at once, while the script may still run: wait until the
+    # script, torchrun and the ranks are gone (the cluster is this machine), after which nobody can
+    # requeue the job any more
+    deadline = time.time() + 120
+    while _job_processes(job, run_dir):
+        assert time.time() < deadline, f"job {job}'s processes outlived its cancel by 120 s:\n{_tail(out)}"
+        time.sleep(0.2)
     info = _job(slurm_env, job)
     assert (info["JobState"], info["Restarts"]) == ("CANCELLED", "0"), _tail(out)
     assert f"requeueing job {job}" not in out.read_text()
