@@ -513,7 +513,7 @@ def _text_blocks(text: str) -> list[tuple[int, str]]:
             flush()
             fence = not fence
             continue
-        if fence or n in code or not s or s.startswith(("|", "#", "!!!")) or HTML_COMMENT.match(line):
+        if fence or n in code or not s or s.startswith(("|", "#", "!!!", "???")) or HTML_COMMENT.match(line):
             flush()
             continue
         if LIST_ITEM.match(line):
@@ -551,8 +551,8 @@ def test_config_keys_are_tabled_once() -> None:
               for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
               if re.match(r"\|\s*key\s*\|\s*default\s*\|", line)]
     assert not tables, tables
-    recipes = (ROOT / "docs" / "recipes.md").read_text(encoding="utf-8")
-    assert "config-reference.md#ema" in recipes and "config-reference.md#diagnostics" in recipes
+    techniques = (ROOT / "docs" / "batch-ema-noise.md").read_text(encoding="utf-8")
+    assert "config-reference.md#ema" in techniques and "config-reference.md#diagnostics" in techniques
 
 
 def _indented_code_blocks(text: str) -> list[int]:
