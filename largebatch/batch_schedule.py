@@ -32,20 +32,25 @@ al. 2018, arXiv 1812.06162, Appendix D's adaptive batch; the "batch size warmup"
 2025, arXiv 2505.23971, which raises the batch as the measured critical batch grows). Its
 decisions are part of the run's state (checkpointed), so a resumed run trains the same batches.
 
-Ground under both the config checks (``largebatch.config.checks`` validates
-``batch_schedule`` with :meth:`BatchSchedule.of`) and the loop: it imports only
-``largebatch.errors``. Epochs count from 0, as in ``metrics.jsonl``.
+:func:`batch_schedule_of` maps the ``batch_schedule`` config section to its schedule, once: the
+config checks (``largebatch.config.checks``) call it to validate the section and the run
+(``largebatch.run``) to train by it. Ground under both and the loop: it imports only
+``largebatch.errors`` (the config's type only for annotations). Epochs count from 0, as in
+``metrics.jsonl``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from largebatch.errors import ConfigError
 
-__all__ = ["AdaptiveBatchSchedule", "BatchSchedule", "GROWTH", "LR_RULES"]
+if TYPE_CHECKING:
+    from largebatch.config.schema import TrainConfig
+
+__all__ = ["AdaptiveBatchSchedule", "BatchSchedule", "GROWTH", "LR_RULES", "batch_schedule_of"]
 
 GROWTH = ("accumulation", "per_device")  # how a larger global batch is reached
 LR_RULES = ("scale", "hold")  # the lr per phase: by the scaling rule, or held
@@ -236,6 +241,24 @@ class AdaptiveBatchSchedule(BatchSchedule):
         lr = f"lr {self.lr_scaling}-scaled per phase" if self.lr == "scale" else "lr held"
         return (f"{self.base}, x{self.growth} at an epoch start when the noise scale >= {self.raise_at:g} x the "
                 f"global batch{cap} (adaptive; {self.via.replace('_', '-')}; {lr})")
+
+
+def batch_schedule_of(cfg: TrainConfig) -> Optional[BatchSchedule]:
+    """The ``batch_schedule`` section's global batch per epoch, checked (a bad value raises one-line
+    ``ConfigError`` naming the key): a ``BatchSchedule``, with ``adaptive.enabled`` an
+    ``AdaptiveBatchSchedule`` (whose decisions the run makes: build it once per run), None when off.
+    ``cfg`` is the composed config with its choices as plain strings (``to_train_config``)."""
+    bs = cfg.batch_schedule
+    if not bs.adaptive.enabled:
+        return BatchSchedule.of([list(p) for p in bs.steps], global_batch_size=cfg.global_batch_size,
+                                epochs=cfg.epochs, via=bs.via, lr=bs.lr, lr_scaling=cfg.lr_scaling)
+    if len(bs.steps):
+        raise ConfigError("batch_schedule.adaptive.enabled=true decides the batch itself: set "
+                          "batch_schedule.steps=[] or batch_schedule.adaptive.enabled=false")
+    a = bs.adaptive
+    return AdaptiveBatchSchedule.of_adaptive(global_batch_size=cfg.global_batch_size, raise_at=a.raise_at,
+                                             growth=a.growth, max_batch=a.max_global_batch, via=bs.via, lr=bs.lr,
+                                             lr_scaling=cfg.lr_scaling)
 
 
 def _past_the_end(steps: Sequence[Sequence[int]], epoch: int, epochs: int) -> None:

@@ -17,19 +17,26 @@ checks them.
 :meth:`~ResolutionSchedule.size_at` depends on the epoch only, so a run resumed inside an epoch
 trains at the side the uninterrupted run had. Epochs count from 0, as in ``metrics.jsonl``.
 
-Ground under both the config checks (``largebatch.config.checks`` validates ``data.resolution``
-with :meth:`ResolutionSchedule.of`) and the loaders: it imports only ``largebatch.errors``.
+
+:func:`resolution_of` maps the ``data.resolution`` config section to its training schedule, once:
+the config checks (``largebatch.config.checks``) call it to validate the section and the run
+(``largebatch.run``) to train by it. Ground under both and the loaders: it imports only
+``largebatch.errors`` (the config's type only for annotations).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from largebatch.errors import ConfigError
 
-__all__ = ["ResolutionSchedule", "check_crop_scale_steps", "min_scale_at", "ramp_size", "side_setting"]
+if TYPE_CHECKING:
+    from largebatch.config.schema import TrainConfig
+
+__all__ = ["ResolutionSchedule", "check_crop_scale_steps", "min_scale_at", "ramp_size", "resolution_of",
+           "side_setting"]
 
 
 def ramp_size(epoch: int, *, start_epoch: int, end_epoch: int, start_size: int, end_size: int,
@@ -130,6 +137,19 @@ class ResolutionSchedule:
             value = getattr(self, name)
             if not (_int(value) and value >= self.multiple):
                 _bad(f"{key}.{name}", value, f"an integer >= data.resolution.multiple ({self.multiple})")
+
+
+def resolution_of(cfg: TrainConfig) -> Optional[ResolutionSchedule]:
+    """The ``data.resolution`` section's training side per epoch, checked (a bad value raises
+    one-line ``ConfigError`` naming the key); None when ``schedule=none``. ``cfg`` is the composed
+    config with its choices as plain strings (``to_train_config``)."""
+    res = cfg.data.resolution
+    if res.schedule == "none" and len(res.steps):
+        raise ConfigError(f"data.resolution.steps={[list(p) for p in res.steps]} is set but "
+                          "data.resolution.schedule=none: set data.resolution.schedule=steps to use it")
+    return ResolutionSchedule.of(res.schedule, steps=[list(p) for p in res.steps], start_epoch=res.start_epoch,
+                                 end_epoch=res.end_epoch, start_size=res.start_size, end_size=res.end_size,
+                                 multiple=res.multiple, image_size=cfg.data.image_size, epochs=cfg.epochs)
 
 
 def side_setting(schedule: Optional[ResolutionSchedule], image_size: int, side: int) -> str:

@@ -4,20 +4,29 @@ The schema (``largebatch.config.schema``) fixes keys and types; this module fixe
 values may be: ``epochs=0``, ``optimizer.lr=nan`` or ``optimizer.momentum=2`` fail at
 compose time, naming the key, before a run directory exists or a step runs. Values with
 aliases (``model.compile=true``) are written back in their canonical form.
+
+Three passes (``largebatch.config.compose.check_composed`` runs them in this order):
+:func:`check_ranges` reads one key at a time from the composed ``DictConfig``;
+:func:`canonicalise_choices` writes aliased choices back; :func:`check_sections` reads the
+sections whose keys go together from the typed config (choices as plain strings) and builds the
+schedules with the builders the run calls, so a schedule the checks pass is the one that trains.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, MutableMapping
 
+from largebatch.batch_schedule import batch_schedule_of
+from largebatch.config.pairs import PAIR_KEYS, check_pair_list
 from largebatch.defaults import COMPILE_MODES, CUDA_GRAPH_MODES, MAX_CLASSES, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, parse_compile_mode
 from largebatch.errors import ConfigError, UsageError
-from largebatch.batch_schedule import AdaptiveBatchSchedule, BatchSchedule
-from largebatch.config.pairs import PAIR_KEYS, check_pair_list
-from largebatch.resolution import ResolutionSchedule, check_crop_scale_steps
+from largebatch.resolution import check_crop_scale_steps, resolution_of
 
-__all__ = ["canonicalise_choices", "check_ranges", "value_ranges"]
+if TYPE_CHECKING:
+    from largebatch.config.schema import TrainConfig
+
+__all__ = ["canonicalise_choices", "check_ranges", "check_sections", "value_ranges"]
 
 
 def _num(x: Any) -> bool:
@@ -173,22 +182,37 @@ def check_ranges(cfg: Mapping[str, Any]) -> None:
         _fail("optimizer.betas", list(betas), _BETAS)
     if _get(cfg, "ema.min_decay") > _get(cfg, "ema.decay"):
         _fail("ema.min_decay", _get(cfg, "ema.min_decay"), f"{_MIN_DECAY} ({_get(cfg, 'ema.decay')})")
-    target = _get(cfg, "ema.target")
-    if getattr(target, "value", target) == "ema" and not _get(cfg, "ema.enabled"):
-        raise ConfigError("ema.target=ema needs the weight EMA: set ema.enabled=true, or ema.target=raw")
     group = _get(cfg, "bn.group_size")
     if group != -1 and not (isinstance(group, int) and group >= 1):
         _fail("bn.group_size", group, _GROUP_SIZE)
+
+
+def check_sections(cfg: TrainConfig) -> None:
+    """Raise ``ConfigError`` naming the first key of a section whose values do not go together.
+
+    ``cfg`` is the checked, canonical config with its choices as plain strings (``to_train_config``):
+    the schedules are built here by the builders the run calls (:func:`batch_schedule_of`,
+    :func:`resolution_of`), so each mapping from config to schedule is written once.
+    """
+    if cfg.ema.target == "ema" and not cfg.ema.enabled:
+        raise ConfigError("ema.target=ema needs the weight EMA: set ema.enabled=true, or ema.target=raw")
+    _check_points(cfg)
     _check_resolution(cfg)
     _check_rect_val(cfg)
-    _check_batch_schedule(cfg)
-    _check_points(cfg)
+    batches = batch_schedule_of(cfg)
+    mode = cfg.model.compile
+    if mode in CUDA_GRAPH_MODES and batches is not None and batches.via == "accumulation":
+        raise ConfigError(
+            f"model.compile={mode} (CUDA graphs) cannot be combined with a batch schedule raised by "
+            "accumulation: each replay overwrites the gradients of the previous micro-step; set "
+            "batch_schedule.via=per_device, or model.compile=max-autotune-no-cudagraphs (or default)"
+        )
 
 
-def _check_points(cfg: Mapping[str, Any]) -> None:
+def _check_points(cfg: TrainConfig) -> None:
     """``schedule.points``: the piecewise schedule's knots, and only with it."""
-    name = getattr(_get(cfg, "schedule.name"), "value", _get(cfg, "schedule.name"))
-    points = [list(p) for p in _get(cfg, "schedule.points")]
+    name = cfg.schedule.name
+    points = [list(p) for p in cfg.schedule.points]
     if name != "piecewise":
         if points:
             raise ConfigError(f"schedule.points={points} is set but schedule.name={name}: set schedule.name=piecewise "
@@ -199,67 +223,43 @@ def _check_points(cfg: Mapping[str, Any]) -> None:
         _fail("schedule.points", points, _POINTS)
 
 
-def _check_batch_schedule(cfg: Mapping[str, Any]) -> None:
-    """``batch_schedule``: :meth:`BatchSchedule.of` names the bad key."""
-    bs = _get(cfg, "batch_schedule")
-    via, lr = getattr(bs["via"], "value", bs["via"]), getattr(bs["lr"], "value", bs["lr"])
-    BatchSchedule.of([list(p) for p in bs["steps"]], global_batch_size=_get(cfg, "global_batch_size"),
-                     epochs=_get(cfg, "epochs"), via=via, lr=lr)
-    adaptive = bs["adaptive"]
-    if adaptive["enabled"]:
-        if len(bs["steps"]):
-            raise ConfigError("batch_schedule.adaptive.enabled=true decides the batch itself: set "
-                              "batch_schedule.steps=[] or batch_schedule.adaptive.enabled=false")
-        AdaptiveBatchSchedule.of_adaptive(global_batch_size=_get(cfg, "global_batch_size"),
-                                          raise_at=adaptive["raise_at"], growth=adaptive["growth"],
-                                          max_batch=adaptive["max_global_batch"], via=via, lr=lr)
-
-
-def _check_resolution(cfg: Mapping[str, Any]) -> None:
-    """``data.resolution``: the schedule (:meth:`ResolutionSchedule.of` names the bad key),
-    ``eval_size`` or ``eval_follows_train``, and ``crop_scale_steps`` (:func:`check_crop_scale_steps`)."""
-    res = _get(cfg, "data.resolution")
-    eval_size = res["eval_size"]
+def _check_resolution(cfg: TrainConfig) -> None:
+    """``data.resolution``: ``eval_size`` or ``eval_follows_train``, ``crop_scale_steps``
+    (:func:`check_crop_scale_steps`) and the schedule (:func:`resolution_of` names the bad key)."""
+    res = cfg.data.resolution
+    eval_size = res.eval_size
     if eval_size is not None and not (_num(eval_size) and eval_size >= 1):
         _fail("data.resolution.eval_size", eval_size, _RESOLUTION["data.resolution.eval_size"])
-    if res["eval_follows_train"] and eval_size is not None:
+    if res.eval_follows_train and eval_size is not None:
         raise ConfigError(f"data.resolution.eval_follows_train=true and data.resolution.eval_size={eval_size} both "
                           "set the evaluation side: set data.resolution.eval_size=null, or "
                           "data.resolution.eval_follows_train=false")
-    check_crop_scale_steps([list(p) for p in res["crop_scale_steps"]], max_scale=_get(cfg, "data.crop_scale")[1],
-                           epochs=_get(cfg, "epochs"))
-    kind = getattr(res["schedule"], "value", res["schedule"])
-    if kind == "none" and len(res["steps"]):
-        raise ConfigError(f"data.resolution.steps={list(map(list, res['steps']))} is set but "
-                          "data.resolution.schedule=none: set data.resolution.schedule=steps to use it")
-    ResolutionSchedule.of(kind, steps=list(res["steps"]), start_epoch=res["start_epoch"],
-                          end_epoch=res["end_epoch"], start_size=res["start_size"], end_size=res["end_size"],
-                          multiple=res["multiple"], image_size=_get(cfg, "data.image_size"),
-                          epochs=_get(cfg, "epochs"))
+    check_crop_scale_steps([list(p) for p in res.crop_scale_steps], max_scale=cfg.data.crop_scale[1],
+                           epochs=cfg.epochs)
+    resolution_of(cfg)
 
 
-def _check_rect_val(cfg: Mapping[str, Any]) -> None:
+def _check_rect_val(cfg: TrainConfig) -> None:
     """``data.resolution.rect_val``: the torchvision loader reads it, and no backend compiling a graph per
     shape. ``data.loader=auto`` is checked where the loader is chosen (``largebatch.data.build``).
     ``rect_val_from_epoch``: an epoch of the run, and only with ``rect_val``."""
-    start, epochs = _get(cfg, "data.resolution.rect_val_from_epoch"), _get(cfg, "epochs")
+    start, epochs = cfg.data.resolution.rect_val_from_epoch, cfg.epochs
     if not (isinstance(start, int) and not isinstance(start, bool) and 0 <= start < epochs):
         _fail("data.resolution.rect_val_from_epoch", start, f"an integer >= 0 and < epochs ({epochs})")
-    if not _get(cfg, "data.resolution.rect_val"):
+    if not cfg.data.resolution.rect_val:
         if start:
             raise ConfigError(f"data.resolution.rect_val_from_epoch={start} is set but data.resolution.rect_val=false: "
                               "set data.resolution.rect_val=true to use it, or data.resolution.rect_val_from_epoch=0")
         return
-    loader = getattr(_get(cfg, "data.loader"), "value", _get(cfg, "data.loader"))
-    backend = getattr(_get(cfg, "backend.name"), "value", _get(cfg, "backend.name"))
-    if _get(cfg, "data.shards"):
+    loader = cfg.data.loader
+    if cfg.data.shards:
         raise ConfigError("data.resolution.rect_val=true is read by the torchvision loader only, not DALI's reader "
                           "of data.shards: drop data.shards and set data.loader=torchvision, or "
                           "data.resolution.rect_val=false")
     if loader in ("dali", "nvjpeg"):
         raise ConfigError(f"data.resolution.rect_val=true is read by the torchvision loader only, not "
                           f"data.loader={loader}: set data.loader=torchvision, or data.resolution.rect_val=false")
-    if backend == "xla":
+    if cfg.backend.name == "xla":
         raise ConfigError("data.resolution.rect_val=true cannot run on backend=xla: each validation batch "
                           "shape would compile a graph of its own; set data.resolution.rect_val=false")
 
@@ -282,12 +282,4 @@ def canonicalise_choices(cfg: MutableMapping[str, Any]) -> None:
             f"model.compile={mode} (CUDA graphs) cannot be combined with accumulation_steps="
             f"{accumulation}: each replay overwrites the gradients of the previous micro-step; "
             "use model.compile=max-autotune-no-cudagraphs (or default), or accumulation_steps=1"
-        )
-    bs = _get(cfg, "batch_schedule")
-    scheduled = len(bs["steps"]) or bs["adaptive"]["enabled"]
-    if mode in CUDA_GRAPH_MODES and scheduled and getattr(bs["via"], "value", bs["via"]) == "accumulation":
-        raise ConfigError(
-            f"model.compile={mode} (CUDA graphs) cannot be combined with a batch schedule raised by "
-            "accumulation: each replay overwrites the gradients of the previous micro-step; set "
-            "batch_schedule.via=per_device, or model.compile=max-autotune-no-cudagraphs (or default)"
         )

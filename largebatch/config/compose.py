@@ -12,7 +12,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from largebatch.config.checks import canonicalise_choices, check_ranges
+from largebatch.config.checks import canonicalise_choices, check_ranges, check_sections
 from largebatch.config.pairs import PAIR_KEYS, check_pair_list
 from largebatch.config.schema import TrainConfig, register_schema
 from largebatch.errors import ConfigError
@@ -229,7 +229,8 @@ def hydra_session(job_name: str = "largebatch-train") -> Iterator[Any]:
 
 def check_composed(cfg: DictConfig) -> DictConfig:
     """Resolve interpolations in place, require every ``???`` value to be set, check value
-    ranges and write aliased choices in their canonical form (:mod:`largebatch.config.checks`)."""
+    ranges, write aliased choices in their canonical form and check the sections whose keys go
+    together on the typed config (:mod:`largebatch.config.checks`)."""
     from omegaconf.errors import OmegaConfBaseException
 
     try:
@@ -241,6 +242,7 @@ def check_composed(cfg: DictConfig) -> DictConfig:
         raise ConfigError(f"config value(s) {', '.join(missing)} must be set, e.g. {missing[0]}=...")
     check_ranges(cfg)
     canonicalise_choices(cfg)
+    check_sections(to_train_config(cfg))
     return cfg
 
 
