@@ -249,7 +249,7 @@ def test_a_bug_keeps_its_traceback(cache: Path, monkeypatch: pytest.MonkeyPatch)
     def broken(*args: object, **kwargs: object) -> None:
         raise ValueError("a bug, not bad input")
 
-    monkeypatch.setattr(run_module, "_model", broken)
+    monkeypatch.setattr(run_module, "model_of", broken)
     with pytest.raises(ValueError, match="a bug"):
         main([*TINY, f"output_root={cache / 'runs'}"])
 

@@ -174,10 +174,10 @@ def test_each_known_training_shape_compiles_once_static() -> None:
 
 
 def test_a_run_counts_its_training_shapes() -> None:
-    from largebatch.run import _training_shapes
+    from largebatch.parts.model import training_shapes
 
     def shapes(*overrides: str) -> int:
-        return _training_shapes(to_train_config(compose_config(["debug=smoke", "epochs=6", *overrides])))
+        return training_shapes(to_train_config(compose_config(["debug=smoke", "epochs=6", *overrides])))
 
     assert shapes() == 1
     assert shapes("data.resolution.schedule=steps", "data.resolution.steps=[[0,16],[2,24],[4,32]]") == 3
@@ -192,4 +192,4 @@ def test_a_run_counts_its_training_shapes() -> None:
     assert shapes(*probe, *sides) == 6
     assert shapes("diagnostics.noise_scale.enabled=true", *sides) == 3  # no probe: nothing extra
     cfg = to_train_config(compose_config(["debug=smoke", "epochs=6", *probe, *sides]))
-    assert _training_shapes(cfg, world_size=2) == 3  # ranks: the gradient norms come free, no probe
+    assert training_shapes(cfg, world_size=2) == 3  # ranks: the gradient norms come free, no probe

@@ -65,6 +65,7 @@ def test_the_loaders_of_a_cuda_device_without_an_index_get_the_local_rank(
 ) -> None:
     """DALI's mixed decode needs the GPU's index: a bare ``cuda`` device becomes ``cuda:<local rank>``."""
     from largebatch.data import build
+    from largebatch.parts.data import data_of
 
     backend = _cuda_backend(monkeypatch, local_rank=2)
     backend.device = torch.device("cuda")  # as a backend that names no index gives it
@@ -77,7 +78,7 @@ def test_the_loaders_of_a_cuda_device_without_an_index_get_the_local_rank(
                                                      image_size=32, seed=0),
                            resolution=ResolutionConfig())  # the schema's default: no schedule
     plan = SimpleNamespace(per_device=4, accumulation_steps=1)
-    run_module._data(SimpleNamespace(data=data, seed=3, epochs=1), backend, plan, torch.bfloat16, True)
+    data_of(SimpleNamespace(data=data, seed=3, epochs=1), backend, plan, torch.bfloat16, True)
     (spec,) = specs
     assert spec.device == torch.device("cuda", 2) and dali_device_id(spec) == 2 and spec.pin_memory
 

@@ -7,7 +7,7 @@ bottom:
 | layer | modules | may import |
 |---|---|---|
 | edge | ``cli``, ``multirun``, ``launch/``, ``tools/``, ``train``, ``report`` | anything below |
-| orchestration | ``run``; ``config/`` (read only by the edge) | engine/backends, building blocks, ground |
+| orchestration | ``run``, ``parts/`` (its builders, one per config section); ``config/`` (read only by the edge) | engine/backends, building blocks, ground |
 | engine / backends | ``engine/``, ``backends/`` (neither imports the other) | building blocks, ground |
 | building blocks | ``nn/``, ``optim/``, ``lr/``, ``comm/``, ``data/``, ``diagnostics/``, ``models`` | ground; across packages only ``nn`` -> ``comm.reducers`` |
 | ground | ``errors``, ``defaults``, ``largebatch`` (the version) | only ``errors`` (``errors``: nothing) |
@@ -42,7 +42,7 @@ EDGE, ORCHESTRATION, ENGINE, BLOCKS, GROUND = 4, 3, 2, 1, 0
 # The first dotted part under largebatch -> layer.
 LAYER_OF_UNIT = {
     "cli": EDGE, "multirun": EDGE, "launch": EDGE, "tools": EDGE, "train": EDGE, "report": EDGE,
-    "run": ORCHESTRATION, "config": ORCHESTRATION,
+    "run": ORCHESTRATION, "parts": ORCHESTRATION, "config": ORCHESTRATION,
     "engine": ENGINE, "backends": ENGINE,
     "nn": BLOCKS, "optim": BLOCKS, "lr": BLOCKS, "comm": BLOCKS, "data": BLOCKS,
     "diagnostics": BLOCKS, "models": BLOCKS,

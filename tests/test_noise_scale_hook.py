@@ -28,6 +28,25 @@ def test_the_plan_uses_what_the_run_has() -> None:
     assert untapped.source is None
 
 
+def test_the_probe_is_refused_on_xla_and_with_cuda_graphs_and_the_plan_says_so() -> None:
+    """The feature's own policy (issue 71: it was the run's): the probe only where it was tried,
+    the refusal's reason and the start-up line from the plan."""
+    one = dict(world_size=1, accumulation_steps=1, per_device_batch=8, local_norm_tap=None, probe_every=4)
+    probe = plan_noise_scale(**one)
+    assert probe == NoiseScalePlan("probe", 4, 8, probe_every=4)
+    assert probe.describe(0.99) == ("noise scale: measured by a probe every 4 steps (4 vs 8 images per gradient): "
+                                    "one extra backward per probe, ~25% of steps, EMA beta 0.99")
+    on_xla = plan_noise_scale(**one, xla=True)
+    assert on_xla.source is None and "accumulation_steps >= 2" in on_xla.reason
+    graphs = plan_noise_scale(**one, cuda_graphs=True)
+    assert graphs.source is None and graphs.describe(0.9) == (
+        "noise scale: not measured (the probe does not run with CUDA graphs (model.compile=reduce-overhead))")
+    # what comes free is not refused: accumulation on XLA, ranks with CUDA graphs
+    assert plan_noise_scale(**{**one, "accumulation_steps": 2}, xla=True).source == "micro-batches"
+    assert plan_noise_scale(**{**one, "world_size": 2, "local_norm_tap": object()}, cuda_graphs=True).describe(0.9) == \
+        "noise scale: measured from ranks (8 vs 16 images per gradient), EMA beta 0.9"
+
+
 def _run(scaler: object, accumulation: int = 2) -> NoiseScaleHook:
     gen = torch.Generator().manual_seed(1)
     batches = [(torch.randn(4, 3, 8, 8, generator=gen), torch.randint(0, 3, (4,), generator=gen)) for _ in range(8)]

@@ -42,7 +42,7 @@ from largebatch.config import compose_config, to_train_config
 from largebatch.lr import build_lr_scheduler, scale_lr, schedule_factors
 from largebatch.models import build_model
 from largebatch.optim import build_optimizer
-from largebatch.run import _optimizer as trainer_optimizer  # the optimizer exactly as a run builds it
+from largebatch.parts.training import optimizer_of as trainer_optimizer  # the optimizer exactly as a run builds it
 
 IMAGENET_TRAIN = 1_281_167  # images in the ILSVRC-2012 train split (resnet_main.py num_train_images)
 
@@ -381,10 +381,10 @@ def _commented_keys(path) -> dict[str, tuple[str, str]]:
 def test_mikami2018_public_values_and_every_other_keys_source() -> None:
     """The preset carries what public sources state of Sony's run, and every other key says it is
     the project's choice and names the recipe it is taken from (a preset whose header cites it)."""
-    from largebatch.run import _batch_schedule
+    from largebatch.batch_schedule import batch_schedule_of
 
     cfg = _cfg("mikami2018_rn50_68k")
-    batches = _batch_schedule(cfg)
+    batches = batch_schedule_of(cfg)
     assert batches is not None and batches.via == "accumulation"
     assert [batches.batch_at(e) for e in (0, 4, 5, 89)] == [34816, 34816, 69632, 69632]
     assert 34816 == 2176 * 16 and 69632 == 2176 * 32 and cfg.batch_schedule.steps == [[5, 69632]]
@@ -457,13 +457,15 @@ def test_fastai2018_phases_are_the_sources() -> None:
     torchvision transform the loader builds for the epoch."""
     from largebatch.data.contract import LoaderSpec
     from largebatch.data.image_folder import EpochTransforms
-    from largebatch.run import _batch_schedule, _resolution, _resolution_options
+    from largebatch.batch_schedule import batch_schedule_of
+    from largebatch.resolution import resolution_of
+    from largebatch.parts.data import resolution_options
 
     cfg = _cfg("fastai2018_rn50_128gpu")
-    batches, sides = _batch_schedule(cfg), _resolution(cfg)
+    batches, sides = batch_schedule_of(cfg), resolution_of(cfg)
     assert batches is not None and sides is not None and cfg.epochs == 50
     spec = LoaderSpec(image_size=cfg.data.image_size, batch_size=64, workers=0, crop_scale=tuple(cfg.data.crop_scale),
-                      **_resolution_options(cfg))
+                      **resolution_options(cfg))
     transforms = EpochTransforms(spec.train_size_at, scale_at=spec.crop_scale_at)
     for epoch in range(cfg.epochs):
         first, side, per_gpu, min_scale, rect_val = next(p for p in reversed(FASTAI_DATA) if epoch >= p[0])

@@ -142,13 +142,13 @@ def test_readme_shard_loader_example_runs(checked: Path, tmp_path: Path) -> None
 
 
 def test_data_shuffle_buffer_reaches_the_loader_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``data.shuffle_buffer``: the schema's key -> ``run._data``'s ``LoaderSpec`` (-> the reader, above)."""
+    """``data.shuffle_buffer``: the schema's key -> ``parts.data.data_of``'s ``LoaderSpec`` (-> the reader, above)."""
     from types import SimpleNamespace
 
     import torch
 
     import largebatch.data.build as build
-    from largebatch import run
+    from largebatch.parts.data import data_of
     from largebatch.config import compose_config, to_train_config
 
     seen = {}
@@ -158,5 +158,5 @@ def test_data_shuffle_buffer_reaches_the_loader_spec(tmp_path: Path, monkeypatch
     for overrides, expected in (([], 4096), (["data.shuffle_buffer=7"], 7)):
         seen.clear()
         cfg = to_train_config(compose_config([f"data.root={tmp_path}", *overrides]))
-        run._data(cfg, backend, SimpleNamespace(per_device=4, accumulation_steps=1), None, False)
+        data_of(cfg, backend, SimpleNamespace(per_device=4, accumulation_steps=1), None, False)
         assert seen["spec"].shuffle_buffer == expected

@@ -32,6 +32,13 @@ RUFF_PATHS = ["largebatch", "benchmarks", "tests"]
 MYPY_PATHS = [
     "largebatch/backends/torch_dist.py",
     "largebatch/run.py",
+    "largebatch/parts/data.py",
+    "largebatch/parts/model.py",
+    "largebatch/parts/training.py",
+    "largebatch/parts/diagnostics.py",
+    "largebatch/parts/hooks.py",
+    "largebatch/parts/record.py",
+    "largebatch/parts/outcome.py",
     "largebatch/data/background.py",
     "largebatch/data/pipelines/nvjpeg.py",
     "largebatch/data/batched_resize.py",

@@ -41,7 +41,7 @@ one process without accumulation and no probe (on XLA the probe is not offered)
     Not measured; the run says so in its closing lines.
 
 The micro-batch path runs on one XLA device as it does elsewhere (tested against eager CPU, with
-no graph added after warm-up); the probe is refused there (``largebatch.run``): its half-batch
+no graph added after warm-up); the probe is refused there (:func:`plan_noise_scale`): its half-batch
 passes and RNG fork are not tried in the XLA step graph.
 
 Both norms are of loss-scaled gradients under fp16: each is divided by the scaler's scale²,
@@ -100,9 +100,21 @@ class NoiseScalePlan:
     reason: str = ""
     probe_every: int = 0
 
+    def describe(self, beta: float) -> str:
+        """The run's start-up line: what measures the noise scale, at what cost, or why nothing does."""
+        if self.source is None:
+            return f"noise scale: not measured ({self.reason})"
+        if self.source == "probe":
+            return (f"noise scale: measured by a probe every {self.probe_every} steps ({self.batch_small} vs "
+                    f"{self.batch_big} images per gradient): one extra backward per probe, "
+                    f"~{100 / self.probe_every:.0f}% of steps, EMA beta {beta:g}")
+        return (f"noise scale: measured from {self.source} ({self.batch_small} vs {self.batch_big} images per "
+                f"gradient), EMA beta {beta:g}")
+
 
 def plan_noise_scale(
-    *, world_size: int, accumulation_steps: int, per_device_batch: int, local_norm_tap: Any, probe_every: int = 0
+    *, world_size: int, accumulation_steps: int, per_device_batch: int, local_norm_tap: Any, probe_every: int = 0,
+    xla: bool = False, cuda_graphs: bool = False,
 ) -> NoiseScalePlan:
     """Choose the measurement (module docstring) for a run of this shape.
 
@@ -110,6 +122,9 @@ def plan_noise_scale(
     ``largebatch.backends.xla.XlaLocalNormTap`` on XLA replicas; None where the backend records
     no local norm, e.g. one process). ``probe_every``: optimizer steps
     between two probes where nothing comes free (0: no probe); ignored where something does.
+    The probe is refused on XLA (``xla``: its half-batch passes and RNG fork are untried in the XLA
+    step graph) and with CUDA graphs (``cuda_graphs``: the half batch would replay into the step's
+    CUDA-graph buffers); the plan's ``reason`` says what to set instead.
     """
     if isinstance(probe_every, bool) or not isinstance(probe_every, int) or probe_every < 0:
         raise UsageError(f"plan_noise_scale: probe_every={probe_every!r} must be an integer >= 0 (0: no probe)")
@@ -124,6 +139,10 @@ def plan_noise_scale(
         return NoiseScalePlan(None, reason="one process, no accumulation")
     if per_device_batch < 2:
         return NoiseScalePlan(None, reason="one process, no accumulation, and a batch of 1 has no halves to probe")
+    if xla:
+        return NoiseScalePlan(None, reason="the probe does not run on XLA; use accumulation_steps >= 2")
+    if cuda_graphs:
+        return NoiseScalePlan(None, reason="the probe does not run with CUDA graphs (model.compile=reduce-overhead)")
     return NoiseScalePlan("probe", per_device_batch // 2, per_device_batch, probe_every=probe_every)
 
 

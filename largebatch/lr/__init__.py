@@ -4,6 +4,7 @@ from largebatch.lr.scaling import SCALING_RULES, scale_lr
 from largebatch.lr.schedules import (
     build_lr_scheduler,
     cosine_decay,
+    long_warmup_warning,
     lr_multiplier,
     poly_decay,
     schedule_factors,
@@ -16,6 +17,7 @@ __all__ = [
     "scale_lr",
     "build_lr_scheduler",
     "cosine_decay",
+    "long_warmup_warning",
     "lr_multiplier",
     "poly_decay",
     "schedule_factors",

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from largebatch.batch_schedule import BatchSchedule
 
 __all__ = [
+    "long_warmup_warning",
     "warmup_factor",
     "step_decay",
     "cosine_decay",
@@ -126,10 +127,9 @@ def schedule_factors(
     """
     if scaled_lr <= 0:
         raise ValueError(f"the scaled lr must be positive, got {scaled_lr}")
-    mode = getattr(warmup_start, "value", warmup_start)
-    if mode == "base_lr":
+    if warmup_start == "base_lr":
         start = base_lr / scaled_lr
-    elif mode == "factor":
+    elif warmup_start == "factor":
         start = warmup_start_factor
     else:
         raise ValueError(f"unknown warmup_start {warmup_start!r}; choose factor or base_lr")
@@ -185,3 +185,18 @@ def build_lr_scheduler(
         knots=knots,
     )
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+
+
+def long_warmup_warning(*, warmup_epochs: float, warmup_steps: int, steps_per_epoch: int, epochs: int,
+                        lr: float) -> Optional[str]:
+    """The warning for a warmup as long as the planned run or longer, or None: such a warmup never
+    reaches the peak lr (the factor is 1 from step ``warmup_steps`` on, steps count from 0), so
+    the run trains on a schedule it did not ask for. A warning, not an error: a paper preset run
+    for an epoch or two to check it works is a fair use. ``max_steps`` is not the plan: it stops
+    a run early without changing its schedule."""
+    total = epochs * steps_per_epoch
+    if warmup_steps < total:
+        return None
+    return (f"schedule.warmup_epochs={warmup_epochs:g} is {warmup_steps} warmup steps, not fewer than the run's "
+            f"{total} (epochs={epochs} x {steps_per_epoch} steps): the lr never reaches its peak {lr:.4g}; lower "
+            "schedule.warmup_epochs or raise epochs")

@@ -1,0 +1,81 @@
+"""The data section: the data folder (``data.root``, ``data.synthetic``) and this rank's loaders
+(``largebatch.data.build``), from one ``LoaderSpec`` (``data.*``, ``data.resolution``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, cast
+
+import torch
+
+from largebatch.engine.batch_plan import BatchPlan, batch_too_large
+from largebatch.errors import TooFewSamplesError
+from largebatch.resolution import resolution_of
+
+if TYPE_CHECKING:
+    from largebatch.backends.base import Backend
+    from largebatch.config.schema import TrainConfig
+    from largebatch.data.contract import Loader
+
+__all__ = ["RunData", "channels_last_of", "data_of", "resolution_options"]
+
+
+class RunData(NamedTuple):
+    """The data folder, this rank's training and evaluation loaders, and the number of classes."""
+
+    root: Path
+    train: Loader
+    val: Loader
+    num_classes: int
+
+
+def channels_last_of(cfg: TrainConfig, backend: Backend) -> bool:
+    """``model.channels_last``; unset: on CUDA devices (NHWC convolutions use the tensor cores).
+    Called once per run; the model, the loaders (``LoaderSpec``) and the hooks get the answer."""
+    if cfg.model.channels_last is None:
+        return backend.device.type == "cuda"
+    return bool(cfg.model.channels_last)
+
+
+def data_of(cfg: TrainConfig, backend: Backend, plan: BatchPlan, dtype: Optional[torch.dtype],
+            channels_last: bool) -> RunData:
+    """The data folder and this rank's loaders (``largebatch.data.build``), from one ``LoaderSpec``;
+    a data set the batch cannot fill is one line in terms of ``global_batch_size``."""
+    from largebatch.data.build import build_run_loaders, resolve_data_root
+    from largebatch.data.contract import LoaderSpec
+
+    data = cfg.data
+    syn = data.synthetic
+    root = resolve_data_root(
+        data.root, loader=data.loader, workers=data.workers, backend=backend,
+        synthetic=dict(num_classes=syn.classes, train_per_class=syn.train_per_class,
+                       val_per_class=syn.val_per_class, image_size=syn.image_size, seed=syn.seed),
+    )
+    device = backend.device
+    if device.type == "cuda" and device.index is None:  # DALI's mixed decode needs the GPU's index
+        device = torch.device("cuda", backend.local_rank)  # gpu-only
+    elif device.type != "cuda":  # pipelines decode on a GPU or on the host (an XLA device: the host)
+        device = torch.device("cpu")
+    spec = LoaderSpec(
+        image_size=data.image_size, batch_size=plan.per_device, workers=data.workers, seed=cfg.seed,
+        crop_scale=cast(tuple[float, float], tuple(data.crop_scale)),  # a pair: check_ranges
+        val_crop_ratio=data.val_crop_ratio, rank=backend.rank,
+        world_size=backend.world_size, device=device, dtype=dtype or torch.float32, channels_last=channels_last,
+        shuffle_buffer=data.shuffle_buffer, accumulation_steps=plan.accumulation_steps,
+        **resolution_options(cfg),
+    )
+    try:
+        train, val, num_classes = build_run_loaders(root, spec, loader=data.loader, shards=data.shards,
+                                                    backend=backend)
+    except TooFewSamplesError as err:
+        raise batch_too_large(plan, num_samples=err.num_samples) from None
+    return RunData(root, train, val, num_classes)
+
+
+def resolution_options(cfg: TrainConfig) -> dict[str, Any]:
+    """The ``LoaderSpec`` options of ``data.resolution``: the training side and crop scale per
+    epoch, the evaluation side and shape per epoch."""
+    res = cfg.data.resolution
+    return dict(train_sizes=resolution_of(cfg), val_image_size=res.eval_size, rect_val=res.rect_val,
+                crop_scale_steps=tuple((int(e), float(m)) for e, m in res.crop_scale_steps),
+                val_follows_train=res.eval_follows_train, rect_val_from_epoch=res.rect_val_from_epoch)

@@ -1,0 +1,95 @@
+"""The start-up record: what the run resolved (``resolved`` in summary.json and the checkpoints)
+and, on rank 0, ``config.yaml`` and the lines that state the batch and lr arithmetic once."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from largebatch import __version__
+
+if TYPE_CHECKING:
+    from largebatch.backends.base import Backend
+    from largebatch.batch_schedule import BatchSchedule
+    from largebatch.config.schema import TrainConfig
+    from largebatch.engine.batch_plan import BatchPlan
+
+__all__ = ["announce", "resolved_of"]
+
+log = logging.getLogger("largebatch")
+
+
+def resolved_of(cfg: TrainConfig, backend: Backend, plan: BatchPlan, *, lr: float, steps_per_epoch: int,
+                precision: str, batches: Optional[BatchSchedule], num_classes: int, data_root: Path, run_dir: Path,
+                channels_last: bool) -> dict[str, Any]:
+    """What the run resolved (summary.json, checkpoints): sizes, lr, precision, paths."""
+    return {
+        "version": __version__,
+        "backend": backend.describe(),
+        "world_size": backend.world_size,
+        "global_batch_size": plan.global_batch_size,
+        "per_device_batch_size": plan.per_device,
+        "accumulation_steps": plan.accumulation_steps,
+        "lr_per_base_batch": cfg.optimizer.lr,
+        "base_batch_size": cfg.base_batch_size,
+        "lr_scaling": cfg.lr_scaling,
+        "lr": lr,
+        "optimizer": cfg.optimizer.name,
+        "steps_per_epoch": steps_per_epoch,
+        "warmup_epochs": cfg.schedule.warmup_epochs,
+        "warmup_steps": int(round(cfg.schedule.warmup_epochs * steps_per_epoch)),
+        # batch-size control: the global batch per epoch, or null (global_batch_size every epoch)
+        "batch_schedule": batches.describe() if batches is not None else None,
+        "precision": precision,
+        "model": cfg.model.name,
+        "compile": cfg.model.compile,
+        "channels_last": channels_last,
+        "num_classes": num_classes,
+        "bn_group_size": cfg.bn.group_size,
+        "ema_decay": cfg.ema.decay if cfg.ema.enabled else None,
+        "top1_of": cfg.ema.target,  # raw | ema: the weights best_top1 and time_to_target_s measure
+        "data_root": str(data_root),
+        "run_dir": str(run_dir),
+        # the ImageNet recipe's derived values, each with its source (recipe.mode=auto), or null
+        "recipe": dict(cfg.recipe.derived) or None,
+        "recipe_warnings": list(cfg.recipe.warnings),
+    }
+
+
+def announce(resolved: dict[str, Any], run_dir: Path, raw_cfg: Optional[DictConfig], epochs: int) -> None:
+    """Rank 0: write config.yaml and log the batch and lr arithmetic once, the recipe's lines and
+    warnings, and a warmup the run cannot finish (``largebatch.lr.long_warmup_warning``)."""
+    from largebatch.lr import long_warmup_warning
+
+    if raw_cfg is not None:
+        path = run_dir / "config.yaml"
+        try:
+            path.write_text(OmegaConf.to_yaml(raw_cfg), encoding="utf-8")
+        except OSError as e:
+            from largebatch.engine.run_files import run_file_error
+
+            raise run_file_error("the config", path, e, "nothing was trained; free space (or make it writable) and run again") from None
+    r = resolved
+    log.info(
+        "global batch %d = %d per device x %d devices x %d accumulation; lr %.4g per %d "
+        "images, %s-scaled to %.4g; %d steps/epoch, %d warmup steps; %s, %s; run dir %s",
+        r["global_batch_size"], r["per_device_batch_size"], r["world_size"], r["accumulation_steps"],
+        r["lr_per_base_batch"], r["base_batch_size"], r["lr_scaling"], r["lr"], r["steps_per_epoch"],
+        r["warmup_steps"], r["precision"], r["backend"], run_dir,
+    )
+    if r["batch_schedule"] is not None:
+        log.info("batch schedule: global batch %s; steps/epoch and warmup steps above are the first "
+                 "batch's, the schedule runs on epochs", r["batch_schedule"])
+    if r["recipe"]:
+        from largebatch.imagenet_recipe import describe
+
+        log.info("%s", "\n".join(describe(r["recipe"], r["global_batch_size"], r["model"])))
+    for warning in r["recipe_warnings"]:
+        log.warning("%s", warning)
+    too_long = long_warmup_warning(warmup_epochs=r["warmup_epochs"], warmup_steps=r["warmup_steps"],
+                                   steps_per_epoch=r["steps_per_epoch"], epochs=epochs, lr=r["lr"])
+    if too_long:
+        log.warning("%s", too_long)
