@@ -267,8 +267,12 @@ def test_a_name_in_a_table_breaks_at_its_dots_only() -> None:
     assert hook.add_breaks(html) == (
         '<p>a.b</p><td><code>optimizer.<wbr>lr</code> 23.74% ± 0.09, <code>0.<wbr>66666666<wbr>66666666</code> '
         'f(1) Average(<wbr>decay, <a href="x/y.html" title="a.b">largebatch.<wbr>optim</a></td>')
+    command = "<td><code>.venv/bin/largebatch-train debug=smoke data.root=/data/imagenet</code></td>"
+    assert hook.add_breaks(command) == command  # a command breaks at its spaces only
     css = (ROOT / "docs" / "stylesheets" / "extra.css").read_text()
-    assert re.search(r"\.md-typeset td code \{[^}]*word-break: keep-all", css)
+    assert re.search(r"\.md-typeset td code,\s*\.md-typeset th code \{[^}]*word-break: keep-all", css)
+    header = "<th><code>largebatch.errors</code></th>"
+    assert hook.add_breaks(header) == "<th><code>largebatch.<wbr>errors</code></th>"
     assert "scripts/mkdocs_table_code.py" in (ROOT / "mkdocs.yml").read_text()
 
 
