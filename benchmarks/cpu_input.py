@@ -41,7 +41,13 @@ import torch.nn.functional as F
 from PIL import Image
 from torchvision import transforms as v1
 
-from largebatch.data.augment import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, build_train_transform, normalise_cast
+from largebatch.data.augment import (
+    IMAGENET_DEFAULT_MEAN,
+    IMAGENET_DEFAULT_STD,
+    CropRecipe,
+    build_train_transform,
+    normalise_cast,
+)
 from largebatch.data.batched_crop import augment_same_size, draw_flips, flip_rows, random_resized_crop_boxes
 from largebatch.data.decoded_store import DecodedStore, decode_split
 from largebatch.data.synthetic import make_synthetic_imagenet
@@ -50,7 +56,7 @@ from largebatch.data.synthetic import make_synthetic_imagenet
 def _batched(store: DecodedStore, side: int, generator: torch.Generator) -> Callable[[np.ndarray], torch.Tensor]:
     def run(rows: np.ndarray) -> torch.Tensor:
         images, _ = store.batch(rows)
-        return augment_same_size(images, side, generator=generator)
+        return augment_same_size(images, CropRecipe(side), generator=generator)
     return run
 
 

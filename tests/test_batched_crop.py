@@ -17,7 +17,7 @@ from scipy.stats import ks_2samp
 from torchvision.transforms import InterpolationMode, RandomResizedCrop
 from torchvision.transforms.v2 import functional as TF
 
-from largebatch.data.augment import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, normalise_cast
+from largebatch.data.augment import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, CropRecipe, normalise_cast
 from largebatch.data.batched_crop import (
     augment_same_size,
     draw_flips,
@@ -146,7 +146,7 @@ def test_flip_and_normalise_exact() -> None:
     assert torch.equal(flip_rows(crops.clone(), flips), expected)
 
     state = g.get_state()
-    out = augment_same_size(images, 32, generator=g)
+    out = augment_same_size(images, CropRecipe(32), generator=g)
     g.set_state(state)
     boxes = random_resized_crop_boxes(32, 48, 48, generator=g)
     flips = draw_flips(32, generator=g)
@@ -157,7 +157,7 @@ def test_flip_and_normalise_exact() -> None:
     torch.testing.assert_close(out, (manual / 255 - mean) / std, rtol=0, atol=2e-6)
 
     g.set_state(state)
-    low = augment_same_size(images, 32, generator=g, dtype=torch.bfloat16, channels_last=True)
+    low = augment_same_size(images, CropRecipe(32), generator=g, dtype=torch.bfloat16, channels_last=True)
     assert low.dtype == torch.bfloat16 and low.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(low, out.to(torch.bfloat16))
 

@@ -40,20 +40,39 @@ def test_a_rank_that_wrote_its_own_code_keeps_it(tmp_path: Path) -> None:
     assert (tmp_path / "exit-0-0").read_text() == "75\nlargebatch: preempted: ...\n"
 
 
-@pytest.mark.parametrize("delay_s", [0.1, 0.5, 1.5])
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (its /proc status's SigCgt mask)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next((int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:")), 0)
+    return bool(mask >> (signum - 1) & 1)
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.5, 1.5])
 def test_a_stop_as_the_agent_starts_under_an_exit_folder_not_made_yet_is_75(tmp_path: Path, delay_s: float) -> None:
     """launch/slurm.sbatch puts the exit codes in the run directory, which a new job's ranks make
     later. The agent's early-stop handler wrote there without making it: the FileNotFoundError
     rose inside whatever the main thread was importing; a traceback and exit 1, or (CI, a SIGTERM
     0.1 s in) swallowed by an import's own except, and the job trained to the end, exit 0, no
-    requeue. Now: 75 and the code written, at every moment of the start."""
+    requeue. Now: 75 and the code written, at every moment of the start from the handler's first
+    instant (its module's first lines; before them the interpreter itself is starting, and
+    SIGTERM's default action ends it, as for any program). The signal goes ``delay_s`` after the
+    start, but never before the agent catches SIGTERM: 0.0 is that first instant, so a loaded
+    machine's slow interpreter start cannot make the case race (a fixed 0.1 s did, under load)."""
     folder = tmp_path / "run" / ".exit-codes"
     proc = subprocess.Popen(
         [sys.executable, "-m", "largebatch.launch.torchrun", "--nproc-per-node=1", "-m", "largebatch.train",
          f"run_dir={tmp_path / 'run'}", "debug=smoke"],
         env={**os.environ, "LARGEBATCH_EXIT_DIR": str(folder)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
-    time.sleep(delay_s)
+    started = time.monotonic()
+    deadline = started + 60
+    while not _catches(proc.pid, signal.SIGTERM) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert _catches(proc.pid, signal.SIGTERM), "the agent never caught SIGTERM"
+    time.sleep(max(0.0, started + delay_s - time.monotonic()))
     proc.send_signal(signal.SIGTERM)
     try:
         _, err = proc.communicate(timeout=120)

@@ -53,6 +53,7 @@ from largebatch.data.augment import (
     TRAIN_CROP_RATIO,
     TRAIN_CROP_SCALE,
     TRAIN_FLIP,
+    CropRecipe,
     normalise_cast,
 )
 
@@ -147,25 +148,25 @@ def flip_rows(images: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
 
 def augment_same_size(
     images: torch.Tensor,
-    side: int,
+    recipe: CropRecipe,
     *,
     generator: torch.Generator,
-    scale: Sequence[float] = TRAIN_CROP_SCALE,
-    ratio: Sequence[float] = TRAIN_CROP_RATIO,
-    hflip: float = TRAIN_FLIP,
     mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
     std: Sequence[float] = IMAGENET_DEFAULT_STD,
     dtype: torch.dtype = torch.float32,
     channels_last: bool = False,
 ) -> torch.Tensor:
     """The training augmentation of a batch of uint8 ``(N, 3, H, W)`` images: random-resized crop
-    to ``side`` (torchvision's rule, drawn from ``generator``), horizontal flip with probability
-    ``hflip``, normalised into ``dtype`` (NHWC-strided if ``channels_last``).
+    to ``recipe.size`` (torchvision's rule with ``recipe.crop_scale`` and ``recipe.crop_ratio``,
+    drawn from ``generator``), horizontal flip with probability ``recipe.hflip``, normalised into
+    ``dtype`` (NHWC-strided if ``channels_last``). ``recipe`` is the tensor path's
+    :class:`~largebatch.data.augment.CropRecipe`, so the nvjpeg loader's settings serve here too.
 
     Draws, in this order: :func:`random_resized_crop_boxes`, then :func:`draw_flips`.
     """
     count, _, height, width = images.shape
-    boxes = random_resized_crop_boxes(count, height, width, generator=generator, scale=scale, ratio=ratio)
-    flips = draw_flips(count, generator=generator, probability=hflip)
-    crops = flip_rows(resized_crops(images, boxes, side), flips)
+    boxes = random_resized_crop_boxes(count, height, width, generator=generator, scale=recipe.crop_scale,
+                                      ratio=recipe.crop_ratio)
+    flips = draw_flips(count, generator=generator, probability=recipe.hflip)
+    crops = flip_rows(resized_crops(images, boxes, recipe.size), flips)
     return normalise_cast(crops, mean, std, dtype, channels_last)
