@@ -25,6 +25,12 @@ from largebatch.comm.reducers import destroy_process_groups
 
 __all__ = ["run_ranks", "run_to_end"]
 
+# What the forkserver imports once, before it forks any rank (run_ranks(fork=True)): torch and
+# what DDP's first construction imports (torch._dynamo), ~5 s of a spawned rank's start.
+_PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "torchvision", "timm",
+            "largebatch.comm", "largebatch.backends.torch_dist", "largebatch.nn", "largebatch.engine.loop",
+            "largebatch.engine.evaluate", "tests.distributed.harness"]
+
 
 def run_to_end(cmd: list[str], *, env: dict[str, str], cwd: Path, log: Path, timeout_s: float) -> Optional[int]:
     """Run ``cmd`` in its own session with its output in ``log``; its exit code, or None when it
@@ -45,7 +51,11 @@ def run_to_end(cmd: list[str], *, env: dict[str, str], cwd: Path, log: Path, tim
 
 
 def _entry(rank: int, fn: Callable[..., Any], world_size: int, workdir: str, args: tuple,
-           timeout_s: Optional[float] = None) -> None:
+           timeout_s: Optional[float] = None, parent: Optional[tuple[dict[str, str], str]] = None) -> None:
+    if parent is not None:  # forked from the forkserver: the caller's environment and directory, as spawn has
+        os.environ.clear()
+        os.environ.update(parent[0])
+        os.chdir(parent[1])
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     dist.init_process_group(
@@ -60,19 +70,27 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, workdir: str, arg
         destroy_process_groups()  # not dist.destroy_process_group(): see its docstring
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: Optional[float] = None) -> list[Any]:
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: Optional[float] = None,
+              fork: bool = False) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return the results.
 
     ``timeout_s``: the process group's collective timeout (torch's default is 30 minutes), for
     tests of code that could leave ranks waiting on each other.
+    ``fork``: fork the ranks from multiprocessing's forkserver (started once per test process, with
+    torch, torch._dynamo, timm and largebatch imported: :data:`_PRELOAD`) instead of spawning fresh
+    interpreters, each ~5 s of imports; each rank still gets the caller's current environment and
+    working directory. A fresh process all the same: its own gloo group, nothing of the caller's state.
     """
+    parent = (dict(os.environ), os.getcwd()) if fork else None
+    if fork:
+        mp.set_forkserver_preload(_PRELOAD)  # no effect once this process's forkserver runs
     with tempfile.TemporaryDirectory(prefix="lb_dist_") as workdir:
         mp.start_processes(
             _entry,
-            args=(fn, world_size, workdir, args, timeout_s),
+            args=(fn, world_size, workdir, args, timeout_s, parent),
             nprocs=world_size,
             join=True,
-            start_method="spawn",
+            start_method="forkserver" if fork else "spawn",
         )
         return [
             torch.load(Path(workdir) / f"result_{r}.pt", weights_only=False)

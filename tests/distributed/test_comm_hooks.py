@@ -112,7 +112,7 @@ def _rank_main(rank: int, world_size: int) -> dict:
 
 @pytest.fixture(scope="module")
 def ranks() -> list[dict]:
-    return run_ranks(_rank_main, WORLD)
+    return run_ranks(_rank_main, WORLD, fork=True)
 
 
 @pytest.fixture(scope="module")
@@ -238,6 +238,6 @@ def _backend_wrap_run(rank: int, world_size: int) -> dict:
 
 
 def test_backend_wrap_model_registers_the_hook_and_keeps_its_state() -> None:
-    for out in run_ranks(_backend_wrap_run, 2):
+    for out in run_ranks(_backend_wrap_run, 2, fork=True):
         assert out["ddp"] and (out["algorithm"], out["compress"]) == ("hierarchical", "fp16")
         assert out["counters"]["buckets"] >= 1 and out["counters"]["inter_node_bytes"] > 0
