@@ -52,7 +52,7 @@ def test_counts_match_single_process(world: int) -> None:
     backend = TorchDistributedBackend("cpu")
     ds = _dataset()
     ref = evaluate(_model(), DataLoader(ds, batch_size=64), backend=backend)
-    results = run_ranks(_eval_on_rank, world, 64)
+    results = run_ranks(_eval_on_rank, world, 64, fork=True)
     for r in results:
         assert r["total"] == N_IMAGES
         assert (r["correct1"], r["correct5"]) == (ref["correct1"], ref["correct5"])
@@ -68,7 +68,7 @@ def _tiny_on_rank(rank: int, world: int) -> dict:
 
 
 def test_ranks_with_no_images_still_join() -> None:
-    results = run_ranks(_tiny_on_rank, 4)  # ranks 2 and 3 have zero samples
+    results = run_ranks(_tiny_on_rank, 4, fork=True)  # ranks 2 and 3 have zero samples
     assert all(r["total"] == 2 for r in results)
 
 
@@ -97,7 +97,7 @@ def _ddp_with_an_empty_rank(rank: int, world: int) -> dict:
 def test_a_ddp_model_evaluates_with_an_empty_rank() -> None:
     """DDP's first forward after training broadcasts buffers; rank 1, with no batch, never joined
     it and went on to the all-reduce: gloo timed out, NCCL hung 30 minutes (issue 53)."""
-    r0, r1 = run_ranks(_ddp_with_an_empty_rank, 2, timeout_s=30)
+    r0, r1 = run_ranks(_ddp_with_an_empty_rank, 2, timeout_s=30, fork=True)
     assert r0["total"] == r1["total"] == 1
     assert r0["loss"] == r1["loss"] == pytest.approx(r0["logits_loss"])  # rank 0 evaluated rank 0's model
     assert torch.equal(r0["running_mean"], r1["running_mean"])  # every rank evaluates rank 0's BN statistics
