@@ -28,6 +28,9 @@ SCENARIOS = {
 }
 STEPS = 3
 
+# the module's ranks are one fixture: its tests run on one worker, where it is computed once
+pytestmark = pytest.mark.xdist_group("sync_bn")
+
 
 class CountingReducer:
     """Wraps a reducer and counts its collectives."""
@@ -121,7 +124,7 @@ def _worker(rank: int, world_size: int) -> dict:
 
 @pytest.fixture(scope="module")
 def rank_results() -> list[dict]:
-    return run_ranks(_worker, WORLD)
+    return run_ranks(_worker, WORLD, fork=True)
 
 
 def _groups(group: int) -> list[list[int]]:
