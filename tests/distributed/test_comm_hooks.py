@@ -36,6 +36,9 @@ CASES["hierarchical-1node/none"] = ("hierarchical", "none", 4, None)
 # unit roundoff of the wire dtype
 ROUNDOFF = {"none": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
 
+# the module's ranks are one fixture: its tests run on one worker, where it is computed once
+pytestmark = pytest.mark.xdist_group("comm_hooks")
+
 
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
