@@ -9,6 +9,10 @@ magnifies that: measured 1.5e-5 at most; 1e-4 is allowed, far below the estimate
 from step to step, which is of order 1).
 fp16-free, on gloo, for the builtin flat all-reduce and the hierarchical and 2-D torus comm hooks; with the
 wire compressed (fp16, bf16), equal to within the compression's own rounding.
+
+The ranks are started once for the module (2 spawned processes cost ~10 s of imports, the
+trainings a fraction of a second): each trains every configuration in turn, one fresh model and
+DDP each, and the tests read their own configuration's results.
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ from largebatch.engine.noise_scale_hook import NoiseScaleHook, plan_noise_scale
 from tests.distributed.harness import run_ranks
 
 MICRO, STEPS = 4, 5
+ALGORITHMS, COMPRESSIONS = ("flat", "hierarchical", "torus2d"), ("fp16", "bf16")
+
+# the module's ranks are one fixture: its tests run on one worker, where it is computed once
+pytestmark = pytest.mark.xdist_group("noise_scale_dist")
 
 
 def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -70,9 +78,23 @@ def _with_algorithm(wrap, algorithm):  # type: ignore[no-untyped-def]
     return lambda model, **kw: wrap(model, algorithm=algorithm, ranks_per_node=1, **kw)
 
 
-@pytest.mark.parametrize("algorithm", ["flat", "hierarchical", "torus2d"])
-def test_two_ranks_measure_what_two_micro_batches_measure(algorithm: str) -> None:
-    ranks = run_ranks(_ranks, 2, algorithm)
+def _every_configuration(rank: int, world_size: int) -> dict[str, object]:
+    """Rank ``rank``'s results of every configuration the tests compare, one after another."""
+    results: dict[str, object] = {a: _ranks(rank, world_size, a) for a in ALGORITHMS}
+    results.update({c: _ranks_compressed(rank, world_size, c) for c in COMPRESSIONS})
+    results["grouped_bn"] = _grouped_bn_pairs(rank, world_size)
+    return results
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> list[dict]:
+    """Each rank's results by configuration, from one pair of gloo ranks."""
+    return run_ranks(_every_configuration, 2)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_two_ranks_measure_what_two_micro_batches_measure(two_ranks: list[dict], algorithm: str) -> None:
+    ranks = [r[algorithm] for r in two_ranks]
     one = _train(_model(), TorchDistributedBackend("cpu"), _batches(), accumulation=2)
     assert ranks[0]["plan"].source == "ranks" and one["plan"].source == "micro-batches"
     assert (ranks[0]["plan"].batch_small, ranks[0]["plan"].batch_big) == (MICRO, 2 * MICRO)
@@ -92,13 +114,14 @@ def _ranks_compressed(rank: int, world_size: int, compress: str) -> dict:
     return _train(_model(), backend, _batches()[rank::2], accumulation=1)
 
 
-@pytest.mark.parametrize("compress", ["fp16", "bf16"])
-def test_wire_compression_changes_the_measurement_by_its_own_rounding_only(compress: str) -> None:
+@pytest.mark.parametrize("compress", COMPRESSIONS)
+def test_wire_compression_changes_the_measurement_by_its_own_rounding_only(two_ranks: list[dict],
+                                                                            compress: str) -> None:
     """With the gradients compressed on the wire, the local norms are the exact ones and the
     reduced gradient carries the compression's rounding: the estimates stay those of the exact
     run to within that rounding (fp16: 11-bit, bf16: 8-bit mantissas; the |G|^2 estimate's
     cancellation magnifies it), not a different measurement."""
-    ranks = run_ranks(_ranks_compressed, 2, compress)
+    ranks = [r[compress] for r in two_ranks]
     one = _train(_model(), TorchDistributedBackend("cpu"), _batches(), accumulation=2)
     got, want = torch.tensor(ranks[0]["steps"]), torch.tensor(one["steps"])
     assert ranks[0]["updates"] == STEPS and torch.isfinite(got[:, :2]).all()
@@ -145,14 +168,14 @@ def _grouped_bn_pairs(rank: int, world_size: int) -> list[tuple[float, float]]:
     return pairs
 
 
-def test_grouped_bn_the_reduced_gradient_measured_is_the_full_batchs() -> None:
+def test_grouped_bn_the_reduced_gradient_measured_is_the_full_batchs(two_ranks: list[dict]) -> None:
     """With BN over the group of both ranks (GroupSyncBatchNorm), what the ranks all-reduce is
     the gradient of the whole batch under BN over all 8 images, as one process computes it:
     the |G_big|² the tap's hook measures is that gradient's, step by step (the same
     trajectory), on both ranks; each rank's |G_small|² is its own local gradient's."""
     from largebatch.diagnostics.noise_scale import squared_norm
 
-    ranks = run_ranks(_grouped_bn_pairs, 2)
+    ranks = [r["grouped_bn"] for r in two_ranks]
     model = _bn_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
     batches, full = _batches(), []
