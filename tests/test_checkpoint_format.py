@@ -163,6 +163,31 @@ def test_every_config_key_is_of_format_2_or_declared_with_its_absent_value() -> 
     assert {k: a.absent for k, a in added.items()} == {k: keys[k] for k in added}
 
 
+def test_each_added_key_names_the_commit_that_added_it_in_the_order_added() -> None:
+    """``since``: a commit after format 2 (ccb132e) whose change adds a line naming the key, and
+    the table lists the commits oldest first by commit time (tests/test_resume_compat.py resumes a checkpoint
+    from before each)."""
+    if not (REPO / ".git").exists():
+        pytest.skip("needs the repository's history (a git checkout)")
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+
+    commits = list(dict.fromkeys(a.since for a in ADDED_KEYS.values()))
+    if git("cat-file", "-e", f"{commits[-1]}^{{commit}}").returncode:
+        pytest.skip(f"commit {commits[-1]} is not in this clone's history (shallow?)")
+    for commit in commits:  # merged branches: ordered by commit time, not by ancestry
+        assert git("merge-base", "--is-ancestor", "ccb132e", commit).returncode == 0, commit
+    times = [int(git("show", "-s", "--format=%ct", c).stdout) for c in commits]
+    assert times == sorted(times), dict(zip(commits, times))
+    diffs = {c: git("show", "--format=", c, "--", "largebatch").stdout for c in commits}
+    for key, added in ADDED_KEYS.items():
+        leaf = key.rsplit(".", 1)[-1]
+        assert any(line.startswith("+") and leaf in line for line in diffs[added.since].splitlines()), (key, added.since)
+    grouped = [a.since for a in ADDED_KEYS.values()]
+    assert grouped == sorted(grouped, key=commits.index)  # one run of entries per commit
+
+
 def test_a_run_that_uses_a_feature_writes_format_3_naming_it() -> None:
     plain = _record().to_state()
     assert plain["format"] == 2 and "features" not in plain  # every reader since format 2 reads it

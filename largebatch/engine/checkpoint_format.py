@@ -68,55 +68,59 @@ FORMAT = 3  # the newest format this code reads (it writes 2 or 3: the module do
 @dataclass(frozen=True)
 class AddedKey:
     """A checkpoint key added after format 2: the value that means what a run did before the key
-    existed, and the feature a run uses when its value differs (None: the key never changes
-    what a continued run computes, only how it is measured, recorded or composed)."""
+    existed, the feature a run uses when its value differs (None: the key never changes what a
+    continued run computes, only how it is measured, recorded or composed), and the commit that
+    added it (a checkpoint written before that commit lacks the key)."""
 
     absent: Any
-    feature: Optional[str] = None
+    feature: Optional[str]
+    since: str
 
 
 # Every key a checkpoint holds that format 2 did not (largebatch of 2026-11-25, commit ccb132e:
 # the keys of tests/fixtures/format2_record_keys.txt and, under ``config.``, of
 # tests/fixtures/format2_config_keys.txt), by its path in the record: ``config.<key>``, a
-# part's name, or ``<part>.<key>``. A new key is declared here, with the value a run without
-# it had and the feature that makes an older reader refuse the checkpoint when the value
-# differs (tests/test_checkpoint_format.py fails for a key that is in neither). Reading an
-# older checkpoint, an absent key takes its ``absent`` value; writing, the features whose keys
-# differ from it are the file's ``features``.
+# part's name, or ``<part>.<key>``; oldest commit first. A new key is declared
+# here, with the value a run without it had, the feature that makes an older reader refuse the
+# checkpoint when the value differs, and its commit (tests/test_checkpoint_format.py fails for
+# a key that is in neither; tests/test_resume_compat.py resumes a checkpoint from before each
+# commit). Reading an older checkpoint, an absent key takes its ``absent`` value
+# (:func:`with_absent_keys`); writing, the features whose keys differ from it are the file's
+# ``features`` (:func:`features_used`).
 ADDED_KEYS: dict[str, AddedKey] = {
-    "config.schedule.points": AddedKey([], "piecewise_schedule"),
-    "config.data.resolution.schedule": AddedKey("none", "progressive_resizing"),
-    "config.data.resolution.steps": AddedKey([], "progressive_resizing"),
-    "config.data.resolution.start_epoch": AddedKey(0, "progressive_resizing"),
-    "config.data.resolution.end_epoch": AddedKey(0, "progressive_resizing"),
-    "config.data.resolution.start_size": AddedKey(None, "progressive_resizing"),
-    "config.data.resolution.end_size": AddedKey(None, "progressive_resizing"),
-    "config.data.resolution.multiple": AddedKey(32, "progressive_resizing"),
-    "config.data.resolution.eval_size": AddedKey(None, "progressive_resizing"),
-    "config.data.resolution.eval_follows_train": AddedKey(False, "progressive_resizing"),
-    "config.data.resolution.crop_scale_steps": AddedKey([], "progressive_resizing"),
-    "config.data.resolution.rect_val": AddedKey(False),  # evaluation only (resume._HOW_KEYS)
-    "config.data.resolution.rect_val_from_epoch": AddedKey(0),
-    "config.diagnostics.noise_scale.enabled": AddedKey(True),  # measured beside the step, the step unchanged
-    "config.diagnostics.noise_scale.beta": AddedKey(0.99),
-    "config.diagnostics.noise_scale.probe_every": AddedKey(0),
-    "config.batch_schedule.steps": AddedKey([], "batch_schedule"),
-    "config.batch_schedule.via": AddedKey("accumulation"),  # read only with steps or the adaptive batch
-    "config.batch_schedule.lr": AddedKey("scale"),
-    "config.batch_schedule.adaptive.enabled": AddedKey(False, "adaptive_batch"),
-    "config.batch_schedule.adaptive.raise_at": AddedKey(2.0),
-    "config.batch_schedule.adaptive.growth": AddedKey(2),
-    "config.batch_schedule.adaptive.max_global_batch": AddedKey(None),
-    "config.model.fc_init_std": AddedKey(None),  # the classifier's initialisation: a resume loads the weights
-    "config.optimizer.decay_bias": AddedKey(False, "bias_decay"),  # which tensors are decayed
-    "config.recipe.mode": AddedKey("auto"),  # how the config was composed: its values are in the config
-    "config.recipe.derived": AddedKey({}),
-    "config.recipe.warnings": AddedKey([]),
-    "noise_scale": AddedKey(None),  # the noise scale's averages: without them it is measured afresh
-    "train_state.batch_factors": AddedKey([], "adaptive_batch"),  # the adaptive batch's decisions
     # each rank's device generator (format 2: ``cuda``, rank 0's list); a reader without it
     # keeps its seeded device generators: only on-device random draws (dropout) differ
-    "rng.device": AddedKey(None),
+    "rng.device": AddedKey(None, None, "a25dbb0"),
+    "config.diagnostics.noise_scale.enabled": AddedKey(True, None, "def7a83"),  # measured beside the step
+    "config.diagnostics.noise_scale.beta": AddedKey(0.99, None, "def7a83"),
+    "noise_scale": AddedKey(None, None, "9646d01"),  # the noise scale's averages: without them, measured afresh
+    "config.diagnostics.noise_scale.probe_every": AddedKey(0, None, "a6ce97e"),
+    "config.data.resolution.schedule": AddedKey("none", "progressive_resizing", "7cbe015"),
+    "config.data.resolution.steps": AddedKey([], "progressive_resizing", "7cbe015"),
+    "config.data.resolution.start_epoch": AddedKey(0, "progressive_resizing", "7cbe015"),
+    "config.data.resolution.end_epoch": AddedKey(0, "progressive_resizing", "7cbe015"),
+    "config.data.resolution.start_size": AddedKey(None, "progressive_resizing", "7cbe015"),
+    "config.data.resolution.end_size": AddedKey(None, "progressive_resizing", "7cbe015"),
+    "config.data.resolution.multiple": AddedKey(32, "progressive_resizing", "7cbe015"),
+    "config.data.resolution.eval_size": AddedKey(None, "progressive_resizing", "7cbe015"),
+    "config.batch_schedule.steps": AddedKey([], "batch_schedule", "4b4974b"),
+    "config.batch_schedule.via": AddedKey("accumulation", None, "4b4974b"),  # read only with steps or adaptive
+    "config.batch_schedule.lr": AddedKey("scale", None, "4b4974b"),
+    "config.schedule.points": AddedKey([], "piecewise_schedule", "32a2b8f"),
+    "config.batch_schedule.adaptive.enabled": AddedKey(False, "adaptive_batch", "5a0df7f"),
+    "config.batch_schedule.adaptive.raise_at": AddedKey(2.0, None, "5a0df7f"),
+    "config.batch_schedule.adaptive.growth": AddedKey(2, None, "5a0df7f"),
+    "config.batch_schedule.adaptive.max_global_batch": AddedKey(None, None, "5a0df7f"),
+    "train_state.batch_factors": AddedKey([], "adaptive_batch", "5a0df7f"),  # the adaptive batch's decisions
+    "config.data.resolution.rect_val": AddedKey(False, None, "4809527"),  # evaluation only (resume._HOW_KEYS)
+    "config.data.resolution.eval_follows_train": AddedKey(False, "progressive_resizing", "3675d78"),
+    "config.data.resolution.crop_scale_steps": AddedKey([], "progressive_resizing", "3675d78"),
+    "config.data.resolution.rect_val_from_epoch": AddedKey(0, None, "3675d78"),
+    "config.recipe.mode": AddedKey("auto", None, "485c1a6"),  # how the config was composed: its values are in it
+    "config.recipe.derived": AddedKey({}, None, "485c1a6"),
+    "config.recipe.warnings": AddedKey([], None, "485c1a6"),
+    "config.model.fc_init_std": AddedKey(None, None, "c73f019"),  # the classifier's init: a resume loads the weights
+    "config.optimizer.decay_bias": AddedKey(False, "bias_decay", "c73f019"),  # which tensors are decayed
 }
 
 # the features this code continues a run with

@@ -70,7 +70,7 @@ RUN_KEYS = ("seed", "model.", "optimizer.", "label_smoothing", "bn.", "data.synt
             "data.image_size", "data.crop_scale", "data.val_crop_ratio", "data.resolution.",
             "batch_schedule.")
 # ... except these: how the same computation runs, or only how it is evaluated (rect_val: fast.ai
-# turned it on for the last phase; a checkpoint from before the key has none), and the schedule keys
+# turned it on for the last phase), and the schedule keys
 _HOW_KEYS = ("optimizer.foreach", "model.compile", "model.channels_last", "data.resolution.rect_val",
              "data.resolution.rect_val_from_epoch")
 
