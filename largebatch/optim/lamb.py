@@ -23,16 +23,15 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 from torch import Tensor
-from torch.optim import Optimizer
 
 from largebatch.errors import UsageError
-from .lars import _sq_norm, _stacked, _use_foreach
-from .timm_names import LAMB_TIMM_NAMES, from_timm_names
+from .layerwise import LayerwiseOptimizer, sq_norm, stacked, use_foreach
+from .timm_names import LAMB_TIMM_NAMES
 
 __all__ = ["LAMB", "lamb"]
 
 
-class LAMB(Optimizer):
+class LAMB(LayerwiseOptimizer):
     """LAMB for PyTorch.
 
     Paper: You et al. 2019, "Large Batch Optimization for Deep Learning: Training BERT in 76 minutes",
@@ -70,6 +69,9 @@ class LAMB(Optimizer):
             values are refused with what to use instead (see :mod:`largebatch.optim.timm_names`).
     """
 
+    timm_names = LAMB_TIMM_NAMES
+    backfill = {"trust_clip": False, "lars_exclude": False, "foreach": None}  # what LAMB did before them
+
     def __init__(
         self,
         params: Iterable[Tensor] | Iterable[dict[str, Any]],
@@ -82,9 +84,7 @@ class LAMB(Optimizer):
         foreach: Optional[bool] = None,
         **timm_options: Any,
     ) -> None:
-        unknown = sorted(from_timm_names(timm_options, LAMB_TIMM_NAMES, cls="LAMB", where="LAMB"))
-        if unknown:
-            raise TypeError(f"LAMB got unexpected keyword argument(s) {', '.join(map(repr, unknown))}")
+        self.our_options(timm_options)  # timm's names that mean what LAMB does; anything else raises
         defaults = dict(
             lr=lr,
             betas=tuple(betas),
@@ -94,24 +94,22 @@ class LAMB(Optimizer):
             lars_exclude=False,
             foreach=foreach,
         )
-        _check_lamb_group(defaults, where="LAMB")
         super().__init__(params, defaults)
 
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        # validate the group as it will be (defaults filled in) before torch appends it: a group that
-        # raises must not stay in param_groups
-        where = f"LAMB param group {len(self.param_groups)}"
-        param_group = from_timm_names(param_group, LAMB_TIMM_NAMES, cls="LAMB", where=where)
-        group = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
-        _check_lamb_group(group, where=where)
-        super().add_param_group(param_group)
+    @staticmethod
+    def check_group(group: dict[str, Any], where: str) -> None:
+        if not group["lr"] >= 0.0:
+            raise UsageError(f"{where}: invalid lr {group['lr']!r}, must be >= 0")
+        betas = group["betas"]
+        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+            raise UsageError(f"{where}: invalid betas {betas!r}, must be two values in [0, 1)")
+        if not group["eps"] > 0.0:
+            raise UsageError(f"{where}: invalid eps {group['eps']!r}, must be > 0")
+        if not group["weight_decay"] >= 0.0:
+            raise UsageError(f"{where}: invalid weight_decay {group['weight_decay']!r}, must be >= 0")
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        for group in self.param_groups:  # checkpoints written before an option existed
-            group.setdefault("trust_clip", False)
-            group.setdefault("lars_exclude", False)
-            group.setdefault("foreach", None)
         for p, state in self.state.items():
             step = state.get("step")
             if step is not None:  # a Python int before the step count became a tensor
@@ -201,7 +199,7 @@ def lamb(
     this step. Gradients are not modified. Tensors are real: pass a complex parameter and its state as
     ``torch.view_as_real`` views.
     """
-    func = _multi_tensor_lamb if _use_foreach(foreach, params) else _single_tensor_lamb
+    func = _multi_tensor_lamb if use_foreach(foreach, params) else _single_tensor_lamb
     func(
         params,
         grads,
@@ -216,18 +214,6 @@ def lamb(
         trust_clip=trust_clip,
         exclude=exclude,
     )
-
-
-def _check_lamb_group(group: dict[str, Any], where: str) -> None:
-    if not group["lr"] >= 0.0:
-        raise UsageError(f"{where}: invalid lr {group['lr']!r}, must be >= 0")
-    betas = group["betas"]
-    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-        raise UsageError(f"{where}: invalid betas {betas!r}, must be two values in [0, 1)")
-    if not group["eps"] > 0.0:
-        raise UsageError(f"{where}: invalid eps {group['eps']!r}, must be > 0")
-    if not group["weight_decay"] >= 0.0:
-        raise UsageError(f"{where}: invalid weight_decay {group['weight_decay']!r}, must be >= 0")
 
 
 def _step_tensor(p: Tensor, step: Any) -> Tensor:
@@ -255,7 +241,7 @@ def _bias_corrections(
         scale = bc2_sqrt / (1.0 - beta1**t)
         return [scale, eps * bc2_sqrt, -lr * scale]
 
-    scales, eps_ts, neg_steps = _stacked(fn, steps)
+    scales, eps_ts, neg_steps = stacked(fn, steps)
     return scales, eps_ts, neg_steps
 
 
@@ -305,7 +291,7 @@ def _single_tensor_lamb(
         else:
             u = torch.div(m, denom.add_(eps_t), out=denom)
             unit = scale
-        p.addcmul_(u, _lamb_step_size(_sq_norm(p), _sq_norm(u), lr, unit, trust_clip))
+        p.addcmul_(u, _lamb_step_size(sq_norm(p), sq_norm(u), lr, unit, trust_clip))
 
 
 def _multi_tensor_lamb(
@@ -342,5 +328,5 @@ def _multi_tensor_lamb(
     def step_size_fn(w_norm: Tensor, u_norm: Tensor) -> list[Tensor]:
         return [_lamb_step_size(w_norm.square(), u_norm.square(), lr, 1.0, trust_clip)]
 
-    (step_sizes,) = _stacked(step_size_fn, torch._foreach_norm(params), torch._foreach_norm(updates))
+    (step_sizes,) = stacked(step_size_fn, torch._foreach_norm(params), torch._foreach_norm(updates))
     torch._foreach_addcmul_(params, updates, step_sizes)

@@ -27,17 +27,17 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 from torch import Tensor
-from torch.optim import Optimizer
 
 from largebatch.errors import UsageError
-from .timm_names import LARS_TIMM_NAMES, from_timm_names
+from .layerwise import LayerwiseOptimizer, sq_norm, stacked, use_foreach
+from .timm_names import LARS_TIMM_NAMES
 
 __all__ = ["LARS", "lars"]
 
 _TRUST_COEFFICIENT = 0.001
 
 
-class LARS(Optimizer):
+class LARS(LayerwiseOptimizer):
     """LARS (and LARC with ``trust_clip=True``) for PyTorch.
 
     Paper: You, Gitman, Ginsburg 2017, "Large Batch Training of Convolutional Networks", arXiv 1708.03888.
@@ -96,6 +96,17 @@ class LARS(Optimizer):
             are refused with what to use instead (see :mod:`largebatch.optim.timm_names`).
     """
 
+    timm_names = LARS_TIMM_NAMES
+    backfill = {  # what LARS did before each option existed
+        "nesterov": False,
+        "trust_coefficient": _TRUST_COEFFICIENT,
+        "eps": 1e-8,
+        "trust_clip": False,
+        "lr_in_momentum": False,  # the only form before the option existed
+        "lars_exclude": False,
+        "foreach": None,
+    }
+
     def __init__(
         self,
         params: Iterable[Tensor] | Iterable[dict[str, Any]],
@@ -112,10 +123,7 @@ class LARS(Optimizer):
         **timm_options: Any,
     ) -> None:
         ours = {} if trust_coefficient is None else {"trust_coefficient": trust_coefficient}
-        options = from_timm_names({**timm_options, **ours}, LARS_TIMM_NAMES, cls="LARS", where="LARS")
-        unknown = sorted(set(options) - {"trust_coefficient"})
-        if unknown:
-            raise TypeError(f"LARS got unexpected keyword argument(s) {', '.join(map(repr, unknown))}")
+        options = self.our_options({**timm_options, **ours}, known=("trust_coefficient",))
         defaults = dict(
             lr=lr,
             momentum=momentum,
@@ -128,28 +136,24 @@ class LARS(Optimizer):
             lars_exclude=False,
             foreach=foreach,
         )
-        _check_lars_group(defaults, where="LARS")
         super().__init__(params, defaults)
 
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        # validate the group as it will be (defaults filled in) before torch appends it: a group that
-        # raises must not stay in param_groups
-        where = f"LARS param group {len(self.param_groups)}"
-        param_group = from_timm_names(param_group, LARS_TIMM_NAMES, cls="LARS", where=where)
-        group = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
-        _check_lars_group(group, where=where)
-        super().add_param_group(param_group)
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        for group in self.param_groups:  # checkpoints written before an option existed
-            group.setdefault("nesterov", False)
-            group.setdefault("trust_coefficient", _TRUST_COEFFICIENT)
-            group.setdefault("eps", 1e-8)
-            group.setdefault("trust_clip", False)
-            group.setdefault("lr_in_momentum", False)  # the only form before the option existed
-            group.setdefault("lars_exclude", False)
-            group.setdefault("foreach", None)
+    @staticmethod
+    def check_group(group: dict[str, Any], where: str) -> None:
+        if not group["lr"] >= 0.0:
+            raise UsageError(f"{where}: invalid lr {group['lr']!r}, must be >= 0")
+        if not 0.0 <= group["momentum"] < 1.0:
+            raise UsageError(f"{where}: invalid momentum {group['momentum']!r}, must be in [0, 1)")
+        if not group["weight_decay"] >= 0.0:
+            raise UsageError(f"{where}: invalid weight_decay {group['weight_decay']!r}, must be >= 0")
+        if not group["trust_coefficient"] > 0.0:
+            raise UsageError(f"{where}: invalid trust_coefficient {group['trust_coefficient']!r}, must be > 0")
+        if not group["eps"] >= 0.0:
+            raise UsageError(f"{where}: invalid eps {group['eps']!r}, must be >= 0")
+        if not isinstance(group["lr_in_momentum"], bool):
+            raise UsageError(f"{where}: invalid lr_in_momentum {group['lr_in_momentum']!r}, must be True or False")
+        if group["nesterov"] and group["momentum"] == 0:
+            raise UsageError(f"{where}: nesterov=True needs momentum > 0")
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """As torch's, but refuses momentum buffers written in the other ``lr_in_momentum`` form.
@@ -239,7 +243,7 @@ def lars(
     ``momentum_buffers`` holds one buffer per parameter (zeros before the first step), or is empty when
     ``momentum == 0``. Gradients are not modified. ``lr_in_momentum`` picks the buffer's form (see :class:`LARS`).
     """
-    func = _multi_tensor_lars if _use_foreach(foreach, params) else _single_tensor_lars
+    func = _multi_tensor_lars if use_foreach(foreach, params) else _single_tensor_lars
     func(
         params,
         grads,
@@ -254,62 +258,6 @@ def lars(
         exclude=exclude,
         lr_in_momentum=lr_in_momentum,
     )
-
-
-def _check_lars_group(group: dict[str, Any], where: str) -> None:
-    if not group["lr"] >= 0.0:
-        raise UsageError(f"{where}: invalid lr {group['lr']!r}, must be >= 0")
-    if not 0.0 <= group["momentum"] < 1.0:
-        raise UsageError(f"{where}: invalid momentum {group['momentum']!r}, must be in [0, 1)")
-    if not group["weight_decay"] >= 0.0:
-        raise UsageError(f"{where}: invalid weight_decay {group['weight_decay']!r}, must be >= 0")
-    if not group["trust_coefficient"] > 0.0:
-        raise UsageError(f"{where}: invalid trust_coefficient {group['trust_coefficient']!r}, must be > 0")
-    if not group["eps"] >= 0.0:
-        raise UsageError(f"{where}: invalid eps {group['eps']!r}, must be >= 0")
-    if not isinstance(group["lr_in_momentum"], bool):
-        raise UsageError(f"{where}: invalid lr_in_momentum {group['lr_in_momentum']!r}, must be True or False")
-    if group["nesterov"] and group["momentum"] == 0:
-        raise UsageError(f"{where}: nesterov=True needs momentum > 0")
-
-
-def _use_foreach(foreach: Optional[bool], params: list[Tensor]) -> bool:
-    """Resolve ``foreach=None`` as torch.optim does: multi-tensor off CPU (launch-bound), per-tensor on CPU."""
-    if foreach is not None:
-        return foreach
-    return bool(params) and all(p.device.type != "cpu" for p in params)
-
-
-def _sq_norm(t: Tensor) -> Tensor:
-    """Squared L2 norm of one tensor as a 0-dim tensor (float32 at least), computed on its device."""
-    if t.dtype in (torch.float32, torch.float64) and t.is_contiguous():
-        flat = t.view(-1)
-        # BLAS dot: on CPU about twice as fast as vector_norm, and more accurate in float32
-        return torch.dot(flat, flat)
-    return torch.linalg.vector_norm(t, dtype=torch.promote_types(t.dtype, torch.float32)).square()
-
-
-def _stacked(fn: Callable[..., list[Tensor]], *scalar_lists: list[Tensor]) -> list[list[Tensor]]:
-    """Apply ``fn`` to 1-D stacks of per-tensor 0-dim values (one stack per device and dtype).
-
-    ``fn`` returns a list of 1-D tensors; the result is, for each of them, the list of per-tensor 0-dim
-    views. Vectorising the trust-ratio arithmetic costs a handful of ops per group instead of per tensor.
-    """
-    first = scalar_lists[0]
-    buckets: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    for i, t in enumerate(first):
-        buckets.setdefault((t.device, t.dtype), []).append(i)
-    if len(buckets) == 1:
-        return [out.unbind(0) for out in fn(*(torch.stack(lst) for lst in scalar_lists))]
-    results: list[list[Any]] = []
-    for idx in buckets.values():
-        outs = fn(*(torch.stack([lst[i] for i in idx]) for lst in scalar_lists))
-        if not results:
-            results = [[None] * len(first) for _ in outs]
-        for res, out in zip(results, outs):
-            for i, v in zip(idx, out.unbind(0)):
-                res[i] = v
-    return results
 
 
 def _lars_trust_ratio(
@@ -374,7 +322,7 @@ def _single_tensor_lars(
             ratio = ratio * fold
         return [ratio, ratio * weight_decay]
 
-    ratios, decay_ratios = _stacked(ratios_fn, [_sq_norm(p) for p in params], [_sq_norm(g) for g in grads])
+    ratios, decay_ratios = stacked(ratios_fn, [sq_norm(p) for p in params], [sq_norm(g) for g in grads])
     for i, (p, g, r, r_wd) in enumerate(zip(params, grads, ratios, decay_ratios)):
         if momentum == 0 or nesterov:
             d = torch.mul(g, r).addcmul_(p, r_wd)  # fold * ratio * (g + wd * w), leaves p.grad untouched
@@ -429,7 +377,7 @@ def _multi_tensor_lars(
             )
             return [ratio * fold if lr_in_momentum and momentum != 0 else ratio]
 
-        (ratios,) = _stacked(ratios_fn, torch._foreach_norm(params), torch._foreach_norm(grads))
+        (ratios,) = stacked(ratios_fn, torch._foreach_norm(params), torch._foreach_norm(grads))
         if weight_decay != 0:
             grads = torch._foreach_add(grads, params, alpha=weight_decay)  # new list: p.grad untouched
             torch._foreach_mul_(grads, ratios)
