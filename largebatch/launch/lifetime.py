@@ -28,6 +28,9 @@ import sys
 from types import FrameType
 from typing import Optional
 
+# no torch: a stop before training must not wait for seconds of imports
+from largebatch.errors import EXIT_PREEMPTED, STOP_SIGNALS
+
 __all__ = [
     "AGENT_PID", "EXIT_PEER_LOST", "LAUNCHER_PID", "die_with_parent", "expected_parent", "peer_lost", "start_rank",
     "stop_before_training", "under_torchrun",
@@ -39,8 +42,6 @@ LAUNCHER_PID = "LARGEBATCH_LAUNCHER_PID"
 AGENT_PID = "LARGEBATCH_AGENT_PID"
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # largebatch.errors.STOP_SIGNALS
-_EXIT_PREEMPTED = 75  # largebatch.errors.EXIT_PREEMPTED (not imported: this runs before the imports)
 
 
 # A rank whose collective failed because another rank is gone exits 1, as torchrun reads any
@@ -102,18 +103,18 @@ def _stop_now(signum: int, frame: Optional[FrameType]) -> None:
                 "command (resume=auto)")
     if not os.environ.get(LINE_BY_LAUNCHER):
         print(line, file=sys.stderr)
-    report_exit_code(_EXIT_PREEMPTED, line)
+    report_exit_code(EXIT_PREEMPTED, line)
     sys.stdout.flush()
     sys.stderr.flush()
     # not an exception: the rank may be inside a blocking C call (the process group's
     # rendezvous) that would hold it until its timeout; nothing is written yet that could be torn
-    os._exit(_EXIT_PREEMPTED)
+    os._exit(EXIT_PREEMPTED)
 
 
 def stop_before_training() -> None:
     """SIGTERM/SIGINT/SIGHUP end this process with exit 75 and one line until the training loop
     installs its own handlers (a stop before the first step has nothing to save)."""
-    for sig in _STOP_SIGNALS:
+    for sig in STOP_SIGNALS:
         try:
             signal.signal(sig, _stop_now)
         except ValueError:  # not the main thread (embedded use)
