@@ -70,7 +70,7 @@ def _rank_fn(rank: int, world_size: int) -> dict[str, torch.Tensor]:
 
 def test_two_ranks_match_one_process_on_the_whole_batch() -> None:
     reference = _train(_model(), _batches(), None)
-    for rank, state in enumerate(run_ranks(_rank_fn, 2)):
+    for rank, state in enumerate(run_ranks(_rank_fn, 2, fork=True)):
         for name, ref in reference.items():
             if name.endswith("num_batches_tracked"):
                 assert int(state[name]) == int(ref), name
