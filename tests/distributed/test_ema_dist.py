@@ -1,10 +1,13 @@
-"""Weight EMA on 2 gloo ranks (issue 35): every rank evaluates the same EMA.
+"""Weight EMA on gloo ranks (issue 35): every rank evaluates the same EMA.
 
 * DDP keeps the parameters, and so their EMA, bit-identical on every rank; with per-rank BN
   the BN running statistics differ between forwards, and so do their averages: the EMA's
   ``eval_model()`` gives every rank rank 0's (the EMA checkpoints hold), bit for bit.
 * ``torchrun --nproc_per_node=2 -m largebatch.train ema.enabled=true`` trains, evaluates
   and checkpoints the EMA of the DDP-wrapped model.
+
+The in-process cases share one start of 4 spawned ranks (each costs seconds of imports): each
+rank runs both of them in turn and the tests read their own part.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 from torch import nn
 
@@ -24,6 +28,9 @@ from tests.distributed.harness import run_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 5
+
+# the module's ranks are one fixture: its tests run on one worker, where it is computed once
+pytestmark = pytest.mark.xdist_group("ema_dist")
 
 
 def _model() -> nn.Module:
@@ -58,18 +65,21 @@ def _ema_on_rank(rank: int, world: int) -> dict[str, dict[str, torch.Tensor]]:
     return {"before": before, "after": after, "model": {k: v.clone() for k, v in model.state_dict().items()}}
 
 
-def test_every_rank_evaluates_rank_0s_ema() -> None:
-    r0, r1 = run_ranks(_ema_on_rank, 2)
+def test_every_rank_evaluates_rank_0s_ema(four_ranks: list[dict]) -> None:
+    r0, *others = [r["ddp"] for r in four_ranks]
     params = {name for name, _ in _model().named_parameters()}
     for k in params:
-        assert torch.equal(r0["before"][k], r1["before"][k]), f"EMA of parameter {k} differs between ranks"
         assert not torch.equal(r0["before"][k], r0["model"][k]), f"{k}: nothing averaged"
+        for rank, r in enumerate(others, 1):
+            assert torch.equal(r0["before"][k], r["before"][k]), f"EMA of parameter {k} differs on rank {rank}"
     running = [k for k in r0["before"] if "running" in k]
-    assert any(not torch.equal(r0["before"][k], r1["before"][k]) for k in running), (
-        "per-rank BN statistics were expected to differ before the sync; the test shows nothing")
+    for rank, r in enumerate(others, 1):
+        assert any(not torch.equal(r0["before"][k], r["before"][k]) for k in running), (
+            f"rank {rank}: per-rank BN statistics were expected to differ before the sync; the test shows nothing")
     for k in r0["after"]:
-        assert torch.equal(r0["after"][k], r1["after"][k]), f"EMA {k} differs between ranks after the sync"
         assert torch.equal(r0["after"][k], r0["before"][k]), f"rank 0's EMA {k} changed in the sync"
+        for rank, r in enumerate(others, 1):
+            assert torch.equal(r0["after"][k], r["after"][k]), f"EMA {k} differs on rank {rank} after the sync"
 
 
 def test_torchrun_two_ranks_train_evaluate_and_checkpoint_the_ema(tmp_path: Path) -> None:
@@ -125,10 +135,21 @@ def _ema_over_torch_sync_bn(rank: int, world: int) -> dict[str, object]:
     }
 
 
-def test_the_ema_of_a_model_with_torch_sync_bn_on_a_subgroup() -> None:
+def _both_on_rank(rank: int, world: int) -> dict[str, object]:
+    """Rank ``rank``'s part of both in-process cases: the DDP EMA's, then torch SyncBatchNorm's."""
+    return {"ddp": _ema_on_rank(rank, world), "sync_bn": _ema_over_torch_sync_bn(rank, world)}
+
+
+@pytest.fixture(scope="module")
+def four_ranks() -> list[dict]:
+    """What each of 4 gloo ranks returns: 4, so that grouped BN has a subgroup of 2 (of 2 groups)."""
+    return run_ranks(_both_on_rank, 4)
+
+
+def test_the_ema_of_a_model_with_torch_sync_bn_on_a_subgroup(four_ranks: list[dict]) -> None:
     """Every CUDA run with ema.enabled and 1 < bn.group_size < world died before step 1: timm's
     deep copy of the model met the subgroup's ProcessGroup (issue 53)."""
-    for r in run_ranks(_ema_over_torch_sync_bn, 4):
+    for r in (r["sync_bn"] for r in four_ranks):
         assert r["same_group"] and r["kept_group"] and r["ema_is_sync_bn"]
         assert torch.allclose(r["ema_mean"], torch.full((4,), 1.0))  # 0.5 * 0 + 0.5 * 2
         assert r["logits"] == torch.Size([4, 3])
