@@ -770,17 +770,28 @@ def exponent_fits(rows: dict, args: argparse.Namespace, tied: dict[tuple[str, in
 
 
 def write_report(args: argparse.Namespace, rows: dict) -> str:
-    base = args.base_batch
+    """The study's report from its rows, section by section; written to ``--out``.md with its plot."""
+    family = comparisons(rows, args)
+    ref = points(rows, "sgd", args.base_batch, chosen_lr(rows, "sgd", args.base_batch, args), args)
+    lines = [*_setup_section(args, rows), *_resolution_section(args, rows, family), *_convergence_section(args, rows)]
+    if args.largest_check and max(args.batches) != args.base_batch:
+        lines += largest_check_section(rows, args)
+    tied = identified(rows, args, *pooled_sd(seed_groups(rows, args, "val")))
+    lines += [*_sweeps_section(args, rows, tied), *_claim1_section(args, rows, tied), *_test_section(args, rows, ref),
+              *_comparisons_section(args, family)]
+    trained = list(rows.values())
+    lines += ["", f"{len(trained)} trainings, {sum(r['seconds'] for r in trained) / 60:.1f} min of training summed "
+              "(workers of one thread each, on a shared 2-core machine; docs/scaling-rule.md gives the wall time)."]
+    text = "\n".join(lines) + "\n"
+    args.out.with_suffix(".md").write_text(text, encoding="utf-8")
+    plot(args, rows)
+    return text
+
+
+def _setup_section(args: argparse.Namespace, rows: dict) -> list[str]:
+    """The title, the setup in one paragraph, and what is still pending."""
     todo, blocked = plan(rows, args)
     n_train = args.classes * args.train_per_class
-    eta = chosen_lr(rows, "sgd", base, args)
-    ref = points(rows, "sgd", base, eta, args)
-    family = comparisons(rows, args)
-    m = len(family)
-    alpha = 0.05 / m
-    n = len(args.seeds)
-    s_val, df_val = pooled_sd(seed_groups(rows, args, "val"))
-    res = resolution(rows, args, family)
     L = ["# The scaling-rule study, version 3", "",
          f"Rows: `{args.out.with_suffix('.jsonl').name}` (one per training); written by `benchmarks/scaling_rule.py "
          "--render`; the design and the commands are in that module's docstring.", "",
@@ -788,8 +799,8 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
          f"(chooses the lrs) / {args.classes * args.test_per_class} test (every number below) images, {args.side} px "
          f"stored, {args.crop} px crops; conv net width {args.width} with BN over groups of {args.bn_group} images; "
          f"{args.epochs} epochs at every batch (poly(2) decay; warmup {args.warmup_epochs} epochs where used); base "
-         f"batch {base}; seeds {args.seeds} ({args.sweep_seeds} of them over each whole lr sweep). Intervals: 95% t; "
-         f"equivalence margin {args.margin} points.", ""]
+         f"batch {args.base_batch}; seeds {args.seeds} ({args.sweep_seeds} of them over each whole lr sweep). "
+         f"Intervals: 95% t; equivalence margin {args.margin} points.", ""]
     if (args.width, args.epochs) in CHOSEN_ON_TEST:
         L += [f"**How this setup was chosen**: {CHOSEN_ON_TEST[(args.width, args.epochs)]}. From now on any setup "
               "(width, epochs, data) is chosen on the val split only; the convergence check below decides on val "
@@ -803,71 +814,85 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
     if args.base_only:
         L += ["**Only the base batch's cell was run (`--base-only`: its sweep and the convergence check); every "
               "other cell below is pending.**", ""]
-    # what the rows can resolve: the seed spread, the smallest effect m corrected tests find
-    L += ["## What the rows can resolve", ""]
-    if res:
-        L += [f"Seed spread (pooled standard deviation over the {res['points']} points run "
-              f"with all {n} seeds): test {res['sd_test']:.2f} points, val {res['sd_val']:.2f} points. Minimal "
-              f"detectable effect with {n} seeds per arm at the corrected level (two-sided, alpha 0.05/{m}, 80% "
-              f"power, t with {res['df']} degrees of freedom): **{res['mde']:.2f} points** of test top-1 (normal "
-              f"approximation: {res['mde_normal']:.2f}). A true difference smaller than that is more likely missed "
-              f"than found; an \"inconclusive\" below says no more than that.", ""]
-        if res["welch_df"]:
-            L += [f"The comparisons' Welch tests run at {res['welch_df'][0]:.1f} to {res['welch_df'][1]:.1f} degrees "
-                  f"of freedom (unequal spreads cost some), where the same effect is {res['mde_welch'][0]:.2f} to "
-                  f"**{res['mde_welch'][1]:.2f} points**.", ""]
-        L += [f"The equivalence margin, {args.margin:g} point{'' if args.margin == 1 else 's'}, is "
-              f"{res['margin_share']:.0f}% of the base batch's test error ({res['base_err']:.2f}%). With this spread "
-              f"and {n} seeds, TOST at the corrected level calls a comparison \"no loss\" only "
-              f"{100 * res['tost_power']:.0f}% of the time when the true difference is 0 (simulated): a missing "
-              "\"no loss\" is no evidence of a loss, and each \"no loss\" below is given with the largest loss its "
-              "interval leaves.", ""]
-    else:
-        L += ["Seed spread: pending (no point has all its seeds yet).", ""]
-    # convergence: the base batch's chosen point at 2x and 4x the epochs, each against the
-    # budget half its own (24 vs 48, 48 vs 96 epochs); the verdict on val (setups are chosen on val)
-    L += ["## Has the base batch converged?", "",
-          f"SGD at batch {base}, lr {f'{eta:g}' if eta else 'pending'}, top-1 at 1x, 2x"
-          + (" and 4x" if args.doublings == 2 else "") + " the epoch budget; each doubling against the budget "
-          "before it (95% interval of the gain; TOST 90% interval against the margin). The verdict is on val; "
-          "test is given for the record.", ""]
+    return L
+
+
+def _resolution_section(args: argparse.Namespace, rows: dict, family: list[dict[str, Any]]) -> list[str]:
+    """What the rows can resolve: the seed spread, the smallest effect m corrected tests find."""
+    res = resolution(rows, args, family)
+    m, n = len(family), len(args.seeds)
+    L = ["## What the rows can resolve", ""]
+    if not res:
+        return [*L, "Seed spread: pending (no point has all its seeds yet).", ""]
+    L += [f"Seed spread (pooled standard deviation over the {res['points']} points run "
+          f"with all {n} seeds): test {res['sd_test']:.2f} points, val {res['sd_val']:.2f} points. Minimal "
+          f"detectable effect with {n} seeds per arm at the corrected level (two-sided, alpha 0.05/{m}, 80% "
+          f"power, t with {res['df']} degrees of freedom): **{res['mde']:.2f} points** of test top-1 (normal "
+          f"approximation: {res['mde_normal']:.2f}). A true difference smaller than that is more likely missed "
+          f"than found; an \"inconclusive\" below says no more than that.", ""]
+    if res["welch_df"]:
+        L += [f"The comparisons' Welch tests run at {res['welch_df'][0]:.1f} to {res['welch_df'][1]:.1f} degrees "
+              f"of freedom (unequal spreads cost some), where the same effect is {res['mde_welch'][0]:.2f} to "
+              f"**{res['mde_welch'][1]:.2f} points**.", ""]
+    L += [f"The equivalence margin, {args.margin:g} point{'' if args.margin == 1 else 's'}, is "
+          f"{res['margin_share']:.0f}% of the base batch's test error ({res['base_err']:.2f}%). With this spread "
+          f"and {n} seeds, TOST at the corrected level calls a comparison \"no loss\" only "
+          f"{100 * res['tost_power']:.0f}% of the time when the true difference is 0 (simulated): a missing "
+          "\"no loss\" is no evidence of a loss, and each \"no loss\" below is given with the largest loss its "
+          "interval leaves.", ""]
+    return L
+
+
+def _convergence_section(args: argparse.Namespace, rows: dict) -> list[str]:
+    """The base batch's chosen point at 2x and 4x the epochs, each against the budget half its own
+    (24 vs 48, 48 vs 96 epochs); the verdict on val (setups are chosen on val)."""
+    eta = chosen_lr(rows, "sgd", args.base_batch, args)
+    L = ["## Has the base batch converged?", "",
+         f"SGD at batch {args.base_batch}, lr {f'{eta:g}' if eta else 'pending'}, top-1 at 1x, 2x"
+         + (" and 4x" if args.doublings == 2 else "") + " the epoch budget; each doubling against the budget "
+         "before it (95% interval of the gain; TOST 90% interval against the margin). The verdict is on val; "
+         "test is given for the record.", ""]
     for epochs, check in base_convergence(rows, args):
         if check is None:
             L.append(f"- {epochs} epochs: pending")
             break
         L += [check_line(f"{epochs // 2} -> {epochs} epochs, {split}", check[split], args.margin, split == "val")
               for split in ("val", "test")]
-    L.append("")
-    if args.largest_check and max(args.batches) != base:
-        L += largest_check_section(rows, args)
-    # sweeps, and whether they identify the best lr
-    h_id = (stats_t(0.975, df_val) * s_val * math.sqrt(2 / args.sweep_seeds)) if df_val else float("nan")
-    L += ["## lr sweeps: val top-1, mean over the sweep seeds (the chosen lr in bold)", "",
-          f"The best lr is identified only where its mean beats every other lr's by more than the 95% half-width of "
-          f"a difference of two {args.sweep_seeds}-seed means with the rows' val seed spread: "
-          + (f"{h_id:.2f} points (standard error {s_val * math.sqrt(2 / args.sweep_seeds):.2f})" if df_val
-             else "pending") + ". Elsewhere the lrs it cannot tell from the chosen one are listed.", ""]
-    tied = identified(rows, args, s_val, df_val)
+    return [*L, ""]
+
+
+def _sweeps_section(args: argparse.Namespace, rows: dict, tied: dict[tuple[str, int], list[float]]) -> list[str]:
+    """Each cell's lr sweep (val top-1) and whether it identifies the best lr."""
+    s_val, df_val = pooled_sd(seed_groups(rows, args, "val"))
+    se = s_val * math.sqrt(2 / args.sweep_seeds)
+    h_id = stats_t(0.975, df_val) * se if df_val else float("nan")
+    L = ["## lr sweeps: val top-1, mean over the sweep seeds (the chosen lr in bold)", "",
+         f"The best lr is identified only where its mean beats every other lr's by more than the 95% half-width of "
+         f"a difference of two {args.sweep_seeds}-seed means with the rows' val seed spread: "
+         + (f"{h_id:.2f} points (standard error {se:.2f})" if df_val else "pending")
+         + ". Elsewhere the lrs it cannot tell from the chosen one are listed.", ""]
     for recipe, batch in cells(args):
-        grid = grid_of(rows, recipe, batch, args) or []
         lr = chosen_lr(rows, recipe, batch, args)
         cellv = []
-        for g in grid:
+        for g in grid_of(rows, recipe, batch, args) or []:
             v = [r for r in points(rows, recipe, batch, g, args) if r["seed"] in args.seeds[: args.sweep_seeds]]
             s = "pending" if len(v) < args.sweep_seeds else (
                 "div" if all(r["diverged"] for r in v) else f"{statistics.mean(r['val'] for r in v):.1f}")
             cellv.append(f"**{g:g}: {s}**" if g == lr else f"{g:g}: {s}")
+        note = ""
         if (recipe, batch) in tied:
             t = tied[(recipe, batch)]
             note = " -> identified" if t == [lr] else " -> **not identified**: " + ", ".join(f"{x:g}" for x in t)
-        else:
-            note = ""
         L.append(f"- {recipe} @ {batch}: " + (", ".join(cellv) if cellv else "waiting on the base sweep") + note)
-    # best lr vs batch
-    L += ["", "## Claim 1: does the best lr grow linearly with the batch?", "",
-          "| recipe | " + " | ".join(f"batch {b} (k={b // base})" for b in args.batches) +
-          " | a in lr* ~ k^a, chosen lrs | a over the lrs the rows cannot tell apart |",
-          "|---|" + "---:|" * len(args.batches) + "---:|---:|"]
+    return L
+
+
+def _claim1_section(args: argparse.Namespace, rows: dict, tied: dict[tuple[str, int], list[float]]) -> list[str]:
+    """Claim 1: the best lr against the batch, and the exponent a of lr* ~ k^a per recipe."""
+    L = ["", "## Claim 1: does the best lr grow linearly with the batch?", "",
+         "| recipe | " + " | ".join(f"batch {b} (k={b // args.base_batch})" for b in args.batches) +
+         " | a in lr* ~ k^a, chosen lrs | a over the lrs the rows cannot tell apart |",
+         "|---|" + "---:|" * len(args.batches) + "---:|---:|"]
     for recipe, f in exponent_fits(rows, args, tied).items():
         fit = ("pending" if f["a"] is None else f"{f['a']:.2f}" + (
             "" if f["all"] else f" (k = {', '.join(f'{k:g}' for k in f['ks'])})"))
@@ -876,19 +901,22 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
             (f"{lr:g}" + ("" if t == [lr] else f" ({', '.join(f'{x:g}' for x in t)})") if t else f"{lr:g}")
             if lr else "pending" for lr, t in zip(f["lrs"], f["sets"]))
             + f" | {fit} | " + (f"{rng[0]:.2f} to {rng[1]:.2f}" if rng else "pending") + " |")
-    L += ["", "In parentheses: the lrs the sweep cannot tell from the chosen one. Linear scaling is a = 1, "
-          "square-root scaling a = 0.5; where a batch's best lr is not identified, neither is a: the last column "
-          "is the range of the fit over every choice of those lrs. While a batch's sweep is pending the fit is over "
-          "the batches done (their k in parentheses).", ""]
-    # test table
+    return [*L, "", "In parentheses: the lrs the sweep cannot tell from the chosen one. Linear scaling is a = 1, "
+            "square-root scaling a = 0.5; where a batch's best lr is not identified, neither is a: the last column "
+            "is the range of the fit over every choice of those lrs. While a batch's sweep is pending the fit is over "
+            "the batches done (their k in parentheses).", ""]
+
+
+def _test_section(args: argparse.Namespace, rows: dict, ref: list[dict[str, Any]]) -> list[str]:
+    """Test top-1 and steps to target for each cell's tuned and predicted lrs."""
     target = (statistics.mean(r["test"] for r in ref) - args.margin) if ref else None
-    L += ["## Test top-1 (%) at each batch: mean [95% interval] (n)", "",
-          "Steps to target: optimizer steps until the test top-1 (evaluated after every epoch, so a seed's steps "
-          "are a multiple of its steps per epoch) first reaches "
-          + (f"{target:.1f}% (the base batch's mean {target + args.margin:.1f} minus the margin)" if ref
-             else "the target") + "; mean over the seeds that reach it, and how many do. Means over different "
-          "numbers of seeds are not compared, and no interval is given: this column ranks nothing.", "",
-          "| recipe | lr choice | batch | lr | steps | test top-1 | steps to target |", "|---|---|---:|---:|---:|---|---|"]
+    L = ["## Test top-1 (%) at each batch: mean [95% interval] (n)", "",
+         "Steps to target: optimizer steps until the test top-1 (evaluated after every epoch, so a seed's steps "
+         "are a multiple of its steps per epoch) first reaches "
+         + (f"{target:.1f}% (the base batch's mean {target + args.margin:.1f} minus the margin)" if target is not None
+            else "the target") + "; mean over the seeds that reach it, and how many do. Means over different "
+         "numbers of seeds are not compared, and no interval is given: this column ranks nothing.", "",
+         "| recipe | lr choice | batch | lr | steps | test top-1 | steps to target |", "|---|---|---:|---:|---:|---|---|"]
     for recipe, batch in cells(args):
         choices = {"tuned": chosen_lr(rows, recipe, batch, args), **predicted(rows, recipe, batch, args)}
         done_lr: dict[float, str] = {}
@@ -907,15 +935,21 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
             steps = pts[0]["steps"] if pts else "-"
             L.append(f"| {recipe} | {name} | {batch} | {lr:g} | {steps} | {fmt_ci([r['test'] for r in pts])} | "
                      f"{stxt} |")
-    # comparisons
-    L += ["", f"## Comparisons (claims 1-4), Bonferroni-corrected over all {m}", "",
-          f"Difference of test top-1 means (points), first arm minus second; {100 * (1 - alpha):.2f}% Welch interval "
-          f"(95% with a Bonferroni correction over the {m} comparisons below, a number fixed by the design, pending "
-          f"ones included); \"worse\"/\"better\" where it excludes 0; \"no loss\" where TOST at the same corrected "
-          f"level puts the difference within +-{args.margin}; else inconclusive. The base batch is SGD at batch "
-          f"{base}, tuned lr.", "",
-          "| comparison | first arm | second arm | difference | corrected interval | TOST interval | verdict |",
-          "|---|---|---|---:|---|---|---|"]
+    return L
+
+
+def _comparisons_section(args: argparse.Namespace, family: list[dict[str, Any]]) -> list[str]:
+    """The design's comparisons (claims 1-4), Bonferroni-corrected over the whole family."""
+    m = len(family)
+    alpha = 0.05 / m
+    L = ["", f"## Comparisons (claims 1-4), Bonferroni-corrected over all {m}", "",
+         f"Difference of test top-1 means (points), first arm minus second; {100 * (1 - alpha):.2f}% Welch interval "
+         f"(95% with a Bonferroni correction over the {m} comparisons below, a number fixed by the design, pending "
+         f"ones included); \"worse\"/\"better\" where it excludes 0; \"no loss\" where TOST at the same corrected "
+         f"level puts the difference within +-{args.margin}; else inconclusive. The base batch is SGD at batch "
+         f"{args.base_batch}, tuned lr.", "",
+         "| comparison | first arm | second arm | difference | corrected interval | TOST interval | verdict |",
+         "|---|---|---|---:|---|---|---|"]
     for c in family:
         if c["same"]:
             L.append(f"| {c['name']} | {fmt_ci(c['a'])} | | 0 | | | the same lr: one point |")
@@ -926,13 +960,7 @@ def write_report(args: argparse.Namespace, rows: dict) -> str:
             L.append(f"| {c['name']} | {fmt_ci(c['a'])} | {fmt_ci(c['b'])} | {v['diff']:+.2f} | "
                      f"[{v['lo']:+.2f}, {v['hi']:+.2f}] | [{v['tost_lo']:+.2f}, {v['tost_hi']:+.2f}] | "
                      f"**{verdict_text(v, args.margin)}** |")
-    trained = list(rows.values())
-    L += ["", f"{len(trained)} trainings, {sum(r['seconds'] for r in trained) / 60:.1f} min of training summed "
-          "(workers of one thread each, on a shared 2-core machine; docs/scaling-rule.md gives the wall time)."]
-    text = "\n".join(L) + "\n"
-    args.out.with_suffix(".md").write_text(text, encoding="utf-8")
-    plot(args, rows)
-    return text
+    return L
 
 
 def plot(args: argparse.Namespace, rows: dict) -> None:
