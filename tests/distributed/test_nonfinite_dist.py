@@ -36,8 +36,8 @@ def _skip_run(rank: int, world_size: int, nan_rank: int | None) -> dict:
 
 
 def test_nan_on_one_rank_is_skipped_on_all_ranks() -> None:
-    skipped = run_ranks(_skip_run, 2, 1)
-    clean = run_ranks(_skip_run, 2, None)
+    skipped = run_ranks(_skip_run, 2, 1, fork=True)
+    clean = run_ranks(_skip_run, 2, None, fork=True)
     assert [r["skipped"] for r in skipped] == [1, 1]
     for rank in range(2):
         a, b = skipped[rank]["params"], clean[rank]["params"]
