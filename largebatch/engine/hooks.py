@@ -30,6 +30,7 @@ __all__ = [
     "EvalHook",
     "EvalSettings",
     "JsonlHook",
+    "LogOnChangeHook",
     "ProgressHook",
     "ResolutionLogHook",
     "SummaryHook",
@@ -113,47 +114,64 @@ class ProgressHook(Hook):
         self.after_epoch()
 
 
-class ResolutionLogHook(Hook):
-    """Progressive resizing: one log line when an epoch's training crop side differs from the
-    previous epoch's (and for the first epoch this process trains, a resumed one included).
+class LogOnChangeHook(Hook):
+    """One log line before an epoch whose value differs from the previous epoch's (and before the
+    first epoch this process trains, a resumed one included). A subclass says what the value is
+    (:meth:`value`; None: nothing to report this epoch, and the previous value is kept) and the
+    line (:meth:`line`, given the previous value or None)."""
+
+    def __init__(self) -> None:
+        self._last: Any = None
+
+    def value(self) -> Any:
+        raise NotImplementedError
+
+    def line(self, value: Any, was: Any) -> str:
+        raise NotImplementedError
+
+    def before_epoch(self) -> None:
+        value = self.value()
+        if value is None:
+            return
+        if value != self._last:
+            log.info("%s", self.line(value, self._last))
+        self._last = value
+
+
+class ResolutionLogHook(LogOnChangeHook):
+    """Progressive resizing: the epoch's training crop side, when it changes.
 
     ``sizes`` has ``size_at(epoch)`` (a :class:`~largebatch.resolution.ResolutionSchedule`)."""
 
     def __init__(self, sizes: Any) -> None:
+        super().__init__()
         self.sizes = sizes
-        self._last: Optional[int] = None
 
-    def before_epoch(self) -> None:
+    def value(self) -> int:
+        return int(self.sizes.size_at(self.trainer.state.epoch))
+
+    def line(self, value: int, was: Optional[int]) -> str:
         t = self.trainer
-        size = self.sizes.size_at(t.state.epoch)
-        if size != self._last:
-            was = f" (was {self._last} px)" if self._last is not None else ""
-            log.info("epoch %d/%d: training crops of %d px%s", t.state.epoch + 1, t.settings.epochs, size, was)
-        self._last = size
+        since = f" (was {was} px)" if was is not None else ""
+        return f"epoch {t.state.epoch + 1}/{t.settings.epochs}: training crops of {value} px{since}"
 
 
-class BatchLogHook(Hook):
-    """Batch-size control: one log line when an epoch's global batch differs from the previous
-    epoch's (and for the first epoch this process trains, a resumed one included), with the lr the
-    phase starts at."""
+class BatchLogHook(LogOnChangeHook):
+    """Batch-size control: the epoch's global batch, when it changes, with the lr the phase starts at."""
 
-    def __init__(self) -> None:
-        self._last: Optional[int] = None
-
-    def before_epoch(self) -> None:
+    def value(self) -> Optional[int]:
         t = self.trainer
-        s = t.settings
-        if s.batch_schedule is None:
-            return
-        batch, k = t.global_batch_size, s.batch_factor(t.state.epoch)
-        if batch != self._last:
-            how = (f"{s.accumulation_steps * k} micro-batch(es)" if s.batch_schedule.via == "accumulation"
-                   else f"{s.accumulation_steps} micro-batch(es) of {k}x the per-device batch")
-            was = f" (was {self._last})" if self._last is not None else ""
-            log.info("epoch %d/%d: global batch %d%s, %s per step, %d steps this epoch, lr x%.4g of the base batch's",
-                     t.state.epoch + 1, s.epochs, batch, was, how, t.steps_in_epoch(t.state.epoch),
-                     s.batch_schedule.lr_ratio(t.state.epoch))
-        self._last = batch
+        return None if t.settings.batch_schedule is None else int(t.global_batch_size)
+
+    def line(self, value: int, was: Optional[int]) -> str:
+        t = self.trainer
+        s, epoch = t.settings, t.state.epoch
+        k = s.batch_factor(epoch)
+        how = (f"{s.accumulation_steps * k} micro-batch(es)" if s.batch_schedule.via == "accumulation"
+               else f"{s.accumulation_steps} micro-batch(es) of {k}x the per-device batch")
+        since = f" (was {was})" if was is not None else ""
+        return (f"epoch {epoch + 1}/{s.epochs}: global batch {value}{since}, {how} per step, "
+                f"{t.steps_in_epoch(epoch)} steps this epoch, lr x{s.batch_schedule.lr_ratio(epoch):.4g} of the base batch's")
 
 
 class _ScalarWriter(Hook):
