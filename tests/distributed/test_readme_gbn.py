@@ -5,7 +5,8 @@ The block is taken from the docs verbatim, saved as ``gbn.py`` in a fresh direct
 launched as its text says (``torchrun --nproc-per-node 2 gbn.py``), with the package importable
 as an installed project would be. Its last line prints each rank's BN running mean: grouped BN
 over both ranks makes them equal; the same program with ``group_size=1`` (per-rank BN) gives
-different numbers, so the comparison can fail.
+different numbers, so the comparison can fail. The two launches run side by side (each its own
+directory and ``--standalone`` rendezvous port): most of a launch is its processes' imports.
 """
 
 from __future__ import annotations
@@ -27,23 +28,35 @@ def _program() -> str:
     return block
 
 
-def _torchrun(tmp_path: Path, program: str) -> dict[int, float]:
-    (tmp_path / "gbn.py").write_text(program, encoding="utf-8")
+def _start(directory: Path, program: str) -> subprocess.Popen:
+    directory.mkdir()
+    (directory / "gbn.py").write_text(program, encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
+    return subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "gbn.py"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        cwd=directory, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "terminate called" not in proc.stderr
-    found = {int(m[1]): float(m[3]) for m in LINE.finditer(proc.stdout)}
-    assert sorted(found) == [0, 1], proc.stdout
+
+
+def _means(proc: subprocess.Popen) -> dict[int, float]:
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "terminate called" not in stderr
+    found = {int(m[1]): float(m[3]) for m in LINE.finditer(stdout)}
+    assert sorted(found) == [0, 1], stdout
     return found
 
 
 def test_readme_gloo_grouped_bn_program_runs_and_syncs_statistics(tmp_path: Path) -> None:
     program = _program()
-    grouped = _torchrun(tmp_path, program)
+    local_program = program.replace("group_size=2)", "group_size=1)", 1)
+    assert local_program != program
+    procs = [_start(tmp_path / "grouped", program), _start(tmp_path / "local", local_program)]
+    try:
+        grouped, local = (_means(proc) for proc in procs)
+    finally:
+        for proc in procs:  # no-op for a launch that ended; none outlives a failed test
+            proc.kill()
+            proc.wait()
     assert grouped[0] == grouped[1], grouped
-    local = _torchrun(tmp_path, program.replace("group_size=2)", "group_size=1)", 1))
     assert local[0] != local[1], local
