@@ -19,7 +19,7 @@ No host reads and no Python branch on a tensor value inside ``step()``: the trus
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 from torch import Tensor
@@ -98,15 +98,12 @@ class LAMB(LayerwiseOptimizer):
 
     @staticmethod
     def check_group(group: dict[str, Any], where: str) -> None:
-        if not group["lr"] >= 0.0:
-            raise UsageError(f"{where}: invalid lr {group['lr']!r}, must be >= 0")
+        LayerwiseOptimizer.check_group(group, where)  # lr, weight_decay
         betas = group["betas"]
         if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
             raise UsageError(f"{where}: invalid betas {betas!r}, must be two values in [0, 1)")
         if not group["eps"] > 0.0:
             raise UsageError(f"{where}: invalid eps {group['eps']!r}, must be > 0")
-        if not group["weight_decay"] >= 0.0:
-            raise UsageError(f"{where}: invalid weight_decay {group['weight_decay']!r}, must be >= 0")
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -115,66 +112,42 @@ class LAMB(LayerwiseOptimizer):
             if step is not None:  # a Python int before the step count became a tensor
                 state["step"] = _step_tensor(p, step)
 
-    @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
-        """Perform one optimisation step.
-
-        Args:
-            closure: optional callable that re-evaluates the model and returns the loss.
-        """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-
-        for group in self.param_groups:
-            params: list[Tensor] = []
-            grads: list[Tensor] = []
-            exp_avgs: list[Tensor] = []
-            exp_avg_sqs: list[Tensor] = []
-            steps: list[Tensor] = []
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("LAMB does not support sparse gradients")
-                state = self.state[p]
-                if not state:
-                    # a tensor on the parameter's device, as torch's Adam with capturable=True: a Python
-                    # number would be guarded on by torch.compile (a recompile every step), and the bias
-                    # corrections computed from it stay on the device without a host read
-                    state["step"] = _step_tensor(p, 0)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                tensors = (p, p.grad, state["exp_avg"], state["exp_avg_sq"])
-                if torch.is_complex(p):
-                    # as torch's Adam: real and imaginary parts are two coordinates (g * g would be complex)
-                    tensors = tuple(torch.view_as_real(t) for t in tensors)
-                params.append(tensors[0])
-                grads.append(tensors[1])
-                exp_avgs.append(tensors[2])
-                exp_avg_sqs.append(tensors[3])
-                steps.append(state["step"])
-            if not params:
-                continue
-            torch._foreach_add_(steps, 1)
-            beta1, beta2 = group["betas"]
-            lamb(
-                params,
-                grads,
-                exp_avgs,
-                exp_avg_sqs,
-                steps,
-                lr=group["lr"],
-                beta1=beta1,
-                beta2=beta2,
-                eps=group["eps"],
-                weight_decay=group["weight_decay"],
-                trust_clip=group["trust_clip"],
-                exclude=group["lars_exclude"],
-                foreach=group["foreach"],
-            )
-        return loss
+    def update_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> None:
+        tensors: list[tuple[Tensor, ...]] = []  # (w, g, m, v) per parameter
+        steps: list[Tensor] = []
+        for p, g in zip(params, grads):
+            state = self.state[p]
+            if not state:
+                # a tensor on the parameter's device, as torch's Adam with capturable=True: a Python
+                # number would be guarded on by torch.compile (a recompile every step), and the bias
+                # corrections computed from it stay on the device without a host read
+                state["step"] = _step_tensor(p, 0)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            four = (p, g, state["exp_avg"], state["exp_avg_sq"])
+            if torch.is_complex(p):
+                # as torch's Adam: real and imaginary parts are two coordinates (g * g would be complex)
+                four = tuple(torch.view_as_real(t) for t in four)
+            tensors.append(four)
+            steps.append(state["step"])
+        torch._foreach_add_(steps, 1)
+        ws, gs, exp_avgs, exp_avg_sqs = (list(column) for column in zip(*tensors))
+        beta1, beta2 = group["betas"]
+        lamb(
+            ws,
+            gs,
+            exp_avgs,
+            exp_avg_sqs,
+            steps,
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            trust_clip=group["trust_clip"],
+            exclude=group["lars_exclude"],
+            foreach=group["foreach"],
+        )
 
 
 def lamb(

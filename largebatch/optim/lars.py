@@ -23,7 +23,7 @@ Neither path reads a tensor back to the host or branches on a tensor value: trus
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 from torch import Tensor
@@ -140,12 +140,9 @@ class LARS(LayerwiseOptimizer):
 
     @staticmethod
     def check_group(group: dict[str, Any], where: str) -> None:
-        if not group["lr"] >= 0.0:
-            raise UsageError(f"{where}: invalid lr {group['lr']!r}, must be >= 0")
+        LayerwiseOptimizer.check_group(group, where)  # lr, weight_decay
         if not 0.0 <= group["momentum"] < 1.0:
             raise UsageError(f"{where}: invalid momentum {group['momentum']!r}, must be in [0, 1)")
-        if not group["weight_decay"] >= 0.0:
-            raise UsageError(f"{where}: invalid weight_decay {group['weight_decay']!r}, must be >= 0")
         if not group["trust_coefficient"] > 0.0:
             raise UsageError(f"{where}: invalid trust_coefficient {group['trust_coefficient']!r}, must be > 0")
         if not group["eps"] >= 0.0:
@@ -174,52 +171,29 @@ class LARS(LayerwiseOptimizer):
                     )
         super().load_state_dict(state_dict)
 
-    @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
-        """Perform one optimisation step.
-
-        Args:
-            closure: optional callable that re-evaluates the model and returns the loss.
-        """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-
-        for group in self.param_groups:
-            params: list[Tensor] = []
-            grads: list[Tensor] = []
-            bufs: list[Tensor] = []
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("LARS does not support sparse gradients")
-                params.append(p)
-                grads.append(p.grad)
-                if group["momentum"] != 0:
-                    state = self.state[p]
-                    if state.get("momentum_buffer") is None:
-                        state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    bufs.append(state["momentum_buffer"])
-            if not params:
-                continue
-            lars(
-                params,
-                grads,
-                bufs,
-                lr=group["lr"],
-                momentum=group["momentum"],
-                weight_decay=group["weight_decay"],
-                nesterov=group["nesterov"],
-                trust_coefficient=group["trust_coefficient"],
-                eps=group["eps"],
-                trust_clip=group["trust_clip"],
-                lr_in_momentum=group["lr_in_momentum"],
-                exclude=group["lars_exclude"],
-                foreach=group["foreach"],
-            )
-        return loss
+    def update_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> None:
+        bufs: list[Tensor] = []
+        if group["momentum"] != 0:
+            for p in params:
+                state = self.state[p]
+                if state.get("momentum_buffer") is None:
+                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                bufs.append(state["momentum_buffer"])
+        lars(
+            params,
+            grads,
+            bufs,
+            lr=group["lr"],
+            momentum=group["momentum"],
+            weight_decay=group["weight_decay"],
+            nesterov=group["nesterov"],
+            trust_coefficient=group["trust_coefficient"],
+            eps=group["eps"],
+            trust_clip=group["trust_clip"],
+            lr_in_momentum=group["lr_in_momentum"],
+            exclude=group["lars_exclude"],
+            foreach=group["foreach"],
+        )
 
 
 def lars(

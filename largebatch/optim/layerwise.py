@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from largebatch.errors import UsageError
 from .timm_names import TimmName, from_timm_names
 
 __all__ = ["LayerwiseOptimizer", "sq_norm", "stacked", "use_foreach"]
@@ -31,7 +32,8 @@ class LayerwiseOptimizer(Optimizer):
     A subclass sets :attr:`timm_names` (timm's spellings of its options) and :attr:`backfill` (each
     option added after the first release, with the value that means what the optimizer did before it,
     for state saved then), implements :meth:`check_group`, and calls ``super().__init__(params,
-    defaults)`` with its ``defaults`` dict, as a torch optimizer does.
+    defaults)`` with its ``defaults`` dict, as a torch optimizer does; its rule is :meth:`update_group`,
+    which ``step()`` calls for each group with the parameters that have a gradient.
     """
 
     timm_names: ClassVar[Mapping[str, TimmName]] = {}
@@ -53,8 +55,12 @@ class LayerwiseOptimizer(Optimizer):
 
     @staticmethod
     def check_group(group: dict[str, Any], where: str) -> None:
-        """Raise ``UsageError`` (a ``ValueError``) naming ``where`` and the fix for a bad option value."""
-        raise NotImplementedError
+        """Raise ``UsageError`` (a ``ValueError``) naming ``where`` and the fix for a bad option value;
+        here the options every layer-wise optimizer has, a subclass adds its own."""
+        if not group["lr"] >= 0.0:
+            raise UsageError(f"{where}: invalid lr {group['lr']!r}, must be >= 0")
+        if not group["weight_decay"] >= 0.0:
+            raise UsageError(f"{where}: invalid weight_decay {group['weight_decay']!r}, must be >= 0")
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         # validate the group as it will be (defaults filled in) before torch appends it: a group that
@@ -71,6 +77,34 @@ class LayerwiseOptimizer(Optimizer):
         for group in self.param_groups:  # checkpoints written before an option existed
             for key, value in self.backfill.items():
                 group.setdefault(key, value)
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        """Perform one optimisation step.
+
+        Args:
+            closure: optional callable that re-evaluates the model and returns the loss.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params: list[Tensor] = []
+            grads: list[Tensor] = []
+            for p in group["params"]:
+                if p.grad is not None:
+                    if p.grad.is_sparse:
+                        raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+                    params.append(p)
+                    grads.append(p.grad)
+            if params:
+                self.update_group(group, params, grads)
+        return loss
+
+    def update_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> None:
+        """Update ``group``'s ``params`` (those with a gradient, at least one) in place."""
+        raise NotImplementedError
 
 
 def use_foreach(foreach: Optional[bool], params: list[Tensor]) -> bool:
