@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the study's script, a sibling
-import scaling_rule as study  # noqa: E402
+import scaling_rule_study as study  # noqa: E402
+import steps_to_target as stt  # noqa: E402
 
 TEMPLATE = Path(__file__).resolve().with_name("scaling_rule_page.md")
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "scaling-rule.md"
@@ -409,7 +410,6 @@ def lars_against_sgd(rows: dict, args: argparse.Namespace) -> tuple[str, dict[st
     """LARS's steps over SGD+warmup's per batch (ratio of geometric means, 95% Welch interval on log
     steps): where its larger B_crit comes from, in words the rows give, and the premises of the
     prose around them (LARS slower at the smallest batch, no faster at the upper half's)."""
-    import steps_to_target as stt
 
     ratios = {}
     for b in args.batches:
@@ -445,7 +445,6 @@ def steps_to_target_values() -> tuple[dict[str, str], dict[str, bool]]:
     """The steps-to-target study: its design's numbers, the target's choice (the pilot's table), the
     plan's resolution and cost, its results (pending until rows exist), and its bend on ImageNet's
     scale (``bend_on_imagenet``) with that sentence's premise."""
-    import steps_to_target as stt  # here, not at the top: steps_to_target imports scaling_rule
 
     args = stt.parse(["--render"])
     rows = stt.read_rows(args.out.with_suffix(".jsonl"))
@@ -542,8 +541,6 @@ def write_page(args: argparse.Namespace, rows: dict, path: Path | None = None) -
     page = render(args, rows)
     (path or PAGE).write_text(page, encoding="utf-8")
     if path is None:
-        import steps_to_target as stt  # here, not at the top: steps_to_target imports scaling_rule
-
         stt.render(stt.parse(["--render"]))
     return page
 

@@ -87,7 +87,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the fixed-budget study's parts, a sibling script
-import scaling_rule as fixed  # noqa: E402
+import scaling_rule_study as fixed  # noqa: E402
 
 from largebatch.diagnostics.noise_scale import GradientNoiseScale, squared_norm  # noqa: E402
 from largebatch.lr import build_lr_scheduler  # noqa: E402

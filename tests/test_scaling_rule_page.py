@@ -35,8 +35,8 @@ def _load(name: str) -> ModuleType:
 
 @pytest.fixture(scope="module")
 def modules() -> tuple[ModuleType, ModuleType]:
-    saved = {n: sys.modules.get(n) for n in ("scaling_rule", "scaling_rule_page", "steps_to_target")}
-    study = _load("scaling_rule")
+    saved = {n: sys.modules.get(n) for n in ("scaling_rule_study", "scaling_rule_page", "steps_to_target")}
+    study = _load("scaling_rule_study")
     page = _load("scaling_rule_page")
     # The page's steps-to-target half reads only the committed steps-to-target rows, never the rows
     # handed to render, and its bootstrap fits are ~95% of a render: computed by the first render,

@@ -19,17 +19,35 @@ import torch.nn as nn
 pytest.importorskip("scipy", reason="the study's statistics use scipy (the [dev] and [report] extras)")
 from scipy import stats  # noqa: E402
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "scaling_rule.py"
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
 
 
 @pytest.fixture(scope="module")
 def study() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("scaling_rule", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["scaling_rule"] = module
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    yield module
-    sys.modules.pop("scaling_rule", None)
+    """The study's parts (``benchmarks/scaling_rule_study.py``)."""
+    yield _load("scaling_rule_study")
+    sys.modules.pop("scaling_rule_study", None)
+
+
+@pytest.fixture(scope="module")
+def command(study: ModuleType) -> ModuleType:
+    """The study's command (``benchmarks/scaling_rule.py``): its ``main``."""
+    names = ("scaling_rule", "scaling_rule_page", "steps_to_target")
+    saved = {n: sys.modules.get(n) for n in names}
+    yield _load("scaling_rule")
+    for n in names:
+        if saved[n] is None:
+            sys.modules.pop(n, None)
+        else:
+            sys.modules[n] = saved[n]
 
 
 def test_ghost_bn_is_batch_norm_per_group_of_images(study: ModuleType) -> None:
@@ -119,10 +137,10 @@ def test_plan_sweeps_each_cell_tests_the_rules_and_grows_an_edge(study: ModuleTy
         (0.2, 0, 2 * E), (0.2, 1, 2 * E), (0.2, 2, E), (0.2, 2, 2 * E)]
 
 
-def test_a_tiny_study_runs_resumes_and_reports(study: ModuleType, tmp_path: Path) -> None:
+def test_a_tiny_study_runs_resumes_and_reports(study: ModuleType, command: ModuleType, tmp_path: Path) -> None:
     out = tmp_path / "study"
     argv = ["--quick", "--out", str(out), "--workers", "2", "--max-grow", "0"]
-    assert study.main(argv) == 0
+    assert command.main(argv) == 0
     rows = [json.loads(x) for x in out.with_suffix(".jsonl").read_text().splitlines()]
     keys = [study.key(r) for r in rows]
     assert len(keys) == len(set(keys)), "two workers trained the same point"
@@ -138,29 +156,29 @@ def test_a_tiny_study_runs_resumes_and_reports(study: ModuleType, tmp_path: Path
         assert f"- {recipe}, lr {lr:g}, {args.epochs} -> {2 * args.epochs} epochs, val:" in md
     assert out.with_suffix(".png").exists() or "matplotlib" not in sys.modules
     # a second run trains nothing new
-    assert study.main(argv) == 0
+    assert command.main(argv) == 0
     assert len(out.with_suffix(".jsonl").read_text().splitlines()) == len(rows)
     # rows lost (an interrupted study): the report says what is pending, the next run fills them in
     kept = [r for r in rows if not (r["recipe"] == "sgd+warmup" and r["seed"] == 2)]  # not a sweep seed
     assert len(rows) - len(kept) >= 1
     out.with_suffix(".jsonl").write_text("\n".join(json.dumps(r) for r in kept) + "\n")
-    assert study.main([*argv, "--render"]) == 0
+    assert command.main([*argv, "--render"]) == 0
     assert f"**Pending: {len(rows) - len(kept)} trainings runnable now, 0 cell(s)" in out.with_suffix(".md").read_text()
-    assert study.main(argv) == 0
+    assert command.main(argv) == 0
     assert "Pending" not in out.with_suffix(".md").read_text()
     assert len(out.with_suffix(".jsonl").read_text().splitlines()) == len(rows)
 
 
-def test_bad_batches_are_one_line(study: ModuleType, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+def test_bad_batches_are_one_line(command: ModuleType, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as e:
-        study.main(["--out", str(tmp_path / "x"), "--classes", "2", "--train-per-class", "320",
+        command.main(["--out", str(tmp_path / "x"), "--classes", "2", "--train-per-class", "320",
                     "--batches", "16", "48", "--bn-group", "16", "--render"])
     assert e.value.code == 2
     assert "batches [48]: each must divide the 640 training images" in capsys.readouterr().err
 
 
-def test_a_report_before_any_row_says_everything_is_pending(study: ModuleType, tmp_path: Path) -> None:
-    assert study.main(["--quick", "--out", str(tmp_path / "empty"), "--render"]) == 0
+def test_a_report_before_any_row_says_everything_is_pending(command: ModuleType, tmp_path: Path) -> None:
+    assert command.main(["--quick", "--out", str(tmp_path / "empty"), "--render"]) == 0
     md = (tmp_path / "empty.md").read_text()
     assert "**Pending:" in md and "waiting on the base sweep" in md
 
@@ -183,10 +201,11 @@ def test_rows_of_another_setup_are_refused(study: ModuleType, capsys: pytest.Cap
         study.parse(["--quick", "--out", str(out)])
 
 
-def test_base_only_trains_the_base_cell_and_its_convergence_check(study: ModuleType, tmp_path: Path) -> None:
+def test_base_only_trains_the_base_cell_and_its_convergence_check(
+        study: ModuleType, command: ModuleType, tmp_path: Path) -> None:
     out = tmp_path / "base"
     argv = ["--quick", "--out", str(out), "--workers", "1", "--max-grow", "0", "--base-only", "--doublings", "2"]
-    assert study.main(argv) == 0  # the worker ends: nothing else is runnable, nothing waits
+    assert command.main(argv) == 0  # the worker ends: nothing else is runnable, nothing waits
     rows = [json.loads(x) for x in out.with_suffix(".jsonl").read_text().splitlines()]
     args = study.parse(argv)
     assert {(r["recipe"], r["batch"]) for r in rows} == {("sgd", args.base_batch)}
