@@ -4,7 +4,8 @@ The suite's speed-ups must not test less: a test that moves to a cheaper form ke
 of ``largebatch/`` it ran. Most of our tests run the package in other processes (the CLI,
 torchrun's ranks, SLURM jobs), so this measures with coverage.py's ``patch = subprocess``: every
 Python process the tests start in this venv is measured too (its ``a1_coverage.pth`` starts
-coverage where ``COVERAGE_PROCESS_CONFIG`` is set), and a process stopped by SIGTERM still saves.
+coverage where ``COVERAGE_PROCESS_CONFIG`` is set), forked ones too (and those ending in ``os._exit``), and a
+process stopped by SIGTERM still saves.
 
     scripts/coverage_of.py run OUT.json [pytest arguments]   # e.g. tests/test_resume.py
     scripts/coverage_of.py lost BEFORE.json AFTER.json        # lines BEFORE ran and AFTER did not
@@ -29,13 +30,14 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "largebatch"
 
 # coverage.py's configuration: measure largebatch/ in this process and every Python process
-# started from it (patch = subprocess), each process writing its own data file (parallel).
+# started from it (patch = subprocess) or forked (fork: tests/distributed's forkserver ranks, which
+# end in os._exit, so _exit saves first), each process writing its own data file (parallel).
 _RC = """\
 [run]
 source = {package}
 parallel = true
 data_file = {data}
-patch = subprocess
+patch = subprocess, fork, _exit
 sigterm = true
 """
 
