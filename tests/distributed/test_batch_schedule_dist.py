@@ -2,8 +2,11 @@
 
 For each way the batch grows (``via=accumulation``: more micro-batches per step, each rank's
 DDP reduction once per step; ``via=per_device``: each rank's k loader batches concatenated), a
-run whose global batch goes 8 -> 16 (epoch 1) -> 32 (epoch 2) is run through, and again stopped
-by ``max_steps`` inside phase 2 and inside phase 3 and resumed (``resume=auto``) each time:
+run whose global batch goes 8 -> 16 (epoch 1) -> 32 (epoch 2) is run through, and again resumed
+(``resume=auto``) inside phase 2 and inside phase 3: from the checkpoint the run through saved at
+step 10 (``checkpoint.every_steps=10``, copied into a new run directory: the steps before it are
+the run through's own, so a launch of its own for them would only repeat them), then stopped by
+``max_steps`` at step 13 and resumed again:
 
 * the resumed run's final weights, optimizer and lr scheduler states equal the uninterrupted
   run's bit for bit (its noise-scale averages to rounding), and every stop leaves the planned step, epoch position and images seen;
@@ -12,13 +15,14 @@ by ``max_steps`` inside phase 2 and inside phase 3 and resumed (``resume=auto``)
   global batch's, k times the base's (recorded in the workers by ``faults/sitecustomize.py``).
 
 4 classes x 16 images, base global batch 8 (4 per rank): 8 steps in epoch 0, 4 of 16 in epoch 1,
-2 of 32 in epoch 2 (14 in all). Four launches per form, about 9 s each on 2 idle cores.
+2 of 32 in epoch 2 (14 in all). Three launches per form, about 9 s each on 2 idle cores.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,7 +39,7 @@ FAULTS = Path(__file__).resolve().parent / "faults"  # sitecustomize: the noise 
 TIMEOUT_S = 240  # a healthy launch takes ~9 s on 2 idle cores
 
 JOB = smoke("backend=cpu", "data.synthetic.train_per_class=16", "epochs=3", "batch_schedule.steps=[[1,16],[2,32]]",
-            base=EXACT)
+            "checkpoint.every_steps=10", base=EXACT)
 
 # (step, epoch, epoch_step, images_seen) after each stop: inside phase 2, inside phase 3, the end
 PLAN = {10: (10, 1, 2, 8 * 8 + 2 * 16), 13: (13, 2, 1, 8 * 8 + 4 * 16 + 32), 14: (14, 3, 0, 3 * 64)}
@@ -92,10 +96,15 @@ def test_two_ranks_resumed_inside_each_phase_are_bit_identical(tmp_path: Path, v
     straight, run = tmp_path / "straight", tmp_path / "run"
     _torchrun(tmp_path, straight, tmp_path / "noise-straight", f"batch_schedule.via={via}")
     assert _state(straight) == PLAN[14]
-    for stop in (10, 13, None):
-        resume = ["resume=auto"] if stop != 10 else []
+    # the stop inside phase 2: the run through's checkpoint of step 10, in a run directory of its own
+    at_10 = [p for p in list_checkpoints(straight / "checkpoints") if load_checkpoint(p)["train_state"]["step"] == 10]
+    assert len(at_10) == 1, list_checkpoints(straight / "checkpoints")
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copy2(at_10[0], run / "checkpoints" / at_10[0].name)
+    assert _state(run) == PLAN[10]
+    for stop in (13, None):
         _torchrun(tmp_path, run, tmp_path / "noise-resumed", f"batch_schedule.via={via}", f"max_steps={stop or 'null'}",
-                  *resume)
+                  "resume=auto")
         assert _state(run) == PLAN[stop or 14]
 
     a, b = _last(straight), _last(run)
@@ -110,13 +119,14 @@ def test_two_ranks_resumed_inside_each_phase_are_bit_identical(tmp_path: Path, v
     assert noise_a["updates"] == noise_b["updates"] == 14
     torch.testing.assert_close(noise_b["ema"], noise_a["ema"], rtol=1e-3, atol=0)
 
-    # each epoch record carries its global batch; the resumed run's are the same records
-    assert _epochs(straight) == _epochs(run) == [(1, 8, 8), (2, 12, 16), (3, 14, 32)]
+    # each epoch record carries its global batch; the resumed run's (from step 10 on) are the same records
+    assert _epochs(straight) == [(1, 8, 8), (2, 12, 16), (3, 14, 32)]
+    assert _epochs(run) == _epochs(straight)[1:]
 
     # the noise scale from the ranks: each phase's sizes on both ranks, the same across the resumes
     for rank in (0, 1):
         assert _noise_sizes(tmp_path / "noise-straight", rank) == NOISE_SIZES
-        assert _noise_sizes(tmp_path / "noise-resumed", rank) == NOISE_SIZES
+        assert _noise_sizes(tmp_path / "noise-resumed", rank) == NOISE_SIZES[10:]
     for r in (straight, run):
         summary = json.loads((r / "summary.json").read_text())
         assert summary["steps"] == 14 and summary["world_size"] == 2
