@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -170,14 +170,14 @@ def key(j: dict[str, Any]) -> tuple:
     return (j["recipe"], j["batch"], float(j["lr"]), j["seed"], j["epochs"])
 
 
-def read_rows(path: Path) -> dict[tuple, dict[str, Any]]:
-    """Rows by point; the first row written for a point counts."""
+def read_rows(path: Path, point: Callable[[dict[str, Any]], tuple] = key) -> dict[tuple, dict[str, Any]]:
+    """Rows by ``point`` (this study's key unless given); the first row written for a point counts."""
     rows: dict[tuple, dict[str, Any]] = {}
     if path.exists():
         for line in path.read_text(encoding="utf-8").splitlines():
             if line.startswith("{"):
                 r = json.loads(line)
-                rows.setdefault(key(r), r)
+                rows.setdefault(point(r), r)
     return rows
 
 
@@ -881,13 +881,22 @@ def _comparisons_section(args: argparse.Namespace, family: list[dict[str, Any]])
     return L
 
 
-def plot(args: argparse.Namespace, rows: dict) -> None:
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (files only), or None with a line where matplotlib is
+    not installed (the [dev] and [report] extras install it): the reports are written without plots."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed: no plot", file=sys.stderr)
+        return None
+    return plt
+
+
+def plot(args: argparse.Namespace, rows: dict) -> None:
+    plt = pyplot()
+    if plt is None:
         return
     base = args.base_batch
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))

@@ -72,7 +72,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import os
 import statistics
@@ -207,13 +206,8 @@ def key(j: dict[str, Any]) -> tuple:
 
 
 def read_rows(path: Path) -> dict[tuple, dict[str, Any]]:
-    rows: dict[tuple, dict[str, Any]] = {}
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.startswith("{"):
-                r = json.loads(line)
-                rows.setdefault(key(r), r)
-    return rows
+    """Rows by point (recipe, batch, lr, seed); the first row written for a point counts."""
+    return fixed.read_rows(path, key)
 
 
 def on_grid(centre: float, j: int) -> float:
@@ -902,12 +896,8 @@ def spent(rows: dict) -> str:
 
 
 def plot(args: argparse.Namespace, rows: dict) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot", file=sys.stderr)
+    plt = fixed.pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for recipe in args.recipes:
