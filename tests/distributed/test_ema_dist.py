@@ -143,7 +143,7 @@ def _both_on_rank(rank: int, world: int) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def four_ranks() -> list[dict]:
     """What each of 4 gloo ranks returns: 4, so that grouped BN has a subgroup of 2 (of 2 groups)."""
-    return run_ranks(_both_on_rank, 4)
+    return run_ranks(_both_on_rank, 4, fork=True)
 
 
 def test_the_ema_of_a_model_with_torch_sync_bn_on_a_subgroup(four_ranks: list[dict]) -> None:

@@ -89,7 +89,7 @@ def _every_configuration(rank: int, world_size: int) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def two_ranks() -> list[dict]:
     """Each rank's results by configuration, from one pair of gloo ranks."""
-    return run_ranks(_every_configuration, 2)
+    return run_ranks(_every_configuration, 2, fork=True)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
