@@ -34,8 +34,8 @@ LAUNCH = Path(__file__).resolve().parents[2] / "launch"
 TINI = shutil.which("tini")
 pytestmark = pytest.mark.skipif(TINI is None, reason="tini is not installed (apt-get install -y tini)")
 
-# resnet10t (smoke's default is resnet50): the subject is the signal's path, and each of
-# resnet50's steps here saved a 200 MB checkpoint; 10 epochs leave the signal time to arrive
+# resnet10t, named (it is also the default): the subject is the signal's path, not the model;
+# 10 epochs leave the signal time to arrive
 ARGS = smoke(
     "backend=cpu", "model=resnet10t", "data.workers=1", "data.synthetic.train_per_class=16",
     "epochs=10",  # 8 steps per epoch: 80 steps
