@@ -68,6 +68,8 @@ def probed() -> NoiseScaleHook:
     return _regression_run(_regression_batches(BATCH, STEPS), accumulation=1, probe_every=1)
 
 
+# the tests that read ``probed`` (3,000 steps) share one pytest-xdist worker, where it runs once
+@pytest.mark.xdist_group("noise_scale_probe")
 def test_the_probe_matches_the_closed_form(probed: NoiseScaleHook) -> None:
     """Tolerance 6%: by the spread argument of tests/test_noise_scale.py (the EMA's weights times
     the per-step estimates' spread, computed from these draws: 0.9% |G|², 1.0% tr Σ, 1.2% B_simple
@@ -81,6 +83,7 @@ def test_the_probe_matches_the_closed_form(probed: NoiseScaleHook) -> None:
     assert all(abs(e) < 0.06 for e in error.values()), error
 
 
+@pytest.mark.xdist_group("noise_scale_probe")
 def test_the_probe_agrees_with_two_micro_batches(probed: NoiseScaleHook) -> None:
     """The same draws as two micro-batches of 32 (the first half is B_small there): the same pair of
     batch sizes, so the two averages agree up to the second half's norm, which only the probe uses.
