@@ -122,12 +122,17 @@ def test_the_exponents_the_tied_lrs_fit_are_worded_from_the_ranges(modules: tupl
 
 
 def test_the_imagenet_mapping_is_checked_against_the_measured_bend(modules: tuple[ModuleType, ModuleType],
-                                                                     tmp_path: Path) -> None:
+                                                                     tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The fixed-epoch study's ImageNet mapping (a batch's share of the training set) is set against
     the bend the steps-to-target study fits: SGD+warmup's B_crit at ImageNet's scale, in McCandlish et
     al.'s "tens of thousands" or flagged as a broken premise; pending without three fitted batches."""
     page = modules[1]
     stt = _load("steps_to_target")
+    # the words read a fit's B_crit and its interval, whatever the bootstrap's size: 200 draws instead of
+    # the study's 1000 (the bootstrap's own test, test_steps_to_target.py, draws 200 too) make each fit
+    # 5x cheaper
+    monkeypatch.setattr(stt, "joint_draws", functools.partial(stt.joint_draws, draws=200))
     batches = [32, 64, 128, 256, 512]
     args = stt.parse(["--render", "--out", str(tmp_path / "s"), "--batches", *map(str, batches),
                       "--seeds", *map(str, range(4)), "--sweep-seeds", "2"])
