@@ -132,15 +132,35 @@ def _records(run: Path, kind: str) -> list[dict[str, Any]]:
     return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
 
 
-@pytest.mark.parametrize("via,sizes", [
-    ("accumulation", [8] * 8 + [8] * 8 + [8] * 8),  # 1, 2, then 4 micro-batches of 8 per step
-    ("per_device", [8] * 8 + [16] * 4 + [32] * 2),  # one forward of the whole per-device batch
-])
-def test_a_run_raises_the_batch_per_phase(tmp_path: Path, forward_sizes: list[int], via: str,
-                                          sizes: list[int]) -> None:
-    run = tmp_path / "run"
-    assert main(smoke(*DATA, *PHASES, f"batch_schedule.via={via}", f"run_dir={run}")) == 0
-    assert forward_sizes == sizes
+# the forwards of each way of raising the batch: 1, 2, then 4 micro-batches of 8 per step, or one
+# forward of the whole per-device batch
+SIZES = {"accumulation": [8] * 8 + [8] * 8 + [8] * 8, "per_device": [8] * 8 + [16] * 4 + [32] * 2}
+
+
+@pytest.fixture(scope="module", params=["accumulation", "per_device"])
+def phased(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, list[int]]:
+    """One uninterrupted run per ``via`` (exact: resumable bit for bit), its directory and the batch
+    size of each training forward; read by the run's own checks and by the resumes' comparison."""
+    via = request.param
+    run = tmp_path_factory.mktemp(f"phased-{via}") / "straight"
+    seen: list[int] = []
+    loss = Trainer.loss
+
+    def recording(self: Trainer, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        seen.append(images.shape[0])
+        return loss(self, images, labels)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Trainer, "loss", recording)
+        assert main([*EXACT, *DATA, *PHASES, f"batch_schedule.via={via}", f"run_dir={run}"]) == 0
+    return via, run, seen
+
+
+# the tests that read a module fixture's run share one pytest-xdist worker, where it runs once
+@pytest.mark.xdist_group("batch_schedule_phased")
+def test_a_run_raises_the_batch_per_phase(phased: tuple[str, Path, list[int]]) -> None:
+    via, run, sizes = phased
+    assert sizes == SIZES[via]
     epochs = _records(run, "epoch")
     assert [(r["epoch"], r["step"], r["global_batch_size"]) for r in epochs] == [(1, 8, 8), (2, 12, 16), (3, 14, 32)]
     log = (run / "train.log").read_text()
@@ -200,16 +220,13 @@ def _weights(run: Path, step: int) -> dict[str, torch.Tensor]:
     return last["model"]
 
 
-@pytest.mark.parametrize("via", ["accumulation", "per_device"])
-def test_resumed_inside_each_phase_the_run_is_bit_identical(tmp_path: Path, via: str,
+@pytest.mark.xdist_group("batch_schedule_phased")
+def test_resumed_inside_each_phase_the_run_is_bit_identical(tmp_path: Path, phased: tuple[str, Path, list[int]],
                                                             forward_sizes: list[int]) -> None:
     """Stopped at step 3 (phase 1, epoch 0), 10 (phase 2, epoch 1 half done) and 13 (phase 3,
     epoch 2 half done), each resumed: the weights of the uninterrupted run, and the same forwards."""
+    via, straight, uninterrupted = phased
     exact = [*EXACT, *DATA, *PHASES, f"batch_schedule.via={via}"]
-    straight = tmp_path / "straight"
-    assert main([*exact, f"run_dir={straight}"]) == 0
-    uninterrupted = list(forward_sizes)
-    forward_sizes.clear()
     run = tmp_path / "run"
     for stop in (3, 10, 13):
         assert main([*exact, f"run_dir={run}", f"max_steps={stop}", *(["resume=auto"] if stop > 3 else [])]) == 0
@@ -247,11 +264,18 @@ def test_the_noise_scale_is_measured_over_each_phases_batches(tmp_path: Path, mo
     assert "; your global batch is 32" in capsys.readouterr().out  # the closing line: the last phase's
 
 
-def test_a_resume_with_another_batch_schedule_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def stopped_at_2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run of DATA + PHASES stopped after step 2, which the resumes below are refused."""
+    run = tmp_path_factory.mktemp("stopped") / "run"
     assert main(smoke(*DATA, *PHASES, f"run_dir={run}", "max_steps=2")) == 0
+    return run
+
+
+@pytest.mark.xdist_group("batch_schedule_stopped")
+def test_a_resume_with_another_batch_schedule_is_refused(stopped_at_2: Path, capsys: pytest.CaptureFixture) -> None:
     capsys.readouterr()
-    assert main(smoke(*DATA, "batch_schedule.steps=[[1,32]]", f"run_dir={run}", "resume=auto")) != 0
+    assert main(smoke(*DATA, "batch_schedule.steps=[[1,32]]", f"run_dir={stopped_at_2}", "resume=auto")) != 0
     err = capsys.readouterr().err.strip()
     assert "belongs to another run" in err and "batch_schedule.steps=[[1, 32]]" in err and "\n" not in err
 
@@ -283,12 +307,11 @@ def test_a_lowered_batch_runs_each_phase_and_resumes_bit_identical(tmp_path: Pat
     assert [k for k in a if not torch.equal(a[k], b[k])] == []
 
 
-def test_a_resume_refusal_prints_values_as_written(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+@pytest.mark.xdist_group("batch_schedule_stopped")
+def test_a_resume_refusal_prints_values_as_written(stopped_at_2: Path, capsys: pytest.CaptureFixture) -> None:
     """Issue 75, item 7: the run's own side was printed as its enum (BatchGrowth.per_device)."""
-    run = tmp_path / "run"
-    assert main(smoke(*DATA, *PHASES, f"run_dir={run}", "max_steps=2")) == 0
     capsys.readouterr()
-    assert main(smoke(*DATA, *PHASES, "batch_schedule.via=per_device", f"run_dir={run}", "resume=auto")) == 2
+    assert main(smoke(*DATA, *PHASES, "batch_schedule.via=per_device", f"run_dir={stopped_at_2}", "resume=auto")) == 2
     err = capsys.readouterr().err.strip()
     assert ("it was made with batch_schedule.via=accumulation, this run has batch_schedule.via=per_device;"
             in err and "\n" not in err), err
