@@ -106,16 +106,16 @@ def test_a_full_disk_under_a_log_stops_with_a_checkpoint_and_exit_74(
 
 def test_a_full_tensorboard_folder_turns_tensorboard_off_and_training_goes_on(tmp_path: Path, mounts: list[Path]) -> None:
     run = tmp_path / "run"
-    fs = _tiny_tmpfs(tmp_path, mounts, free_pages=1)  # the events outgrow 4 KiB in the first epoch
+    fs = _tiny_tmpfs(tmp_path, mounts, free_pages=1)  # the events outgrow 4 KiB in the second epoch (step 27)
     (run / "tensorboard").mkdir(parents=True)
     _bind(fs, run / "tensorboard", mounts)
-    proc = _train(tmp_path, run, "tensorboard=true", "data.synthetic.train_per_class=64")  # 32 steps an epoch
+    proc = _train(tmp_path, run, "tensorboard=true", "data.synthetic.train_per_class=40")  # 20 steps an epoch
     err = _one_line(proc, 74)
     assert "cannot write TensorBoard events" in err and f"[Errno {errno.ENOSPC} ENOSPC]" in err, err
     assert str(run / "tensorboard") in err and "turned off" in err, err
     turned_off = re.findall(r"TensorBoard was turned off at step (\d+)", proc.stdout)
-    assert len(turned_off) == 1 and 0 < int(turned_off[0]) < 64, proc.stdout[-3000:]  # mid-run, logged once
-    assert [checkpoint_step(p) for p in list_checkpoints(run / "checkpoints")] == [32, 64]
+    assert len(turned_off) == 1 and 0 < int(turned_off[0]) < 40, proc.stdout[-3000:]  # mid-run, logged once
+    assert [checkpoint_step(p) for p in list_checkpoints(run / "checkpoints")] == [20, 40]
     assert (run / "summary.json").is_file()
 
 
