@@ -304,7 +304,7 @@ def _build(loader: str, image_set: dict[str, Path], spec: Any) -> tuple[Any, Any
 def _spec(schedule: ResolutionSchedule, **kw: Any) -> Any:
     from largebatch.data.contract import LoaderSpec
 
-    return LoaderSpec(image_size=16, batch_size=4, workers=1, seed=3, train_sizes=schedule, val_image_size=28, **kw)
+    return LoaderSpec(image_size=16, batch_size=4, workers=1, seed=3, train_sizes=schedule, eval_size=28, **kw)
 
 
 def _pass(loader: Any, epoch: int, skip: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -446,12 +446,12 @@ def test_the_torchvision_crops_sample_each_phases_area(image_set: dict[str, Path
 
 @pytest.mark.parametrize("loader", ["torchvision", *LOADERS])
 def test_every_loader_evaluates_at_each_epochs_training_side(image_set: dict[str, Path], loader: str) -> None:
-    """``val_follows_train`` (``data.resolution.eval_follows_train``): the evaluation after epoch e
+    """``eval_follows_train`` (``data.resolution.eval_follows_train``): the evaluation after epoch e
     crops ``size_at(e)``, the epoch the val loader's ``set_epoch`` names, back and forth."""
     from largebatch.data.contract import LoaderSpec
 
     spec = LoaderSpec(image_size=16, batch_size=4, workers=1, seed=3, train_sizes=SCHEDULES["steps"],
-                      val_follows_train=True)
+                      eval_follows_train=True)
     val = _build(loader, image_set, spec)[1]
     try:
         for epoch in (0, 1, 2, 0, 2):
@@ -489,3 +489,21 @@ def test_a_resume_with_another_crop_scale_or_evaluation_side_is_refused(tmp_path
         for saved in (before_the_keys, {"data": {"resolution": off}}):
             with pytest.raises(CheckpointError, match=f"data.resolution.{key}"):
                 check_same_run(saved, now, tmp_path)
+
+
+def test_each_resolution_option_keeps_its_config_name_in_the_loader_spec() -> None:
+    """A ``data.resolution`` key reaches the loaders under its own name (issue 71): a loader's
+    author reads ``spec.eval_size`` for ``data.resolution.eval_size``. Only the schedule's own keys
+    become one object, ``train_sizes``."""
+    from largebatch.config import compose_config, to_train_config
+    from largebatch.data.contract import LoaderSpec
+    from largebatch.parts.data import resolution_options
+
+    cfg = to_train_config(compose_config(["data.resolution.schedule=steps", "data.resolution.steps=[[0,16],[1,24]]",
+                                          "data.resolution.eval_size=28"]))
+    options = resolution_options(cfg)
+    spec_fields = {f.name for f in dataclasses.fields(LoaderSpec)}
+    config_keys = {f.name for f in dataclasses.fields(type(cfg.data.resolution))}
+    assert set(options) <= spec_fields
+    assert set(options) - {"train_sizes"} <= config_keys, set(options) - config_keys
+    assert options["eval_size"] == 28 and options["train_sizes"] is not None

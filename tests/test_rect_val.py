@@ -173,11 +173,11 @@ def test_from_an_epoch_on_rectangles_and_squares_before(image_root: Path, worker
 
 
 def test_rectangles_at_each_epochs_training_side(image_root: Path) -> None:
-    """With ``val_follows_train`` the rectangles' short side is the epoch's training side."""
+    """With ``eval_follows_train`` the rectangles' short side is the epoch's training side."""
     from largebatch.resolution import ResolutionSchedule
 
     sizes = ResolutionSchedule.of("steps", steps=[[0, 8], [1, SIDE]], image_size=SIDE, epochs=3)
-    _, val, _ = tv.build_loaders(image_root, _spec(train_sizes=sizes, val_follows_train=True, rect_val_from_epoch=1))
+    _, val, _ = tv.build_loaders(image_root, _spec(train_sizes=sizes, eval_follows_train=True, rect_val_from_epoch=1))
     val.set_epoch(0)
     assert {tuple(x.shape[-2:]) for x, _ in val} == {(8, 8)}
     val.set_epoch(1)

@@ -164,7 +164,7 @@ def _log_resolution(spec: LoaderSpec) -> None:
     if spec.crop_scale_steps:
         train += "; crop area " + ", ".join(f"{m:g}..{spec.crop_scale[1]:g} from epoch {e}"
                                             for e, m in spec.crop_scale_steps)
-    side = "at each epoch's training side" if spec.val_follows_train else f"{spec.val_size} px"
+    side = "at each epoch's training side" if spec.eval_follows_train else f"{spec.val_size} px"
     if spec.rect_val:
         since = f" from epoch {spec.rect_val_from_epoch}" if spec.rect_val_from_epoch else ""
         side = (f"of short side {side.removeprefix('at ')}, a rectangle per batch of like aspect ratio "

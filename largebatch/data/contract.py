@@ -85,7 +85,8 @@ class LoaderSpec:
         image_size: side of the training crop and of the val centre crop, pixels.
         train_sizes: progressive resizing: the training crop side per epoch
             (:class:`~largebatch.resolution.ResolutionSchedule`); None: ``image_size`` every epoch.
-        val_image_size: the val centre crop side, pixels; None: ``image_size``.
+        eval_size: the val centre crop side, pixels (``data.resolution.eval_size``, as each
+            ``data.resolution`` option here has its config key's name); None: ``image_size``.
         batch_size: per-device training batch (the global batch is this x world size).
         workers: DataLoader worker processes per rank (torchvision, nvjpeg); DALI's CPU threads.
         seed: seed of the epoch permutation and of the augmentation.
@@ -111,7 +112,7 @@ class LoaderSpec:
         crop_scale_steps: ``((epoch, min_scale), ...)``: from each epoch on, the training crop's
             minimum area fraction (``data.resolution.crop_scale_steps``); ``crop_scale[0]``
             before the first, ``crop_scale[1]`` its maximum throughout.
-        val_follows_train: evaluate after each epoch at that epoch's training side
+        eval_follows_train: evaluate after each epoch at that epoch's training side
             (``data.resolution.eval_follows_train``) instead of ``val_size``.
         rect_val_from_epoch: with ``rect_val``, the first epoch evaluated with rectangles
             (``data.resolution.rect_val_from_epoch``); earlier ones take the centre square.
@@ -132,10 +133,10 @@ class LoaderSpec:
     shuffle_buffer: int = SHUFFLE_BUFFER
     accumulation_steps: int = 1
     train_sizes: Optional[ResolutionSchedule] = None
-    val_image_size: Optional[int] = None
+    eval_size: Optional[int] = None
     rect_val: bool = False
     crop_scale_steps: tuple[tuple[int, float], ...] = ()
-    val_follows_train: bool = False
+    eval_follows_train: bool = False
     rect_val_from_epoch: int = 0
 
     def __post_init__(self) -> None:  # accept "cpu"/"cuda:0" and a list crop_scale (the config's)
@@ -158,15 +159,15 @@ class LoaderSpec:
 
     @property
     def val_size(self) -> int:
-        """The val centre crop side, pixels (with :attr:`val_follows_train`: of a fresh loader,
+        """The val centre crop side, pixels (with :attr:`eval_follows_train`: of a fresh loader,
         before any ``set_epoch``, which is epoch 0's)."""
         return self.val_size_at(0)
 
     def val_size_at(self, epoch: int) -> int:
         """The evaluation side after training epoch ``epoch`` (from 0), pixels."""
-        if self.val_follows_train:
+        if self.eval_follows_train:
             return self.train_size_at(epoch)
-        return self.image_size if self.val_image_size is None else self.val_image_size
+        return self.image_size if self.eval_size is None else self.eval_size
 
     def rect_val_at(self, epoch: int) -> bool:
         """Rectangular validation after training epoch ``epoch`` (from 0)."""
@@ -176,14 +177,14 @@ class LoaderSpec:
     def eval_by_epoch(self) -> bool:
         """The evaluation crops change with the epoch (a side that follows the training side's
         phase, or rectangles from an epoch on): the evaluation loader's ``set_epoch`` picks them."""
-        return (self.val_follows_train and self.train_sizes is not None) or (
+        return (self.eval_follows_train and self.train_sizes is not None) or (
             self.rect_val and self.rect_val_from_epoch > 0)
 
     @property
     def resized(self) -> bool:
         """Progressive resizing, an evaluation side of its own or per-epoch crop scales
         (``data.resolution``)."""
-        return (self.train_sizes is not None or self.val_image_size is not None or self.val_follows_train
+        return (self.train_sizes is not None or self.eval_size is not None or self.eval_follows_train
                 or bool(self.crop_scale_steps))
 
     @property

@@ -76,6 +76,6 @@ def resolution_options(cfg: TrainConfig) -> dict[str, Any]:
     """The ``LoaderSpec`` options of ``data.resolution``: the training side and crop scale per
     epoch, the evaluation side and shape per epoch."""
     res = cfg.data.resolution
-    return dict(train_sizes=resolution_of(cfg), val_image_size=res.eval_size, rect_val=res.rect_val,
+    return dict(train_sizes=resolution_of(cfg), eval_size=res.eval_size, rect_val=res.rect_val,
                 crop_scale_steps=tuple((int(e), float(m)) for e, m in res.crop_scale_steps),
-                val_follows_train=res.eval_follows_train, rect_val_from_epoch=res.rect_val_from_epoch)
+                eval_follows_train=res.eval_follows_train, rect_val_from_epoch=res.rect_val_from_epoch)
