@@ -69,11 +69,24 @@ def test_a_stop_to_one_rank_with_restarts_left_ends_the_job_75(tmp_path: Path) -
     assert _last_line(err).startswith("largebatch: preempted:"), err[-3000:]
 
 
-@pytest.mark.parametrize("delay_s", [0.5, 4.0])
-def test_a_stop_while_the_ranks_start_is_75_and_one_line(tmp_path: Path, delay_s: float) -> None:
+def _until_the_ranks_run(proc: subprocess.Popen, run: Path, timeout_s: float = 60) -> None:
+    """Until the agent has started both ranks (still importing: training is seconds away)."""
+    deadline = time.monotonic() + timeout_s
+    while len(_ranks(run)) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, "the ranks never started"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("moment", ["launcher", "ranks"])
+def test_a_stop_while_the_ranks_start_is_75_and_one_line(tmp_path: Path, moment: str) -> None:
+    """SIGTERM to the job's group while the launcher starts (0.5 s in), or once the agent has
+    started the ranks (they are importing)."""
     run = tmp_path / "run"
     proc = _start(tmp_path, run)
-    time.sleep(delay_s)
+    if moment == "launcher":
+        time.sleep(0.5)
+    else:
+        _until_the_ranks_run(proc, run)
     assert not list_checkpoints(run / "checkpoints"), "training began before the signal: lengthen nothing, shorten delay"
     os.killpg(proc.pid, signal.SIGTERM)
     out, err = _finish(proc, run)
