@@ -335,14 +335,33 @@ def group_step(c: Campaign, group: SuiteGroup, results: Path, *, collect_only: b
     return Step(group.label, argv, env, budget_s=group.budget_s, min_s=group.min_s)
 
 
+def marked_files(marker: str) -> tuple[str, ...]:
+    """The test files that mark tests ``marker`` (``pytest.mark.<marker>`` on a test, a class or
+    as the module's ``pytestmark``), relative to the repository."""
+    return tuple(sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py")
+                        if f"mark.{marker}" in p.read_text(errors="replace")))
+
+
+def rehearsal_group(group: SuiteGroup) -> SuiteGroup:
+    """``group`` with the whole ``tests`` folder narrowed to the files that mark gpu tests: the same
+    tests are selected, their --ignore and --deselect arguments the same, without importing the
+    whole suite (on the CPU it runs, and so collects, in the test suite already). A file the group
+    ignores is left out: pytest collects a file named on its command line even when --ignore names it."""
+    ignored = {group.args[i + 1] for i, arg in enumerate(group.args[:-1]) if arg == "--ignore"}
+    files = tuple(f for f in marked_files("gpu") if f not in ignored)
+    args = tuple(a for arg in group.args for a in (files if arg == "tests" else (arg,)))
+    return SuiteGroup(group.label, args, group.budget_s, group.test_limit_s, group.min_s)
+
+
 def phase_tests(c: Campaign) -> list[Step]:
     """The ``gpu``-marked tests and the CUDA cases of the others (the timm optimizer suite runs on
     CUDA where there is one), each result to ``tests.jsonl`` in --out as it ends. In the
-    rehearsal the gpu tests collect and skip, and the suite only collects (on the CPU its cases
-    run in the test suite already)."""
+    rehearsal the gpu tests collect (from the files that mark them) and skip, and the optimizer
+    suite only collects (on the CPU its cases run in the test suite already)."""
     results = c.out / TEST_RESULTS
     results.unlink(missing_ok=True)
-    return [group_step(c, g, results, collect_only=c.rehearse and i == 0) for i, g in enumerate(suite_groups())]
+    groups = [rehearsal_group(g) for g in suite_groups()] if c.rehearse else suite_groups()
+    return [group_step(c, g, results, collect_only=c.rehearse and i == 0) for i, g in enumerate(groups)]
 
 
 def jpeg_root(c: Campaign) -> Path:

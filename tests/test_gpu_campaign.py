@@ -98,6 +98,12 @@ def test_headline_rows_come_first_and_every_budget_fits_its_phase(campaign: Modu
     groups = campaign.suite_groups()
     assert sum(g.budget_s for g in groups if g.budget_s is not None) <= campaign.PHASES["tests"].gpu_s
     assert all(g.test_limit_s <= (g.budget_s or g.min_s or 1e9) for g in groups)
+    # the rehearsal collects the gpu unit tests from the files that mark them, not the whole
+    # suite: the same selection arguments, no file the group ignores
+    real, rehearsed = groups[1], campaign.rehearsal_group(groups[1])
+    files = [a for i, a in enumerate(rehearsed.args) if a.endswith(".py") and rehearsed.args[i - 1] != "--ignore"]
+    assert "tests" in real.args and "tests" not in rehearsed.args and set(real.args) - {"tests"} <= set(rehearsed.args)
+    assert files and all((REPO / f).is_file() for f in files) and "tests/gpu/test_cuda_training.py" not in files
     # the compiled rows start only when their compile can finish inside the phase
     compiled = campaign.PHASES["train-compiled"].steps(c, 150)[0]
     assert "--compile" in compiled.argv and compiled.argv[compiled.argv.index("--compile") + 1] == "default"
@@ -286,8 +292,8 @@ def test_the_rehearsal_runs_every_phase_on_the_cpu(campaign: ModuleType, tmp_pat
     resolved = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in report["install"]}
     assert resolved == {_pin(s)[0].lower(): _pin(s)[1] for s in campaign.DALI_WHEELS}
     assert (work / "prefix" / "bin" / "largebatch-train").exists()
-    # the tests: the suite collects; the gpu tests, cheapest first and the compiled trainings
-    # last, each in one group, all skipped here, every result recorded
+    # the tests: the optimizer suite collects; the gpu tests, cheapest first and the compiled
+    # trainings last, each in one group, all skipped here, every result recorded
     records = [json.loads(line) for line in (out / "tests.jsonl").read_text().splitlines()]
     collected = {r["group"]: r["tests"] for r in records if r["event"] == "collected"}
     labels = [g.label for g in campaign.suite_groups()]
