@@ -47,19 +47,19 @@ def build(args: argparse.Namespace, backend: TorchDistributedBackend, measured: 
     """The default job's step (resnet10t, LARS) with or without the noise scale's hook."""
     torch.manual_seed(0)
     model = backend.prepare_model(timm.create_model(args.model, num_classes=10))
-    model = backend.wrap_model(model, tap_local_norm=measured)
+    model, tap = backend.wrap_model(model, tap_local_norm=measured)
     optimizer = LARS(param_groups(model, weight_decay=5e-5), lr=0.1, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     per_device = args.batch // (backend.world_size * args.accumulation)
     hooks: list[Any] = []
     if measured:
         plan = plan_noise_scale(world_size=backend.world_size, accumulation_steps=args.accumulation,
-                                per_device_batch=per_device, local_norm_tap=backend.local_norm_tap,
+                                per_device_batch=per_device, local_norm_tap=tap,
                                 probe_every=args.probe_every)
         if plan.source is None:
             raise SystemExit(f"noise_scale_overhead: nothing to measure here ({plan.reason}): "
                              "use --accumulation 2, --ranks 2 or --probe-every N")
-        hooks.append(NoiseScaleHook(plan, local_norm_tap=backend.local_norm_tap))
+        hooks.append(NoiseScaleHook(plan, local_norm_tap=tap))
     settings = StepSettings(epochs=1, global_batch_size=args.batch, accumulation_steps=args.accumulation,
                             log_every=10**9)
     return Trainer(model=model, optimizer=optimizer, scheduler=scheduler, train_loader=micro, backend=backend,

@@ -120,8 +120,8 @@ def _trainer(cfg: TrainConfig, raw_cfg: Optional[DictConfig], backend: Backend, 
     lr = scale_lr(cfg.optimizer.lr, cfg.global_batch_size, cfg.base_batch_size, cfg.lr_scaling)
     optimizer = optimizer_of(cfg, model, lr)
     ema = ema_of(cfg, model)
-    train_model = train_model_of(cfg, backend, model)
-    noise_scale = noise_scale_of(cfg, backend, plan)  # after train_model_of, which taps the local norm
+    train_model, local_norm_tap = train_model_of(cfg, backend, model)
+    noise_scale = noise_scale_of(cfg, backend, plan, local_norm_tap)
     steps_per_epoch = len(data.train) // plan.accumulation_steps
     batches = batch_schedule_of(cfg)  # one per run: an adaptive schedule's decisions are shared
     scheduler = scheduler_of(cfg, optimizer, steps_per_epoch, lr, batches)

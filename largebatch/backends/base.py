@@ -12,12 +12,23 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from typing import Any, ContextManager, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, ContextManager, Iterable, Iterator, NamedTuple, Optional
 
 import torch
 from torch import nn
 
-__all__ = ["Backend"]
+if TYPE_CHECKING:
+    from largebatch.diagnostics.noise_scale import LocalNormTap
+
+__all__ = ["Backend", "WrappedModel"]
+
+
+class WrappedModel(NamedTuple):
+    """What :meth:`Backend.wrap_model` makes: the model as the loop calls it, and the local
+    gradient norm's tap for the gradient noise scale (None unless asked for and available)."""
+
+    model: nn.Module
+    local_norm_tap: Optional[LocalNormTap] = None
 
 
 class Backend(ABC):
@@ -93,23 +104,18 @@ class Backend(ABC):
         compress: str = "none",
         ranks_per_node: Optional[int] = None,
         tap_local_norm: bool = False,
-    ) -> nn.Module:
+    ) -> WrappedModel:
         """Wrap for data parallelism (DDP where the stack uses it).
 
         The keywords are the ``comm`` config (``largebatch.config.schema``): gradient bucket
         size in MiB, all-reduce algorithm, wire compression and ranks per node (None: the
         launcher's ``LOCAL_WORLD_SIZE``). A backend ignores those its stack has no use for.
-        ``tap_local_norm``: record the squared norm of each rank's local gradient before it is
-        reduced, for the gradient noise scale, in ``self.local_norm_tap``: an object whose
-        ``take()`` gives that norm (a 0-dim device tensor, or None) after the step's last backward,
-        and whose ``reduces_in_optimizer_step`` says where the reduced gradient is found: False,
-        in ``.grad`` after the last backward (DDP, ``largebatch.comm.SquaredNormTap``); True, in
-        ``.grad`` in the optimizer's step pre-hooks (XLA, ``largebatch.backends.xla.XlaLocalNormTap``).
-        A backend that cannot (or has one rank) leaves ``local_norm_tap`` None.
+        ``tap_local_norm``: also record the squared norm of each rank's local gradient before it
+        is reduced, for the gradient noise scale, and return the tap that gives it as the result's
+        ``local_norm_tap`` (a :class:`~largebatch.diagnostics.noise_scale.LocalNormTap`:
+        ``largebatch.comm.SquaredNormTap`` under DDP, ``largebatch.backends.xla.XlaLocalNormTap``
+        on XLA replicas). A backend that cannot (or has one rank) returns None there.
         """
-
-    # set by wrap_model(tap_local_norm=True) where the stack can record the local gradient's norm
-    local_norm_tap: Any = None
 
     def no_sync(self, model: nn.Module) -> ContextManager:
         """Context in which backward does not communicate (inner accumulation micro-steps)."""

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from largebatch.backends.base import Backend
+from largebatch.backends.base import Backend, WrappedModel
 from largebatch.comm.reducers import destroy_process_groups, process_group_reducer
 
 if TYPE_CHECKING:
@@ -174,11 +174,12 @@ class TorchDistributedBackend(Backend):
         compress: str = "none",
         ranks_per_node: Optional[int] = None,
         tap_local_norm: bool = False,
-    ) -> nn.Module:
+    ) -> WrappedModel:
         """DistributedDataParallel with gradient bucket views and the configured comm hook
-        (wrapped by a :class:`~largebatch.comm.SquaredNormTap` with ``tap_local_norm``)."""
+        (wrapped by a :class:`~largebatch.comm.SquaredNormTap` with ``tap_local_norm``, returned
+        as ``local_norm_tap``); one process: the model itself, no tap."""
         if not self.distributed:
-            return model
+            return WrappedModel(model)
         ddp = DistributedDataParallel(
             model,
             device_ids=[self.local_rank] if self.kind == "cuda" else None,
@@ -188,10 +189,11 @@ class TorchDistributedBackend(Backend):
         if tap_local_norm:  # the noise scale's local gradient norm, around the same reduction
             from largebatch.comm.ddp_hooks import register_tapped_comm_hook
 
-            self.local_norm_tap, self.comm_state = register_tapped_comm_hook(
+            tap, self.comm_state = register_tapped_comm_hook(
                 ddp, algorithm=algorithm, compress=compress, ranks_per_node=ranks_per_node or self.local_world_size,
             )
-        elif algorithm != "flat" or compress != "none":
+            return WrappedModel(ddp, tap)
+        if algorithm != "flat" or compress != "none":
             from largebatch.comm import register_comm_hook
 
             self.comm_state = register_comm_hook(
@@ -200,7 +202,7 @@ class TorchDistributedBackend(Backend):
                 compress=compress,
                 ranks_per_node=ranks_per_node or self.local_world_size,
             )
-        return ddp
+        return WrappedModel(ddp)
 
     def synchronize(self) -> None:
         if self.kind == "cuda":

@@ -11,8 +11,8 @@ One replica per XLA device, started by :func:`largebatch.launch.xla.launch_repli
 * ``mark_step`` cuts and runs the step graph (``torch_xla.sync()``) once per optimizer step;
   nothing in the step reads a tensor back to the host, so after warm-up no step compiles;
 * bf16 autocast (``torch.autocast('xla')``), no fp16 and no loss scaling;
-* the gradient noise scale's local norm (``wrap_model(tap_local_norm=True)``, world > 1):
-  :class:`XlaLocalNormTap` reads ``.grad`` before ``optimizer_step`` reduces it, so the
+* the gradient noise scale's local norm (``wrap_model(tap_local_norm=True)``, world > 1, returns
+  it): :class:`XlaLocalNormTap` reads ``.grad`` before ``optimizer_step`` reduces it, so the
   noise-scale hook takes the reduced norm in the optimizer's step pre-hook, after the
   reduction; both are device values of the step graph (no host read, no new graph);
 * grouped BN sums over replica groups with ``xm.all_reduce(groups=[[0, 1], [2, 3], ...])``.
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, ContextManager, Iterable, Iterator, Optio
 import torch
 from torch import nn
 
-from largebatch.backends.base import Backend
+from largebatch.backends.base import Backend, WrappedModel
 from largebatch.comm.reducers import (  # noqa: F401  (the last two: importable from here as before)
     LocalReducer, XlaGroupReducer, resolve_group_size, xla_all_reduce_sum, running_xla_world_size, xla_group_reducer,
 )
@@ -191,21 +191,19 @@ class XlaBackend(Backend):
         compress: str = "none",
         ranks_per_node: Optional[int] = None,
         tap_local_norm: bool = False,
-    ) -> nn.Module:
+    ) -> WrappedModel:
         """The model itself: gradients are all-reduced in :meth:`optimizer_step`, not by DDP.
 
         ``bucket_mb`` and ``ranks_per_node`` do not apply (no DDP buckets; XLA's all-reduce).
-        ``tap_local_norm`` (world > 1): ``self.local_norm_tap`` is an :class:`XlaLocalNormTap`
-        over the model's parameters; with one replica there is no reduction to tap.
+        ``tap_local_norm`` (world > 1): the result's ``local_norm_tap`` is an :class:`XlaLocalNormTap`
+        over the model's parameters; with one replica there is no reduction to tap (None).
         """
         if algorithm != "flat" or compress != "none":
             log.warning(
                 "comm.algorithm=%s comm.compress=%s do not apply on XLA (the compiler's all-reduce "
                 "runs over the TPU torus); using the plain gradient all-reduce", algorithm, compress
             )
-        if tap_local_norm and self.world_size > 1:
-            self.local_norm_tap = XlaLocalNormTap(model)
-        return model
+        return WrappedModel(model, XlaLocalNormTap(model) if tap_local_norm and self.world_size > 1 else None)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Optional[Any]) -> None:
         """All-reduce the gradients (mean over replicas) and step, inside the step graph."""

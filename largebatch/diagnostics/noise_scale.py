@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from numbers import Real
-from typing import Any, Iterable, Union
+from typing import Any, Iterable, Optional, Protocol, Union
 
 import torch
 from torch import Tensor
@@ -45,12 +45,30 @@ from largebatch.errors import UsageError
 
 __all__ = [
     "GradientNoiseScale",
+    "LocalNormTap",
     "grad_sq_norm_estimate",
     "noise_trace_estimate",
     "squared_norm",
 ]
 
 Scalar = Union[Tensor, float]
+
+
+class LocalNormTap(Protocol):
+    """Where a data-parallel run finds the ``B_small`` gradient: this rank's local gradient, before
+    the reduction overwrites it. A backend's ``wrap_model(tap_local_norm=True)`` returns one
+    (``largebatch.comm.SquaredNormTap`` around DDP's comm hook, ``largebatch.backends.xla.XlaLocalNormTap``
+    over ``.grad`` on XLA replicas).
+
+    :meth:`take`, asked after the step's last backward, gives ``|local gradient|²`` (a 0-dim
+    float32 device tensor; None: nothing recorded). ``reduces_in_optimizer_step`` says where the
+    reduced (``B_big``) gradient is then found: False, in ``.grad`` after the last backward (DDP);
+    True, in ``.grad`` in the optimizer's step pre-hooks (XLA reduces in ``optimizer_step``).
+    """
+
+    reduces_in_optimizer_step: bool
+
+    def take(self) -> Optional[Tensor]: ...
 
 
 def _check_batches(batch_small: Any, batch_big: Any, where: str) -> None:

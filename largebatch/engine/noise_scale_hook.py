@@ -60,7 +60,7 @@ from typing import Any, Optional
 
 import torch
 
-from largebatch.diagnostics.noise_scale import GradientNoiseScale, squared_norm
+from largebatch.diagnostics.noise_scale import GradientNoiseScale, LocalNormTap, squared_norm
 from largebatch.engine.loop import Hook
 from largebatch.errors import UsageError
 
@@ -113,15 +113,16 @@ class NoiseScalePlan:
 
 
 def plan_noise_scale(
-    *, world_size: int, accumulation_steps: int, per_device_batch: int, local_norm_tap: Any, probe_every: int = 0,
-    xla: bool = False, cuda_graphs: bool = False,
+    *, world_size: int, accumulation_steps: int, per_device_batch: int, local_norm_tap: Optional[LocalNormTap],
+    probe_every: int = 0, xla: bool = False, cuda_graphs: bool = False,
 ) -> NoiseScalePlan:
     """Choose the measurement (module docstring) for a run of this shape.
 
-    ``local_norm_tap``: the backend's tap (:class:`~largebatch.comm.SquaredNormTap` under DDP,
-    ``largebatch.backends.xla.XlaLocalNormTap`` on XLA replicas; None where the backend records
-    no local norm, e.g. one process). ``probe_every``: optimizer steps
-    between two probes where nothing comes free (0: no probe); ignored where something does.
+    ``local_norm_tap``: the tap ``Backend.wrap_model(tap_local_norm=True)`` returned
+    (:class:`~largebatch.comm.SquaredNormTap` under DDP, ``largebatch.backends.xla.XlaLocalNormTap``
+    on XLA replicas; None where the backend records no local norm, e.g. one process).
+    ``probe_every``: optimizer steps between two probes where nothing comes free (0: no probe);
+    ignored where something does.
     The probe is refused on XLA (``xla``: its half-batch passes and RNG fork are untried in the XLA
     step graph) and with CUDA graphs (``cuda_graphs``: the half batch would replay into the step's
     CUDA-graph buffers); the plan's ``reason`` says what to set instead.
@@ -154,7 +155,8 @@ class NoiseScaleHook(Hook):
     ``noise_scale_final`` and the closing line. ``tracker`` is checkpointed (``noise_scale``).
     """
 
-    def __init__(self, plan: NoiseScalePlan, *, beta: float = 0.99, local_norm_tap: Any = None) -> None:
+    def __init__(self, plan: NoiseScalePlan, *, beta: float = 0.99,
+                 local_norm_tap: Optional[LocalNormTap] = None) -> None:
         self.plan = plan
         self.tracker = GradientNoiseScale(beta)
         self.local_norm_tap = local_norm_tap
@@ -193,7 +195,8 @@ class NoiseScaleHook(Hook):
 
     def _reduced_in_step(self) -> bool:
         """The backend reduces the gradients in ``optimizer_step`` (XLA), not in the last backward."""
-        return self.plan.source == "ranks" and self.local_norm_tap.reduces_in_optimizer_step
+        tap = self.local_norm_tap  # a plan from ranks has one (plan_noise_scale)
+        return self.plan.source == "ranks" and tap is not None and tap.reduces_in_optimizer_step
 
     def _after_reduction(self, *_: Any) -> None:
         """Optimizer step pre-hook: ``.grad`` is the reduced gradient; fold the step's pair in."""
@@ -271,7 +274,7 @@ class NoiseScaleHook(Hook):
             self._small = self._grad_sq_norm(float(n * n))  # the 1/n loss scaling undone
         if source is None or micro_batch != n - 1:
             return
-        if source == "ranks":
+        if source == "ranks" and self.local_norm_tap is not None:
             local = self.local_norm_tap.take()
             self._small = None if local is None else self._unscale(local)
         if self._small is None or self._reduced_in_step():  # no bucket was reduced; or: at the reduction

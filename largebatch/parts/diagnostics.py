@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from largebatch.backends.base import Backend
     from largebatch.batch_schedule import BatchSchedule
     from largebatch.config.schema import TrainConfig
+    from largebatch.diagnostics.noise_scale import LocalNormTap
     from largebatch.engine.adaptive_batch import AdaptiveBatchHook
     from largebatch.engine.batch_plan import BatchPlan
     from largebatch.engine.noise_scale_hook import NoiseScaleHook
@@ -22,24 +23,26 @@ __all__ = ["adaptive_batch_of", "noise_scale_of"]
 log = logging.getLogger("largebatch")
 
 
-def noise_scale_of(cfg: TrainConfig, backend: Backend, plan: BatchPlan) -> Optional[NoiseScaleHook]:
-    """The gradient noise scale's hook (``diagnostics.noise_scale``), or None when disabled; after
-    ``train_model_of`` (which taps the local gradient norm: DDP's buckets, or XLA's ``.grad``).
-    Where it is measured, and where not, is :func:`plan_noise_scale`'s choice; rank 0 says which."""
+def noise_scale_of(cfg: TrainConfig, backend: Backend, plan: BatchPlan,
+                   local_norm_tap: Optional[LocalNormTap]) -> Optional[NoiseScaleHook]:
+    """The gradient noise scale's hook (``diagnostics.noise_scale``), or None when disabled.
+    ``local_norm_tap``: the one ``train_model_of`` returned beside the model (DDP's buckets, or
+    XLA's ``.grad``; None in one process). Where it is measured, and where not, is
+    :func:`plan_noise_scale`'s choice; rank 0 says which."""
     from largebatch.engine.compile import uses_cuda_graphs
     from largebatch.engine.noise_scale_hook import NoiseScaleHook, plan_noise_scale
 
     ns = cfg.diagnostics.noise_scale
     if not ns.enabled:
         return None
-    tap = backend.local_norm_tap
     where = plan_noise_scale(world_size=backend.world_size, accumulation_steps=plan.accumulation_steps,
-                             per_device_batch=plan.per_device, local_norm_tap=tap, probe_every=ns.probe_every,
+                             per_device_batch=plan.per_device, local_norm_tap=local_norm_tap,
+                             probe_every=ns.probe_every,
                              xla=backend.device.type == "xla",
                              cuda_graphs=uses_cuda_graphs(cfg.model.compile) and backend.device.type == "cuda")
     if backend.is_main:
         log.info("%s", where.describe(ns.beta))
-    return NoiseScaleHook(where, beta=ns.beta, local_norm_tap=tap)
+    return NoiseScaleHook(where, beta=ns.beta, local_norm_tap=local_norm_tap)
 
 
 def adaptive_batch_of(batches: Optional[BatchSchedule], noise_scale: Optional[NoiseScaleHook],

@@ -12,7 +12,7 @@ from largebatch.errors import ModelError
 from largebatch.resolution import resolution_of
 
 if TYPE_CHECKING:
-    from largebatch.backends.base import Backend
+    from largebatch.backends.base import Backend, WrappedModel
     from largebatch.config.schema import TrainConfig
 
 __all__ = ["check_model_name", "model_of", "train_model_of", "training_shapes"]
@@ -50,16 +50,19 @@ def model_of(cfg: TrainConfig, backend: Backend, num_classes: int, channels_last
     return model
 
 
-def train_model_of(cfg: TrainConfig, backend: Backend, model: nn.Module) -> nn.Module:
-    """The model as the loop calls it: DDP with the comm hook (tapped for the noise scale's local
-    gradient norm, ``diagnostics.noise_scale.enabled``), then ``torch.compile`` (``model.compile``)."""
+def train_model_of(cfg: TrainConfig, backend: Backend, model: nn.Module) -> WrappedModel:
+    """The model as the loop calls it: DDP with the comm hook, then ``torch.compile``
+    (``model.compile``); and the tap of the noise scale's local gradient norm
+    (``diagnostics.noise_scale.enabled``; None where not asked for or not recorded), for
+    ``parts.diagnostics.noise_scale_of``."""
     from largebatch.engine.compile import compile_model
 
     comm = cfg.comm
-    train_model = backend.wrap_model(model, bucket_mb=comm.bucket_mb, algorithm=comm.algorithm,
-                                     compress=comm.compress, ranks_per_node=comm.ranks_per_node,
-                                     tap_local_norm=cfg.diagnostics.noise_scale.enabled)
-    return compile_model(train_model, cfg.model.compile, shapes=training_shapes(cfg, backend.world_size))
+    wrapped = backend.wrap_model(model, bucket_mb=comm.bucket_mb, algorithm=comm.algorithm,
+                                 compress=comm.compress, ranks_per_node=comm.ranks_per_node,
+                                 tap_local_norm=cfg.diagnostics.noise_scale.enabled)
+    shapes = training_shapes(cfg, backend.world_size)
+    return wrapped._replace(model=compile_model(wrapped.model, cfg.model.compile, shapes=shapes))
 
 
 def training_shapes(cfg: TrainConfig, world_size: int = 1) -> int:

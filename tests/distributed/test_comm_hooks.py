@@ -231,8 +231,9 @@ def _backend_wrap_run(rank: int, world_size: int) -> dict:
     from largebatch.backends.torch_dist import TorchDistributedBackend
 
     backend = TorchDistributedBackend("cpu")
-    model = backend.wrap_model(_model(), bucket_mb=1.0, algorithm="hierarchical", compress="fp16",
-                               ranks_per_node=1)
+    model, tap = backend.wrap_model(_model(), bucket_mb=1.0, algorithm="hierarchical", compress="fp16",
+                                    ranks_per_node=1)
+    assert tap is None  # not asked for
     x, y = _batch(rank, 0)
     torch.nn.functional.mse_loss(model(x), y).backward()
     assert backend.comm_state is not None

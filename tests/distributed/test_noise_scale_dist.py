@@ -46,12 +46,13 @@ def _model() -> nn.Module:
 
 
 def _train(model: nn.Module, backend: TorchDistributedBackend, batches: list, accumulation: int) -> dict:
-    train_model = backend.wrap_model(model, tap_local_norm=True)  # DDP (tapped) on 2 ranks, the model on 1
+    # DDP (tapped) on 2 ranks, the model (no tap) on 1
+    train_model, tap = backend.wrap_model(model, tap_local_norm=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
     plan = plan_noise_scale(world_size=backend.world_size, accumulation_steps=accumulation, per_device_batch=MICRO,
-                            local_norm_tap=backend.local_norm_tap)
-    hook = NoiseScaleHook(plan, beta=0.5, local_norm_tap=backend.local_norm_tap)
+                            local_norm_tap=tap)
+    hook = NoiseScaleHook(plan, beta=0.5, local_norm_tap=tap)
     steps: list[tuple[float, float, float]] = []
 
     class Record(Hook):  # the averages after every step, to compare the sequences
@@ -63,7 +64,8 @@ def _train(model: nn.Module, backend: TorchDistributedBackend, batches: list, ac
                 settings=StepSettings(epochs=1, global_batch_size=2 * MICRO, accumulation_steps=accumulation,
                                       log_every=2), hooks=[hook, Record()])
     t.train()
-    return {"plan": plan, "steps": steps, "updates": hook.tracker.updates}
+    return {"plan": plan, "steps": steps, "updates": hook.tracker.updates, "tap": type(tap).__name__,
+            "backend_keeps_a_tap": hasattr(backend, "local_norm_tap")}
 
 
 def _ranks(rank: int, world_size: int, algorithm: str) -> dict:
@@ -97,6 +99,9 @@ def test_two_ranks_measure_what_two_micro_batches_measure(two_ranks: list[dict],
     ranks = [r[algorithm] for r in two_ranks]
     one = _train(_model(), TorchDistributedBackend("cpu"), _batches(), accumulation=2)
     assert ranks[0]["plan"].source == "ranks" and one["plan"].source == "micro-batches"
+    # the tap comes back from wrap_model (DDP's on 2 ranks, none on 1), not left on the backend
+    assert (ranks[0]["tap"], one["tap"]) == ("SquaredNormTap", "NoneType")
+    assert not ranks[0]["backend_keeps_a_tap"] and not one["backend_keeps_a_tap"]
     assert (ranks[0]["plan"].batch_small, ranks[0]["plan"].batch_big) == (MICRO, 2 * MICRO)
     assert (one["plan"].batch_small, one["plan"].batch_big) == (MICRO, 2 * MICRO)
     assert ranks[0]["updates"] == one["updates"] == STEPS
@@ -149,11 +154,10 @@ def _grouped_bn_pairs(rank: int, world_size: int) -> list[tuple[float, float]]:
 
     backend = TorchDistributedBackend("cpu")
     model = convert_group_sync_batchnorm(_bn_model(), group_size=2)
-    train_model = backend.wrap_model(model, tap_local_norm=True)
+    train_model, tap = backend.wrap_model(model, tap_local_norm=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
-    plan = plan_noise_scale(world_size=2, accumulation_steps=1, per_device_batch=MICRO,
-                            local_norm_tap=backend.local_norm_tap)
-    hook = NoiseScaleHook(plan, beta=0.5, local_norm_tap=backend.local_norm_tap)
+    plan = plan_noise_scale(world_size=2, accumulation_steps=1, per_device_batch=MICRO, local_norm_tap=tap)
+    hook = NoiseScaleHook(plan, beta=0.5, local_norm_tap=tap)
     pairs: list[tuple[float, float]] = []
     update = hook.tracker.update
 

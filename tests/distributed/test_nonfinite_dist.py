@@ -16,7 +16,7 @@ def _skip_run(rank: int, world_size: int, nan_rank: int | None) -> dict:
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
                           nn.Flatten(), nn.Linear(4, 3))
     backend = TorchDistributedBackend("cpu")
-    ddp = backend.wrap_model(model)
+    ddp = backend.wrap_model(model).model
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
     gen = torch.Generator().manual_seed(10 + rank)

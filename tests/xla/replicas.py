@@ -96,7 +96,7 @@ def scenario_train(backend: Any, out: dict[str, Any]) -> None:
     opt = build_optimizer("sgd", model, lr=0.1, weight_decay=1e-4, momentum=0.9)
     sched = build_lr_scheduler(opt, name="cosine", steps_per_epoch=TRAIN_STEPS, epochs=1, warmup_epochs=0.5)
     trainer = Trainer(
-        model=backend.wrap_model(model), optimizer=opt, scheduler=sched,
+        model=backend.wrap_model(model).model, optimizer=opt, scheduler=sched,
         train_loader=backend.wrap_loader(ListLoader(train_batches(backend.rank))), backend=backend,
         settings=StepSettings(epochs=1, global_batch_size=TRAIN_BATCH * backend.world_size, log_every=TRAIN_STEPS),
     )
@@ -139,7 +139,7 @@ def scenario_ema(backend: Any, out: dict[str, Any]) -> None:
     opt = build_optimizer("sgd", model, lr=0.1, weight_decay=1e-4, momentum=0.9)
     sched = build_lr_scheduler(opt, name="cosine", steps_per_epoch=TRAIN_STEPS, epochs=1, warmup_epochs=0.5)
     trainer = Trainer(
-        model=backend.wrap_model(model), optimizer=opt, scheduler=sched,
+        model=backend.wrap_model(model).model, optimizer=opt, scheduler=sched,
         train_loader=backend.wrap_loader(ListLoader(train_batches(backend.rank))), backend=backend,
         settings=StepSettings(epochs=1, global_batch_size=TRAIN_BATCH * backend.world_size, log_every=TRAIN_STEPS), hooks=[hook],
     )
@@ -176,13 +176,13 @@ def _noise_scale_run(backend: Any, batches: list, *, log_every: int, after_step:
 
     model = backend.prepare_model(noise_scale_model())
     start = {k: v.cpu() for k, v in model.state_dict().items()}
-    train_model = backend.wrap_model(model, tap_local_norm=True)
+    train_model, tap = backend.wrap_model(model, tap_local_norm=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
     micro = batches[0][0].shape[0]
     plan = plan_noise_scale(world_size=backend.world_size, accumulation_steps=1, per_device_batch=micro,
-                            local_norm_tap=backend.local_norm_tap)
-    hook = NoiseScaleHook(plan, beta=0.5, local_norm_tap=backend.local_norm_tap)
+                            local_norm_tap=tap)
+    hook = NoiseScaleHook(plan, beta=0.5, local_norm_tap=tap)
 
     class Record(Hook):
         def after_step(self) -> None:

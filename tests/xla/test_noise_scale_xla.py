@@ -114,7 +114,7 @@ def _one_device(backend, start_state: dict, *, log_every: int) -> dict:
             compiles.append(compile_count() if backend.name == "xla" else 0)
 
     start = compile_count() if backend.name == "xla" else 0
-    Trainer(model=backend.wrap_model(model), optimizer=opt, scheduler=sched,
+    Trainer(model=backend.wrap_model(model).model, optimizer=opt, scheduler=sched,
             train_loader=backend.wrap_loader(ListLoader(R.noise_scale_batches(R.NS_COUNTED_STEPS, micro))),
             backend=backend, settings=StepSettings(epochs=1, global_batch_size=2 * micro, accumulation_steps=2,
                                                    log_every=log_every), hooks=[hook, Record()]).train()

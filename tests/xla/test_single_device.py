@@ -75,7 +75,7 @@ def _train(backend, batches, *, steps: int, log_every: int, optimizer: str = "sg
     sched = build_lr_scheduler(opt, name="cosine", steps_per_epoch=steps, epochs=1, warmup_epochs=0.5)
     rec = _Record()
     trainer = Trainer(
-        model=backend.wrap_model(model), optimizer=opt, scheduler=sched,
+        model=backend.wrap_model(model).model, optimizer=opt, scheduler=sched,
         train_loader=backend.wrap_loader(ListLoader(batches)), backend=backend,
         settings=StepSettings(epochs=1, global_batch_size=batches[0][0].shape[0], log_every=log_every,
                               autocast_dtype=autocast),
