@@ -351,11 +351,15 @@ def fit_curve(batches: Sequence[float], steps: Sequence[float]) -> tuple[float, 
     def resid(p: np.ndarray) -> np.ndarray:
         return p[0] + np.log1p(np.exp(p[1]) / b) - ls
 
+    def jac(p: np.ndarray) -> np.ndarray:  # exact: the bootstrap's ~6,000 fits spent a third of
+        c = np.exp(p[1])  # their time in finite differences
+        return np.stack([np.ones_like(b), c / (b + c)], axis=1)
+
     lo, hi = math.log(b.min() * 1e-3), math.log(b.max() * 1e9)
     best = None
     for guess in (b.min(), math.sqrt(b.min() * b.max()), b.max()):  # a few starts: the fit is not convex
         p0 = np.array([ls.min(), math.log(guess)])
-        r = optimize.least_squares(resid, p0, bounds=([-np.inf, lo], [np.inf, hi]))
+        r = optimize.least_squares(resid, p0, jac=jac, bounds=([-np.inf, lo], [np.inf, hi]))
         if best is None or r.cost < best.cost:
             best = r
     return float(math.exp(best.x[0])), float(math.exp(best.x[1]))
