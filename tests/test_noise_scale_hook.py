@@ -70,6 +70,25 @@ def test_the_loss_scale_is_divided_out() -> None:
     torch.testing.assert_close(scaled.tracker.state_dict()["ema"], plain.tracker.state_dict()["ema"], rtol=0, atol=0)
 
 
+def test_the_step_view_gives_the_loss_scale_its_gradients_carry() -> None:
+    """Issue 71: the hook reads the loss scale from what the loop publishes (``Trainer.step_view``),
+    not the scaler's private ``_scale``: the scale after a backward, as a device tensor of the
+    asked dtype; None without a scaler or with a disabled one; ``scaled`` is what backward takes."""
+    from largebatch.engine.loop import StepView
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12, growth_interval=1000)
+    loss = torch.tensor(3.0, requires_grad=True)
+    view = StepView((), lambda x, y: loss, scaler)
+    view.scaled(loss).backward()
+    like = torch.zeros((), dtype=torch.float64)
+    scale = view.loss_scale(like)
+    assert scale is not None and scale.dtype == torch.float64 and scale.item() == scaler.get_scale() == 2.0**12
+    assert loss.grad is not None and loss.grad.item() == 2.0**12
+    assert StepView((), view.loss).loss_scale(like) is None
+    assert StepView((), view.loss, torch.amp.GradScaler("cpu", enabled=False)).loss_scale(like) is None
+    assert StepView((), view.loss).scaled(loss) is loss
+
+
 def test_an_overflowed_step_is_left_out() -> None:
     """A scale that overflows the first step's gradients: the scaler skips the step, and so does the
     tracker (inf norms), chosen on the device."""

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from largebatch.batch_schedule import BatchSchedule
     from largebatch.data.contract import Loader
 
-__all__ = ["Hook", "NonFiniteLossError", "StepSettings", "Trainer", "TrainState"]
+__all__ = ["Hook", "NonFiniteLossError", "StepSettings", "StepView", "Trainer", "TrainState"]
 
 
 @dataclass
@@ -74,6 +74,31 @@ class TrainState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+
+
+@dataclass(frozen=True)
+class StepView:
+    """The optimizer step being run, as the loop publishes it for hooks (``Trainer.step_view``,
+    read in ``after_backward`` and in the optimizer's step hooks): its micro-batches (a batch
+    schedule may add some), the loss its backward differentiates, and the loss scale its
+    gradients carry. ``loss(images, labels)`` is the mean loss of a batch under the step's
+    autocast (:meth:`Trainer.loss`), before loss scaling."""
+
+    micro_batches: tuple[Any, ...]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    scaler: Any = field(default=None, repr=False)  # the fp16 loss scaler (None: none)
+
+    def scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` as the step's backward takes it: times the loss scale under fp16, else itself."""
+        return self.scaler.scale(loss) if self.scaler is not None else loss
+
+    def loss_scale(self, like: torch.Tensor) -> Optional[torch.Tensor]:
+        """The scale the step's gradients carry, a 0-dim tensor of ``like``'s device and dtype
+        read on the device (no host read, unlike ``GradScaler.get_scale()``); None without loss
+        scaling. Asked after a backward of the step, when the scaler has its scale."""
+        if self.scaler is None or not self.scaler.is_enabled():
+            return None
+        return self.scaler.scale(torch.ones((), device=like.device)).to(like)
 
 
 class Hook:
@@ -212,8 +237,8 @@ class Trainer:
         # name -> a function returning a 0-dim device tensor: read with the loss on log steps
         # (one host read for all) and logged under its name
         self.log_values: dict[str, Callable[[], torch.Tensor]] = {}
-        # the micro-batches of the step being run (for hooks, e.g. the noise-scale probe)
-        self.step_batches: list[Any] = []
+        # the step being run, for hooks (e.g. the noise scale's): set by run_step
+        self.step_view = StepView((), self.loss, scaler)
 
     # -- helpers for hooks -------------------------------------------------------------
     def call(self, event: str, *args: Any) -> None:
@@ -302,7 +327,7 @@ class Trainer:
         s = self.settings
         n = len(micro_batches)
         self.guard.before_step()
-        self.step_batches = micro_batches
+        self.step_view = view = StepView(tuple(micro_batches), self.loss, self.scaler)
         step_loss = torch.zeros((), device=self.backend.device)
         for i, (images, labels, *_) in enumerate(micro_batches):
             sync = contextlib.nullcontext() if i == n - 1 else self.backend.no_sync(self.model)
@@ -310,7 +335,7 @@ class Trainer:
                 if s.cuda_graph_steps:
                     torch.compiler.cudagraph_mark_step_begin()  # gpu-only
                 loss = self.loss(images, labels) / n
-                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+                view.scaled(loss).backward()
             self.call("after_backward", i)
             step_loss += loss.detach()
             self._log_images += images.shape[0] * self.backend.world_size

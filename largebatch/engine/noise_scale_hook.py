@@ -44,8 +44,9 @@ The micro-batch path runs on one XLA device as it does elsewhere (tested against
 no graph added after warm-up); the probe is refused there (:func:`plan_noise_scale`): its half-batch
 passes and RNG fork are not tried in the XLA step graph.
 
-Both norms are of loss-scaled gradients under fp16: each is divided by the scaler's scale²,
-read from its device tensor (``scaler._scale``; ``get_scale()`` would read the host). An
+Both norms are of loss-scaled gradients under fp16: each is divided by the loss scale², read on
+the device from the step the loop publishes for hooks (``Trainer.step_view``, whose micro-batches,
+loss and scaling the probe also reads; ``GradScaler.get_scale()`` would read the host). An
 overflowed step gives non-finite norms, which the tracker drops. Nothing here reads the host
 during a step: the estimates are read with the loss on log steps (the Trainer's
 ``log_values``), as ``noise_scale`` (images), ``grad_sq_norm`` and ``noise_trace``.
@@ -228,11 +229,10 @@ class NoiseScaleHook(Hook):
         return self._unscale(squared_norm(grads) * factor)
 
     def _unscale(self, sq_norm: torch.Tensor) -> torch.Tensor:
-        scaler = self.trainer.scaler
-        scale = getattr(scaler, "_scale", None) if scaler is not None else None
-        if scale is None:  # no loss scaling (or a scaler not enabled)
+        scale = self.trainer.step_view.loss_scale(sq_norm)  # a device tensor: no host read
+        if scale is None:  # no loss scaling
             return sq_norm
-        return sq_norm / scale.to(sq_norm).square()  # the device tensor: no host read
+        return sq_norm / scale.square()
 
     def _probe_sq_norm(self) -> torch.Tensor:
         """Mean of ``|G_half|²`` over the step's batch's two halves, loss scale taken out; ``.grad``,
@@ -244,8 +244,8 @@ class NoiseScaleHook(Hook):
         change and the running statistics would be updated twice from half batches. Two half passes
         beside the normal step cost about one step's compute on a probe step, and change nothing.
         """
-        t = self.trainer
-        images, labels, *_ = t.step_batches[0]
+        t, step = self.trainer, self.trainer.step_view
+        images, labels, *_ = step.micro_batches[0]
         half = self._sizes()[0]
         params = [p for g in t.optimizer.param_groups for p in g["params"] if p.requires_grad]
         buffers = list(t.model.buffers())
@@ -255,9 +255,8 @@ class NoiseScaleHook(Hook):
         # the probe's draws (dropout, drop-path) come from a fork: later steps draw what they would have
         with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device], device_type=device.type):
             for part in (slice(0, half), slice(half, 2 * half)):
-                loss = t.loss(images[part], labels[part])
-                grads = torch.autograd.grad(t.scaler.scale(loss) if t.scaler is not None else loss, params,
-                                            allow_unused=True)
+                loss = step.loss(images[part], labels[part])
+                grads = torch.autograd.grad(step.scaled(loss), params, allow_unused=True)
                 sq_norms.append(squared_norm([g for g in grads if g is not None]))
         if buffers:
             torch._foreach_copy_(buffers, saved)
@@ -269,7 +268,7 @@ class NoiseScaleHook(Hook):
             if self.trainer.state.step % self.plan.probe_every == 0:  # a host count: no read
                 self.tracker.update(self._probe_sq_norm(), *self._with_norm(self._grad_sq_norm(1.0)))
             return
-        n = len(self.trainer.step_batches)  # micro-batches of this step (a batch schedule may add some)
+        n = len(self.trainer.step_view.micro_batches)  # a batch schedule may add some
         if source == "micro-batches" and micro_batch == 0:
             self._small = self._grad_sq_norm(float(n * n))  # the 1/n loss scaling undone
         if source is None or micro_batch != n - 1:
