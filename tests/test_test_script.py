@@ -1,21 +1,17 @@
 """scripts/test.sh, the README's test command (issue 70): .venv-xla is set up while the main
-environment's tests run, and the XLA tests run beside them once it is ready; a failed set-up ends
-the run with its output; a failure on either side fails the run, after both ran. The script runs
-as it is, in a copy of the tree whose set-up scripts and pytest are stand-ins that write down when
-they start and end (the real ones take minutes; CI runs them)."""
+environment's tests run, and the XLA tests start only once it is ready; a failed set-up ends the
+run with its output. The script runs as it is, in a copy of the tree whose set-up scripts and
+pytest are stand-ins that write down when they start and end (the real ones take minutes; CI
+runs them)."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,15 +22,15 @@ def _executable(path: Path, text: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-def _tree(tmp_path: Path, xla_setup_exit: int, main_exit: int = 0, xla_exit: int = 0) -> Path:
+def _tree(tmp_path: Path, xla_setup_exit: int) -> Path:
     tree = tmp_path / "tree"
     (tree / "scripts").mkdir(parents=True)
     shutil.copy(ROOT / "scripts" / "test.sh", tree / "scripts" / "test.sh")
     events = tree / "events"
-    # main's set-up returns at once, xla's takes 1 s; the main tests take 3 s, the XLA tests 1 s
+    # main's set-up returns at once, xla's takes 2 s (it runs beside the main tests, which take 1 s)
     _executable(tree / "scripts" / "setup_env.sh", f"""#!/usr/bin/env bash
 if [[ $1 == xla && ! -e {tree}/xla-ready ]]; then
-  echo "setup xla start" >> {events}; sleep 1; echo "pip says why" ; echo "setup xla end" >> {events}
+  echo "setup xla start" >> {events}; sleep 2; echo "pip says why" ; echo "setup xla end" >> {events}
   [[ {xla_setup_exit} == 0 ]] && touch {tree}/xla-ready
   exit {xla_setup_exit}
 fi
@@ -42,12 +38,10 @@ echo "setup $1" >> {events}
 """)
     _executable(tree / "scripts" / "test_xla.sh", f"""#!/usr/bin/env bash
 [[ -e {tree}/xla-ready ]] || {{ echo "xla tests without their venv" >> {events}; exit 1; }}
-echo "xla tests threads=$OMP_NUM_THREADS" >> {events}; echo "37 passed (xla)"; sleep 1
-echo "xla tests end" >> {events}; exit {xla_exit}
+echo "xla tests threads=$OMP_NUM_THREADS" >> {events}
 """)
     _executable(tree / ".venv" / "bin" / "python", f"""#!/usr/bin/env bash
-echo "main tests start $* threads=$OMP_NUM_THREADS" >> {events}; sleep 3; echo "main tests end" >> {events}
-exit {main_exit}
+echo "main tests start $* threads=$OMP_NUM_THREADS" >> {events}; sleep 1; echo "main tests end" >> {events}
 """)
     return tree
 
@@ -58,17 +52,16 @@ def _run(tree: Path, **extra: str) -> subprocess.CompletedProcess:
                           text=True, timeout=60)
 
 
-def test_the_xla_venv_is_set_up_and_its_tests_run_while_the_main_tests_run(tmp_path: Path) -> None:
+def test_the_xla_venv_is_set_up_while_the_main_tests_run(tmp_path: Path) -> None:
     tree = _tree(tmp_path, xla_setup_exit=0)
     proc = _run(tree)
     assert proc.returncode == 0, proc.stderr
     events = (tree / "events").read_text().splitlines()
     main_start = next(i for i, e in enumerate(events) if e.startswith("main tests start"))
     assert events.index("setup xla start") < events.index("main tests end")  # side by side
-    xla = next(i for i, e in enumerate(events) if e.startswith("xla tests threads"))
-    assert events.index("setup xla end") < xla < events.index("main tests end")  # the XLA tests too
+    xla = next(i for i, e in enumerate(events) if e.startswith("xla tests"))
+    assert events.index("setup xla end") < xla
     assert "-n" in events[main_start].split() and "--dist loadgroup" in events[main_start]  # the whole suite: xdist
-    assert proc.stdout.rstrip().endswith("37 passed (xla)")  # their output, after the main run's
 
 
 def test_a_failed_xla_setup_ends_the_run_with_its_output(tmp_path: Path) -> None:
@@ -80,51 +73,9 @@ def test_a_failed_xla_setup_ends_the_run_with_its_output(tmp_path: Path) -> None
     assert "xla tests" not in (tree / "events").read_text()
 
 
-@pytest.mark.parametrize("main_exit, xla_exit", [(1, 0), (0, 1), (5, 0), (2, 1)])
-def test_a_failure_on_either_side_fails_the_run_after_both_ran(tmp_path: Path, main_exit: int, xla_exit: int) -> None:
-    tree = _tree(tmp_path, xla_setup_exit=0, main_exit=main_exit, xla_exit=xla_exit)
-    proc = _run(tree)
-    assert proc.returncode == 1, proc.stderr
-    events = (tree / "events").read_text().splitlines()
-    assert "main tests end" in events and "xla tests end" in events
-    assert "37 passed (xla)" in proc.stdout
-    assert proc.stderr.strip().splitlines()[-1] == (
-        f"test.sh: failed: the main tests exited {main_exit}, the XLA tests {xla_exit} "
-        "(scripts/test_xla.sh reruns them)"), proc.stderr
-
-
-def test_an_interrupted_run_stops_the_xla_side_too(tmp_path: Path) -> None:
-    """SIGTERM (or ^C) while the main tests run: test.sh exits and nothing of the XLA side goes
-    on (its tests would run for minutes with no one to read them)."""
-    tree = _tree(tmp_path, xla_setup_exit=0)
-    (tree / "scripts" / "test_xla.sh").write_text(f"""#!/usr/bin/env bash
-echo $$ > {tree}/xla.pid; echo "xla tests start" >> {tree}/events; sleep 60
-""")
-    env = {"PATH": os.environ["PATH"], "HOME": str(tree)}
-    proc = subprocess.Popen(["bash", str(tree / "scripts" / "test.sh")], cwd=tree, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    pid_file = tree / "xla.pid"
-    for _ in range(100):
-        if pid_file.exists() and pid_file.read_text().strip():
-            break
-        time.sleep(0.1)
-    xla_pid = int(pid_file.read_text())
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 143
-    for _ in range(50):
-        try:
-            os.kill(xla_pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(xla_pid, signal.SIGKILL)
-        raise AssertionError("the XLA side outlived test.sh")
-
-
 def test_each_worker_gets_its_share_of_the_cores_as_threads(tmp_path: Path) -> None:
     """More torch threads than cores spin in OpenMP's barriers: a worker gets cores / workers
-    (at least 1); the XLA tests, one process beside them, a worker's share; a user's OMP_NUM_THREADS wins."""
+    (at least 1); the XLA tests, one process, keep 2; a user's OMP_NUM_THREADS wins."""
     cores = len(os.sched_getaffinity(0))  # what nproc counts
     for workers, extra, threads in ((1, {}, cores), (cores, {}, 1), (cores * 2, {}, 1),
                                     (cores, {"OMP_NUM_THREADS": "3"}, 3)):
@@ -134,8 +85,8 @@ def test_each_worker_gets_its_share_of_the_cores_as_threads(tmp_path: Path) -> N
         events = (tree / "events").read_text().splitlines()
         main = next(e for e in events if e.startswith("main tests start"))
         assert main.endswith(f"threads={threads}") and f"-n {workers}" in main, (workers, extra, main)
-        xla = next(e for e in events if e.startswith("xla tests threads"))
-        assert xla == f"xla tests threads={threads}", (workers, extra, xla)
+        xla = next(e for e in events if e.startswith("xla tests"))
+        assert xla == f"xla tests threads={extra.get('OMP_NUM_THREADS', 2)}", (workers, extra, xla)
 
 
 def test_xdist_groups_keep_their_tests_on_one_worker(tmp_path: Path) -> None:
