@@ -292,7 +292,9 @@ def _cancel(env: dict[str, str], tmp: Path) -> Ran:
     while _job_processes(job, run_dir):
         assert time.time() < deadline, f"job {job}'s processes outlived its cancel by 120 s:\n{_tail(out)}"
         time.sleep(0.2)
-    return Ran(job, _job(env, job), out, run_dir)
+    # ... and until slurmctld has finished the job: right after its processes end it can still
+    # show COMPLETING (seen on a clean clone), which is no verdict on a requeue
+    return Ran(job, _wait_until_final(env, job, out), out, run_dir)
 
 
 # the scenario of each test
