@@ -47,7 +47,8 @@ def build(args: argparse.Namespace, backend: TorchDistributedBackend, measured: 
     """The default job's step (resnet10t, LARS) with or without the noise scale's hook."""
     torch.manual_seed(0)
     model = backend.prepare_model(timm.create_model(args.model, num_classes=10))
-    model, tap = backend.wrap_model(model, tap_local_norm=measured)
+    wrapped = backend.wrap_model(model, tap_local_norm=measured)
+    model, tap = wrapped.model, wrapped.local_norm_tap
     optimizer = LARS(param_groups(model, weight_decay=5e-5), lr=0.1, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     per_device = args.batch // (backend.world_size * args.accumulation)

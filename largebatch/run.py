@@ -120,8 +120,8 @@ def _trainer(cfg: TrainConfig, raw_cfg: Optional[DictConfig], backend: Backend, 
     lr = scale_lr(cfg.optimizer.lr, cfg.global_batch_size, cfg.base_batch_size, cfg.lr_scaling)
     optimizer = optimizer_of(cfg, model, lr)
     ema = ema_of(cfg, model)
-    train_model, local_norm_tap = train_model_of(cfg, backend, model)
-    noise_scale = noise_scale_of(cfg, backend, plan, local_norm_tap)
+    train_model = train_model_of(cfg, backend, model)
+    noise_scale = noise_scale_of(cfg, backend, plan, train_model.local_norm_tap)
     steps_per_epoch = len(data.train) // plan.accumulation_steps
     batches = batch_schedule_of(cfg)  # one per run: an adaptive schedule's decisions are shared
     scheduler = scheduler_of(cfg, optimizer, steps_per_epoch, lr, batches)
@@ -151,7 +151,7 @@ def _trainer(cfg: TrainConfig, raw_cfg: Optional[DictConfig], backend: Backend, 
     optional = OptionalHooks(ema=ema, noise_scale=noise_scale, batch=adaptive_batch_of(batches, noise_scale, backend))
     hooks = run_hooks_of(cfg, backend, run_dir, data.val, identity, optional, resolution_of(cfg))
     trainer = Trainer(
-        model=train_model, optimizer=optimizer, scheduler=scheduler,
+        model=train_model.model, optimizer=optimizer, scheduler=scheduler,
         # the device wrapper forwards the Loader's members (set_epoch, skipped, ...)
         train_loader=cast("Loader", backend.wrap_loader(data.train, channels_last=channels_last)),
         backend=backend, settings=step_settings_of(cfg, backend, plan, precision.autocast_dtype, batches),

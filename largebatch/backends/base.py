@@ -18,17 +18,21 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
+    from largebatch.comm.ddp_hooks import CommState
     from largebatch.diagnostics.noise_scale import LocalNormTap
 
 __all__ = ["Backend", "WrappedModel"]
 
 
 class WrappedModel(NamedTuple):
-    """What :meth:`Backend.wrap_model` makes: the model as the loop calls it, and the local
-    gradient norm's tap for the gradient noise scale (None unless asked for and available)."""
+    """What :meth:`Backend.wrap_model` makes: the model as the loop calls it, the local
+    gradient norm's tap for the gradient noise scale (None unless asked for and available), and
+    the DDP comm hook's state, its byte and collective counters (None where no hook of ours
+    reduces the gradients)."""
 
     model: nn.Module
     local_norm_tap: Optional[LocalNormTap] = None
+    comm_state: Optional[CommState] = None
 
 
 class Backend(ABC):
@@ -114,7 +118,9 @@ class Backend(ABC):
         is reduced, for the gradient noise scale, and return the tap that gives it as the result's
         ``local_norm_tap`` (a :class:`~largebatch.diagnostics.noise_scale.LocalNormTap`:
         ``largebatch.comm.SquaredNormTap`` under DDP, ``largebatch.backends.xla.XlaLocalNormTap``
-        on XLA replicas). A backend that cannot (or has one rank) returns None there.
+        on XLA replicas). A backend that cannot (or has one rank) returns None there. Where a comm
+        hook of ours reduces the gradients, its state (``largebatch.comm.CommState``, the byte and
+        collective counters) is the result's ``comm_state``.
         """
 
     def no_sync(self, model: nn.Module) -> ContextManager:

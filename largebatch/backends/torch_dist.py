@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -17,9 +17,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from largebatch.backends.base import Backend, WrappedModel
 from largebatch.comm.reducers import destroy_process_groups, process_group_reducer
-
-if TYPE_CHECKING:
-    from largebatch.comm.ddp_hooks import CommState
 
 __all__ = ["TorchDistributedBackend"]
 
@@ -69,8 +66,6 @@ class TorchDistributedBackend(Backend):
             self.device = torch.device("cpu")
         self._reducers: dict[int, Any] = {}
         self._owns_group = False
-        # the comm hook's state (its byte and collective counters) once wrap_model registered one
-        self.comm_state: Optional[CommState] = None
 
     @property
     def distributed(self) -> bool:
@@ -175,9 +170,9 @@ class TorchDistributedBackend(Backend):
         ranks_per_node: Optional[int] = None,
         tap_local_norm: bool = False,
     ) -> WrappedModel:
-        """DistributedDataParallel with gradient bucket views and the configured comm hook
-        (wrapped by a :class:`~largebatch.comm.SquaredNormTap` with ``tap_local_norm``, returned
-        as ``local_norm_tap``); one process: the model itself, no tap."""
+        """DistributedDataParallel with gradient bucket views and the configured comm hook, its
+        state returned as ``comm_state`` (wrapped by a :class:`~largebatch.comm.SquaredNormTap` with
+        ``tap_local_norm``, returned as ``local_norm_tap``); one process: the model itself, no tap."""
         if not self.distributed:
             return WrappedModel(model)
         ddp = DistributedDataParallel(
@@ -189,19 +184,20 @@ class TorchDistributedBackend(Backend):
         if tap_local_norm:  # the noise scale's local gradient norm, around the same reduction
             from largebatch.comm.ddp_hooks import register_tapped_comm_hook
 
-            tap, self.comm_state = register_tapped_comm_hook(
+            tap, state = register_tapped_comm_hook(
                 ddp, algorithm=algorithm, compress=compress, ranks_per_node=ranks_per_node or self.local_world_size,
             )
-            return WrappedModel(ddp, tap)
+            return WrappedModel(ddp, tap, state)
         if algorithm != "flat" or compress != "none":
             from largebatch.comm import register_comm_hook
 
-            self.comm_state = register_comm_hook(
+            state = register_comm_hook(
                 ddp,
                 algorithm=algorithm,
                 compress=compress,
                 ranks_per_node=ranks_per_node or self.local_world_size,
             )
+            return WrappedModel(ddp, comm_state=state)
         return WrappedModel(ddp)
 
     def synchronize(self) -> None:

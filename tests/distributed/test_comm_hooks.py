@@ -231,17 +231,20 @@ def _backend_wrap_run(rank: int, world_size: int) -> dict:
     from largebatch.backends.torch_dist import TorchDistributedBackend
 
     backend = TorchDistributedBackend("cpu")
-    model, tap = backend.wrap_model(_model(), bucket_mb=1.0, algorithm="hierarchical", compress="fp16",
-                                    ranks_per_node=1)
-    assert tap is None  # not asked for
+    wrapped = backend.wrap_model(_model(), bucket_mb=1.0, algorithm="hierarchical", compress="fp16",
+                                 ranks_per_node=1)
+    assert wrapped.local_norm_tap is None  # not asked for
+    assert not hasattr(backend, "comm_state")  # returned, not left on the backend
+    plain = backend.wrap_model(_model())  # flat, no compression: torch's own reduction, no state
     x, y = _batch(rank, 0)
-    torch.nn.functional.mse_loss(model(x), y).backward()
-    assert backend.comm_state is not None
-    return {"ddp": isinstance(model, DDP), "counters": backend.comm_state.counters(),
-            "algorithm": backend.comm_state.algorithm, "compress": backend.comm_state.compress}
+    torch.nn.functional.mse_loss(wrapped.model(x), y).backward()
+    state = wrapped.comm_state
+    assert state is not None and plain.comm_state is None
+    return {"ddp": isinstance(wrapped.model, DDP), "counters": state.counters(),
+            "algorithm": state.algorithm, "compress": state.compress}
 
 
-def test_backend_wrap_model_registers_the_hook_and_keeps_its_state() -> None:
+def test_backend_wrap_model_registers_the_hook_and_returns_its_state() -> None:
     for out in run_ranks(_backend_wrap_run, 2, fork=True):
         assert out["ddp"] and (out["algorithm"], out["compress"]) == ("hierarchical", "fp16")
         assert out["counters"]["buckets"] >= 1 and out["counters"]["inter_node_bytes"] > 0

@@ -47,7 +47,8 @@ def _model() -> nn.Module:
 
 def _train(model: nn.Module, backend: TorchDistributedBackend, batches: list, accumulation: int) -> dict:
     # DDP (tapped) on 2 ranks, the model (no tap) on 1
-    train_model, tap = backend.wrap_model(model, tap_local_norm=True)
+    wrapped = backend.wrap_model(model, tap_local_norm=True)
+    train_model, tap = wrapped.model, wrapped.local_norm_tap
     opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
     plan = plan_noise_scale(world_size=backend.world_size, accumulation_steps=accumulation, per_device_batch=MICRO,
@@ -154,7 +155,8 @@ def _grouped_bn_pairs(rank: int, world_size: int) -> list[tuple[float, float]]:
 
     backend = TorchDistributedBackend("cpu")
     model = convert_group_sync_batchnorm(_bn_model(), group_size=2)
-    train_model, tap = backend.wrap_model(model, tap_local_norm=True)
+    wrapped = backend.wrap_model(model, tap_local_norm=True)
+    train_model, tap = wrapped.model, wrapped.local_norm_tap
     opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
     plan = plan_noise_scale(world_size=2, accumulation_steps=1, per_device_batch=MICRO, local_norm_tap=tap)
     hook = NoiseScaleHook(plan, beta=0.5, local_norm_tap=tap)

@@ -176,7 +176,8 @@ def _noise_scale_run(backend: Any, batches: list, *, log_every: int, after_step:
 
     model = backend.prepare_model(noise_scale_model())
     start = {k: v.cpu() for k, v in model.state_dict().items()}
-    train_model, tap = backend.wrap_model(model, tap_local_norm=True)
+    wrapped = backend.wrap_model(model, tap_local_norm=True)
+    train_model, tap = wrapped.model, wrapped.local_norm_tap
     opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
     micro = batches[0][0].shape[0]
