@@ -2,7 +2,8 @@
 once over all epochs and workers), decoded, or refused with one line.
 
 Loaders: ``data.loader=torchvision`` (Pillow in workers), ``nvjpeg`` (bytes in workers,
-decode in the main process; here on the CPU) and ``dali`` (which reads the file lists the
+decode in the main process; here on the CPU), ``decoded`` (a store decoded once, which names the
+files it could not decode) and ``dali`` (which reads the file lists the
 data check writes: a file the check leaves out is DALI's "skip"). Links that loop are in
 tests/test_data_links.py; they are refused by the same listing for all three. The tree-level
 cases (hidden folders, ...) also run against DALI without file lists and packed shards.
@@ -99,6 +100,15 @@ def _nvjpeg(root: Path) -> int:
     return train.skipped
 
 
+def _decoded(root: Path) -> int:
+    from largebatch.data.pipelines.decoded import build_decoded_loaders
+
+    train, _, _ = build_decoded_loaders(root, LoaderSpec(image_size=16, batch_size=3, workers=WORKERS),
+                                        cache=root.parent / "cache")
+    _epochs(train)
+    return train.skipped
+
+
 def _dali(root: Path) -> int:
     pytest.importorskip("nvidia.dali")
     from largebatch.data.check import check_dataset, require_checked
@@ -111,7 +121,7 @@ def _dali(root: Path) -> int:
     return len([p for p in report.problems if p.fatal])
 
 
-LOADERS = {"torchvision": _torchvision, "nvjpeg": _nvjpeg, "dali": _dali}
+LOADERS = {"torchvision": _torchvision, "nvjpeg": _nvjpeg, "decoded": _decoded, "dali": _dali}
 
 
 @pytest.mark.parametrize("loader", LOADERS)
@@ -140,6 +150,10 @@ def _build(loader: str, root: Path, tmp: Path) -> tuple:  # type: ignore[type-ar
         return build_loaders(root, spec)
     if loader == "nvjpeg":
         return build_nvjpeg_loaders(root, replace(spec, device="cpu"))
+    if loader == "decoded":
+        from largebatch.data.pipelines.decoded import build_decoded_loaders
+
+        return build_decoded_loaders(root, spec, cache=tmp / "cache")
     pytest.importorskip("nvidia.dali")
     from largebatch.data.check import check_dataset, require_checked
     from largebatch.data.pipelines.dali_files import build_dali_loaders
@@ -155,7 +169,7 @@ def _build(loader: str, root: Path, tmp: Path) -> tuple:  # type: ignore[type-ar
     return build_dali_shard_loaders(tmp / "shards", spec)
 
 
-TREE_LOADERS = ["torchvision", "nvjpeg", "dali", "dali-tree", "shards"]
+TREE_LOADERS = ["torchvision", "nvjpeg", "decoded", "dali", "dali-tree", "shards"]
 
 
 @pytest.mark.parametrize("loader", TREE_LOADERS)

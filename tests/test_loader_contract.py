@@ -1,6 +1,6 @@
 """Every loader satisfies the written loader contract (largebatch.data.contract.Loader).
 
-The four pipelines are built on the CPU over one generated data set and checked the same way:
+The five pipelines are built on the CPU over one generated data set and checked the same way:
 ``isinstance(loader, Loader)`` (the Protocol's members exist), then the behaviour the members
 promise: ``len()`` batches per epoch, full training batches of ``batch_size``, every
 validation image once, ``evaluation`` and ``total_samples`` saying which split and how large,
@@ -65,8 +65,17 @@ def _dali_shards(root: Path, tmp: Path, **spec: Any) -> tuple[Any, Any]:
     return train, val
 
 
+def _decoded(root: Path, tmp: Path, **spec: Any) -> tuple[Any, Any]:
+    from largebatch.data.pipelines.decoded import build_decoded_loaders
+
+    train, val, _ = build_decoded_loaders(root, LoaderSpec(image_size=SIZE, batch_size=BATCH, workers=1, **spec),
+                                          cache=tmp / "cache")
+    return train, val
+
+
 PIPELINES: dict[str, Callable[..., tuple[Any, Any]]] = {
     "torchvision": _torchvision, "nvjpeg": _nvjpeg, "dali-files": _dali_files, "dali-shards": _dali_shards,
+    "decoded": _decoded,
 }
 
 

@@ -249,14 +249,14 @@ def test_a_checkpoint_from_before_the_setting_resumes_with_it_off(tmp_path: Path
 
 
 # ---------------------------------------------------------------------------------------
-# the other loaders: nvjpeg (decode on the CPU here), DALI over files and over packed shards
+# the other loaders: nvjpeg (decode on the CPU here), decoded, DALI over files and over packed shards
 
 SCHEDULES = {
     "steps": ResolutionSchedule.of("steps", steps=[[0, 16], [1, 24], [2, 32]], image_size=16, epochs=3),
     "ramp": ResolutionSchedule.of("ramp", start_epoch=0, end_epoch=2, start_size=16, end_size=32, multiple=8,
                                   image_size=16, epochs=3),
 }
-LOADERS = ["nvjpeg", "dali", "shards"]
+LOADERS = ["nvjpeg", "decoded", "dali", "shards"]
 
 
 @pytest.fixture(scope="module")
@@ -290,6 +290,10 @@ def _build(loader: str, image_set: dict[str, Path], spec: Any) -> tuple[Any, Any
         from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 
         return build_nvjpeg_loaders(image_set["root"], spec, prefetch_batches=0)[:2]
+    if loader == "decoded":
+        from largebatch.data.pipelines.decoded import build_decoded_loaders
+
+        return build_decoded_loaders(image_set["root"], spec, cache=image_set["root"].parent / "decoded")[:2]
     if not _have_dali():
         pytest.skip("NVIDIA DALI is not installed")
     if loader == "dali":

@@ -256,7 +256,7 @@ def _check_rect_val(cfg: TrainConfig) -> None:
         raise ConfigError("data.resolution.rect_val=true is read by the torchvision loader only, not DALI's reader "
                           "of data.shards: drop data.shards and set data.loader=torchvision, or "
                           "data.resolution.rect_val=false")
-    if loader in ("dali", "nvjpeg"):
+    if loader in ("dali", "nvjpeg", "decoded"):
         raise ConfigError(f"data.resolution.rect_val=true is read by the torchvision loader only, not "
                           f"data.loader={loader}: set data.loader=torchvision, or data.resolution.rect_val=false")
     if cfg.backend.name == "xla":

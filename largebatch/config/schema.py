@@ -89,6 +89,7 @@ class LoaderName(str, Enum):
     torchvision = "torchvision"
     dali = "dali"
     nvjpeg = "nvjpeg"  # workers read bytes; torchvision's nvJPEG decodes and augments on the GPU
+    decoded = "decoded"  # each split decoded once into a store in the cache; crops cut per batch
     auto = "auto"  # DALI where installed (and the data checked); else nvjpeg on CUDA, torchvision elsewhere
 
 

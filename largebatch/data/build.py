@@ -9,6 +9,8 @@ val loaders:
   (DALI cannot skip a bad file, so an unchecked set is an error naming the command);
 * ``loader="nvjpeg"``: workers read file bytes; torchvision's nvJPEG decodes and the batch is
   augmented on ``device`` (:mod:`largebatch.data.pipelines.nvjpeg`; on a CPU device it decodes there);
+* ``loader="decoded"``: each split decoded once into a store in the cache, batches cut and
+  augmented as a whole (:mod:`largebatch.data.pipelines.decoded`);
 * ``loader="auto"``: DALI where it is installed and the set is checked, else nvjpeg on a CUDA
   device and torchvision elsewhere, with a log line saying why;
 * ``shards=DIR``: DALI's webdataset reader over ``largebatch-make-shards`` output.
@@ -222,6 +224,26 @@ def _refuse_rect_val(spec: LoaderSpec, *, loader: str, reads_with: str, backend:
                          f"data.resolution.rect_val=false")
 
 
+def _decoded_loaders(root: Path, spec: LoaderSpec, backend: Backend) -> tuple[Loader, Loader, int]:
+    """``data.loader=decoded``: rank 0 builds the stores on first use (one log line with their
+    disk cost), then every rank maps them; a cache it cannot write there is one line, exit 74."""
+    from largebatch.data.pipelines.decoded import build_decoded_loaders, decoded_cache_root, ensure_decoded_stores
+
+    _refuse_rect_val(spec, loader="decoded", reads_with="the decoded store", backend=backend)
+    if backend.is_main:
+        try:
+            ensure_decoded_stores(root, spec)
+        except OSError as err:
+            raise WriteError(f"cannot write the decoded store to {decoded_cache_root()}: [Errno {err.errno}] "
+                             f"{err.strerror or err}; set LARGEBATCH_CACHE to a writable folder with room for it",
+                             path=decoded_cache_root(), errno=err.errno) from None
+        log.info("input pipeline: decoded store, batched crops on %s in a background thread, %s", spec.device,
+                 spec.layout)
+        _log_resolution(spec)
+    backend.barrier()
+    return build_decoded_loaders(root, spec)
+
+
 def build_run_loaders(
     root: Path, spec: LoaderSpec, *, loader: str, shards: Optional[str], backend: Backend
 ) -> tuple[Loader, Loader, int]:
@@ -233,7 +255,7 @@ def build_run_loaders(
         spec: what every pipeline is told (:class:`LoaderSpec`; ``batch_size`` is per device,
             ``rank``/``world_size`` the backend's). A CUDA ``spec.device`` decodes on the GPU
             (DALI's mixed decode, nvJPEG), so ``auto`` falls back to nvjpeg there, not torchvision.
-        loader: ``torchvision``, ``nvjpeg``, ``dali`` or ``auto`` (see the module docstring).
+        loader: ``torchvision``, ``nvjpeg``, ``dali``, ``decoded`` or ``auto`` (see the module docstring).
         shards: a ``largebatch-make-shards`` folder, read by DALI instead of ``root``; or None.
         backend: the run's backend (``is_main``, ``broadcast_object``).
     """
@@ -244,7 +266,7 @@ def build_run_loaders(
         from largebatch.data.pipelines.dali_graph import require_dali
         from largebatch.data.pipelines.dali_shards import build_dali_shard_loaders
 
-        if loader in ("torchvision", "nvjpeg"):
+        if loader in ("torchvision", "nvjpeg", "decoded"):
             raise DataError(
                 f"data.shards={shards} is read by DALI only; set data.loader=dali (or auto), "
                 f"or drop data.shards to read data.root's files with torchvision"
@@ -257,6 +279,8 @@ def build_run_loaders(
                      shards, decode, spec.layout)
             _log_resolution(spec)
         return train, val, num_classes
+    if loader == "decoded":
+        return _decoded_loaders(root, spec, backend)
     fallback = "nvjpeg" if loader == "nvjpeg" or (loader == "auto" and spec.on_gpu) else "torchvision"
     decision = DaliDecision(False) if loader in ("torchvision", "nvjpeg") else _agree_on_dali(
         loader, root, backend, fallback)

@@ -211,16 +211,16 @@ def build_decoded_store(root: str | os.PathLike, out: str | os.PathLike, split: 
 
 
 def open_decoded_store(path: str | os.PathLike, *, source: str | os.PathLike | None = None,
-                       side: int | None = None) -> DecodedStore:
+                       side: int | None = None, fix: str | None = None) -> DecodedStore:
     """The store in folder ``path``, its pixels memory-mapped read-only.
 
     With ``source`` (the image folder it was built from), refuses a store whose source split's
     files changed since (added, removed, renamed, resized, rewritten); with ``side``, one of
     another side. Each refusal, and a missing, foreign or truncated store, is a one-line
-    :class:`DataError`.
+    :class:`DataError` ending with ``fix``, what to do (default: rebuild the store).
     """
     folder = Path(path).expanduser().absolute()
-    rebuild = "rebuild it with largebatch.data.decoded_store.build_decoded_store"
+    rebuild = fix or "rebuild it with largebatch.data.decoded_store.build_decoded_store"
     try:
         header = json.loads((folder / HEADER_NAME).read_text())
     except FileNotFoundError:

@@ -112,6 +112,8 @@ def largest_sampled_side(split_dir: str | os.PathLike, *, classes: int = 8, per_
         except OSError:
             continue
         for path in files:
+            if special_file(path) is not None:  # a FIFO: opening it would wait forever
+                continue
             try:
                 with Image.open(path) as img:
                     side = max(img.size)

@@ -1,0 +1,131 @@
+"""``data.loader=decoded`` (issue 72, item 2): a store decoded once into the cache, batches cut
+and augmented as a whole (largebatch/data/pipelines/decoded.py). The contract's members and bad
+files are checked with every loader (tests/test_loader_contract.py,
+tests/test_bad_inputs_every_loader.py); here what is its own: a run trains and resumes mid-epoch
+bit for bit through the CLI, a changed source is refused in one line, the crops are keyed by the
+batch (not by the thread or the rank's neighbour), the evaluation crops are torchvision's."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from largebatch.data.contract import LoaderSpec
+from largebatch.data.pipelines.decoded import build_decoded_loaders, ensure_decoded_stores
+from largebatch.data.synthetic import make_synthetic_imagenet
+from largebatch.errors import DataError
+from largebatch.resolution import ResolutionSchedule
+
+SPEC = LoaderSpec(image_size=16, batch_size=4, workers=1)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_synthetic_imagenet(tmp_path_factory.mktemp("decoded") / "ds", num_classes=3, train_per_class=8,
+                                   val_per_class=3, image_size=32)
+
+
+def _batches(loader, epoch: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:  # type: ignore[no-untyped-def]
+    loader.set_epoch(epoch)
+    return list(loader)
+
+
+def test_a_changed_source_is_refused_in_one_line(root: Path, tmp_path: Path) -> None:
+    data = Path(shutil.copytree(root, tmp_path / "ds"))
+    ensure_decoded_stores(data, SPEC, cache=tmp_path / "cache", announce=False)
+    victim = sorted((data / "train").rglob("*.JPEG"))[0]
+    victim.write_bytes(victim.read_bytes() + b"\0")
+    with pytest.raises(DataError, match=r"its files changed since .*: delete \S+decoded-\S+-train-24px and run "
+                                        r"again \(it is rebuilt from the images on first use\)$") as err:
+        build_decoded_loaders(data, SPEC, cache=tmp_path / "cache")
+    assert "\n" not in str(err.value)
+
+
+def test_the_crops_are_keyed_by_epoch_and_batch_not_by_the_thread(root: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    ahead, inline = (build_decoded_loaders(root, SPEC, cache=cache, prefetch_batches=n)[0] for n in (2, 0))
+    one, other = _batches(ahead, 1), _batches(inline, 1)
+    assert all(torch.equal(x, y) for (x, _), (y, _) in zip(one, other))
+    assert not torch.equal(one[0][0], _batches(inline, 2)[0][0])  # another epoch, other crops
+    # two ranks read disjoint halves of one permutation, and draw crops of their own
+    ranks = [build_decoded_loaders(root, replace(SPEC, rank=r, world_size=2), cache=cache)[0] for r in (0, 1)]
+    parts = [r.sampler.part() for r in ranks]
+    assert not set(parts[0]) & set(parts[1]) and len(parts[0]) == len(parts[1]) == 12
+    first = [ranks[r].batch([0, 1, 2, 3], 0, 0)[0] for r in (0, 1)]
+    assert not torch.equal(first[0], first[1])
+
+
+def test_evaluation_crops_are_torchvisions_every_image_once(root: Path, tmp_path: Path) -> None:
+    """Square images: the store's shorter-side resize is PIL's, the centre crop a slice, so the
+    batches equal the torchvision loader's, pixel for pixel; over 2 ranks every image once."""
+    from largebatch.data.pipelines.torchvision import build_loaders
+
+    _, val, _ = build_decoded_loaders(root, SPEC, cache=tmp_path / "cache")
+    _, reference, _ = build_loaders(root, replace(SPEC, workers=0))
+    ours, theirs = _batches(val), _batches(reference)
+    assert torch.equal(torch.cat([y for _, y in ours]), torch.cat([y for _, y in theirs]))
+    assert torch.allclose(torch.cat([x for x, _ in ours]), torch.cat([x for x, _ in theirs]), atol=1e-5)
+    halves = [build_decoded_loaders(root, replace(SPEC, rank=r, world_size=2, val_batch_size=2),
+                                    cache=tmp_path / "cache")[1] for r in (0, 1)]
+    counts = [sum(len(y) for _, y in _batches(h)) for h in halves]
+    assert counts == [5, 4]  # 9 images: each once
+
+
+def test_progressive_resizing_cuts_each_epoch_at_its_side(root: Path, tmp_path: Path) -> None:
+    spec = replace(SPEC, train_sizes=ResolutionSchedule("steps", steps=((0, 8), (1, 16))), eval_follows_train=True)
+    train, val, _ = build_decoded_loaders(root, spec, cache=tmp_path / "cache")
+    assert train.store.side == 24 and val.store.side == 18  # 1.5 x the largest side; 16 / 0.875
+    for epoch, side in ((0, 8), (1, 16)):
+        assert _batches(train, epoch)[0][0].shape[-1] == side
+        assert {x.shape[-1] for x, _ in _batches(val, epoch)} == {side}
+
+
+def test_a_cache_it_cannot_write_is_one_line_exit_74(root: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from largebatch.data.build import build_run_loaders
+    from largebatch.errors import WriteError, exit_code
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "file"))
+    backend = SimpleNamespace(name="cpu", is_main=True, barrier=lambda: None)
+    with pytest.raises(WriteError) as err:
+        build_run_loaders(root, SPEC, loader="decoded", shards=None, backend=backend)
+    assert str(err.value).startswith(f"cannot write the decoded store to {tmp_path / 'file'}: [Errno 17] File exists; ")
+    assert str(err.value).endswith("set LARGEBATCH_CACHE to a writable folder with room for it")
+    assert "\n" not in str(err.value) and exit_code(err.value) == 74
+
+
+def test_a_run_trains_from_the_store_and_resumes_mid_epoch_bit_for_bit(cache: Path,
+                                                                        capsys: pytest.CaptureFixture) -> None:
+    """One run of 8 steps (2 epochs of 4) checkpointing every step; a copy of it cut back to its
+    step-5 checkpoint resumes (from the store the first run built) and ends with its weights."""
+    from largebatch.cli import main
+    from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
+    from tests.smoke import EXACT
+
+    args = [*EXACT, "data.loader=decoded", "checkpoint.every_steps=1"]
+    run = cache / "run"
+    assert main([*args, f"run_dir={run}"]) == 0
+    built = [line for line in capsys.readouterr().out.splitlines() if "decoded store: " in line]
+    # the images' 48 px capped at 1.5 x the 16 px crops; 16 / 0.875 for evaluation
+    assert len(built) == 1 and "32 train images at 24 px (55.3 kB) + 8 val images at 18 px (7.8 kB)" in built[0]
+    assert "decoded train, val once" in built[0]
+    straight = list_checkpoints(run / "checkpoints")
+    assert load_checkpoint(straight[-1])["train_state"]["step"] == 8
+    resumed = cache / "resumed"
+    shutil.copytree(run, resumed)
+    for path in list_checkpoints(resumed / "checkpoints"):
+        if load_checkpoint(path)["train_state"]["step"] > 5:
+            path.unlink()
+    assert main([*args, f"run_dir={resumed}", "resume=auto"]) == 0
+    assert "decoded by an earlier run" in capsys.readouterr().out
+    a, b = load_checkpoint(straight[-1])["model"], load_checkpoint(list_checkpoints(resumed / "checkpoints")[-1])
+    assert b["train_state"]["step"] == 8
+    different = [k for k in a if not torch.equal(a[k], b["model"][k])]
+    assert not different, f"{len(different)} tensors differ after the resume, e.g. {different[:3]}"
