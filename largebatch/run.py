@@ -22,23 +22,23 @@ Errors are the types of ``largebatch.errors``; the callers (``largebatch.cli``,
 from __future__ import annotations
 
 import logging
-import os
 import traceback
 from typing import TYPE_CHECKING, Any, Optional, cast
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from largebatch.batch_schedule import batch_schedule_of
 from largebatch.parts.data import channels_last_of, data_of
 from largebatch.parts.diagnostics import adaptive_batch_of, noise_scale_of
 from largebatch.parts.hooks import run_hooks_of
 from largebatch.parts.model import check_model_name, model_of, train_model_of
-from largebatch.parts.outcome import out_of_memory, preempted
-from largebatch.parts.record import announce, resolved_of
+from largebatch.parts.outcome import out_of_memory, raise_if_stopped
+from largebatch.parts.record import announce, config_of, resolved_of, run_dir_of
+from largebatch.parts.resume import resume_of
 from largebatch.parts.training import ema_of, optimizer_of, scheduler_of, step_settings_of
-from largebatch.engine.batch_plan import BatchPlan, batch_too_large, plan_batches
-from largebatch.engine.run_log import log_into_run_dir, setup_logging
+from largebatch.engine.batch_plan import BatchPlan, plan_batches
+from largebatch.engine.run_log import setup_logging
 from largebatch.errors import StepOutOfMemoryError
 from largebatch.resolution import resolution_of
 
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from largebatch.engine.assemble import RunHooks
     from largebatch.engine.loop import Trainer
     from largebatch.engine.precision import PrecisionPolicy
+    from largebatch.engine.run_dir import RunDir
 
 __all__ = ["run"]
 
@@ -79,9 +80,9 @@ def run(cfg: TrainConfig, raw_cfg: Optional[DictConfig] = None) -> dict[str, Any
 def _run_job(cfg: TrainConfig, raw_cfg: Optional[DictConfig], backend: Backend) -> dict[str, Any]:
     """The job on a started backend; everything it builds is released when it returns."""
     from largebatch.engine.precision import resolve_precision
-    from largebatch.engine.run_dir import make_run_dir
 
-    run_dir_state, data = None, None
+    run_dir: Optional[RunDir] = None
+    data: Optional[RunData] = None
     try:
         plan = plan_batches(cfg.global_batch_size, backend.world_size, cfg.accumulation_steps)
         setup_logging(backend.is_main)
@@ -92,20 +93,14 @@ def _run_job(cfg: TrainConfig, raw_cfg: Optional[DictConfig], backend: Backend) 
         # The data before the run directory: a data set the batch cannot fill (or a missing
         # data folder) is one line before anything is written.
         data = data_of(cfg, backend, plan, precision.autocast_dtype, channels_last)
-        if len(data.train) < plan.accumulation_steps:  # whole micro-batches, but no optimizer step
-            raise batch_too_large(plan, batches_per_rank=len(data.train))
-        run_dir_state = make_run_dir(run_dir=cfg.run_dir, output_root=cfg.output_root,
-                                     model_name=cfg.model.name, resume=cfg.resume, backend=backend)
-        log_into_run_dir(run_dir_state.path)
-        for note in run_dir_state.notes:
-            log.warning("%s", note)
-        trainer, hooks = _trainer(cfg, raw_cfg, backend, plan, precision, data, run_dir_state.path, channels_last)
-        return _train(cfg, plan, trainer, hooks, run_dir_state.path, data)
+        run_dir = run_dir_of(cfg, backend)
+        trainer, hooks = _trainer(cfg, raw_cfg, backend, plan, precision, data, run_dir.path, channels_last)
+        return _train(cfg, plan, trainer, hooks, run_dir.path, data)
     finally:
-        for loader in (data.train, data.val) if data is not None else ():
-            loader.close()  # now, not in the garbage collection of the process-group shutdown
-        if run_dir_state is not None:
-            run_dir_state.release()
+        if data is not None:
+            data.close()
+        if run_dir is not None:
+            run_dir.release()
 
 
 def _trainer(cfg: TrainConfig, raw_cfg: Optional[DictConfig], backend: Backend, plan: BatchPlan,
@@ -114,6 +109,7 @@ def _trainer(cfg: TrainConfig, raw_cfg: Optional[DictConfig], backend: Backend, 
     from largebatch.engine.assemble import OptionalHooks
     from largebatch.engine.checkpoint_format import RunIdentity
     from largebatch.engine.loop import Trainer, TrainState
+    from largebatch.engine.resume import RunParts
     from largebatch.lr import scale_lr
 
     model = model_of(cfg, backend, data.num_classes, channels_last)
@@ -127,21 +123,11 @@ def _trainer(cfg: TrainConfig, raw_cfg: Optional[DictConfig], backend: Backend, 
     scheduler = scheduler_of(cfg, optimizer, steps_per_epoch, lr, batches)
     scaler = backend.grad_scaler(precision.loss_scaling, cfg.precision.init_scale, cfg.precision.growth_interval)
     state = TrainState()
-    # a DictConfig becomes a dict with str keys (the config schema's)
-    config = cast(dict[str, Any], OmegaConf.to_container(raw_cfg, resolve=True)) if raw_cfg is not None else None
-    resume = _resume_setting(cfg.resume)
-    if resume:
-        from largebatch.engine.resume import ResumeCheck, RunParts, resume_run
-
-        resume_run(
-            resume, run_dir / "checkpoints", backend=backend,
-            check=ResumeCheck(model_name=cfg.model.name, optimizer_name=cfg.optimizer.name,
-                              global_batch_size=plan.global_batch_size, per_device=plan.per_device,
-                              steps_per_epoch=steps_per_epoch, num_classes=data.num_classes, config=config),
-            parts=RunParts(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, state=state,
-                           ema=ema.ema if ema is not None else None,
-                           noise_scale=noise_scale.tracker if noise_scale is not None else None),
-        )
+    config = config_of(raw_cfg)
+    resume_of(cfg, backend, plan, run_dir, steps_per_epoch=steps_per_epoch, num_classes=data.num_classes,
+              config=config, parts=RunParts(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                                            state=state, ema=ema.ema if ema is not None else None,
+                                            noise_scale=noise_scale.tracker if noise_scale is not None else None))
     resolved = resolved_of(cfg, backend, plan, lr=lr, steps_per_epoch=steps_per_epoch, precision=precision.name,
                            batches=batches, num_classes=data.num_classes, data_root=data.root, run_dir=run_dir,
                            channels_last=channels_last)
@@ -160,15 +146,6 @@ def _trainer(cfg: TrainConfig, raw_cfg: Optional[DictConfig], backend: Backend, 
     return trainer, hooks
 
 
-def _resume_setting(resume: Optional[str]) -> Optional[str]:
-    """``resume``; a restarted torchrun worker group always resumes (``auto``)."""
-    if resume is None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
-        log.info("torchrun restart %s: resuming from the newest checkpoint (resume=auto)",
-                 os.environ["TORCHELASTIC_RESTART_COUNT"])
-        return "auto"
-    return resume
-
-
 def _train(cfg: TrainConfig, plan: BatchPlan, trainer: Trainer, hooks: RunHooks, run_dir: Path,
            data: RunData) -> dict[str, Any]:
     """Run the loop; a SIGTERM/SIGINT stop becomes ``Preempted`` (exit 75, resumable), a step
@@ -180,12 +157,6 @@ def _train(cfg: TrainConfig, plan: BatchPlan, trainer: Trainer, hooks: RunHooks,
                             run_dir=run_dir) from None
     finally:
         hooks.preemption.uninstall()
-    if trainer.failure is not None:  # a run file could not be written (a checkpoint was saved)
-        raise trainer.failure
-    stopped = preempted(trainer, hooks, run_dir)
-    if stopped is not None:
-        raise stopped
-    skipped = data.train.skipped + data.val.skipped
-    if skipped and trainer.backend.is_main:
-        log.warning("%d unreadable image file(s) were skipped (named above in the log)", skipped)
+    raise_if_stopped(trainer, hooks, run_dir)
+    data.warn_skipped(trainer.backend.is_main)
     return hooks.summary.summary

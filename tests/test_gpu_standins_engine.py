@@ -71,7 +71,8 @@ def test_the_loaders_of_a_cuda_device_without_an_index_get_the_local_rank(
     backend.device = torch.device("cuda")  # as a backend that names no index gives it
     specs: list[Any] = []
     monkeypatch.setattr(build, "resolve_data_root", lambda *a, **k: tmp_path)
-    monkeypatch.setattr(build, "build_run_loaders", lambda root, spec, **k: specs.append(spec) or ([], [], 5))
+    one_batch = [(None, None)]  # a loader whose one batch fills the one accumulation step
+    monkeypatch.setattr(build, "build_run_loaders", lambda root, spec, **k: specs.append(spec) or (one_batch, one_batch, 5))
     data = SimpleNamespace(root=str(tmp_path), loader="nvjpeg", workers=0, shards=None, image_size=24,
                            crop_scale=[0.25, 1.0], val_crop_ratio=0.875, shuffle_buffer=16,
                            synthetic=SimpleNamespace(classes=5, train_per_class=1, val_per_class=1,

@@ -152,7 +152,12 @@ def test_data_shuffle_buffer_reaches_the_loader_spec(tmp_path: Path, monkeypatch
     from largebatch.config import compose_config, to_train_config
 
     seen = {}
-    monkeypatch.setattr(build, "build_run_loaders", lambda root, spec, **kw: (seen.setdefault("spec", spec), None, 2))
+
+    def loaders(root: Path, spec: object, **kw: object) -> tuple[list, None, int]:
+        seen["spec"] = spec
+        return [None], None, 2  # one batch: it fills the one accumulation step
+
+    monkeypatch.setattr(build, "build_run_loaders", loaders)
     backend = SimpleNamespace(device=torch.device("cpu"), rank=0, world_size=1, local_rank=0, is_main=True,
                               barrier=lambda: None)
     for overrides, expected in (([], 4096), (["data.shuffle_buffer=7"], 7)):

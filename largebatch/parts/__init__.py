@@ -9,7 +9,11 @@ nothing below reads the config object. Modules:
   it is compiled for;
 * ``training``: optimizer, lr schedule, weight EMA, how the loop runs a step;
 * ``diagnostics``: the gradient noise scale and the adaptive batch that reads it;
-* ``record``: what the run resolved (summary.json, checkpoints) and its start-up lines.
+* ``hooks``: the loop's hooks in their order;
+* ``record``: the run directory, what the run resolved (summary.json, checkpoints) and its
+  start-up lines;
+* ``resume``: the checkpoint a run continues from, checked against the run and loaded;
+* ``outcome``: how a run ends (out of memory, a stop by signal) in the run's terms.
 
 The schedules the config and the run share (batch per epoch, side per epoch) are built in the
 ground (``largebatch.batch_schedule.batch_schedule_of``, ``largebatch.resolution.resolution_of``),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional, cast
 
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 
 __all__ = ["RunData", "channels_last_of", "data_of", "resolution_options"]
 
+log = logging.getLogger("largebatch")
+
 
 class RunData(NamedTuple):
     """The data folder, this rank's training and evaluation loaders, and the number of classes."""
@@ -27,6 +30,18 @@ class RunData(NamedTuple):
     train: Loader
     val: Loader
     num_classes: int
+
+    def close(self) -> None:
+        """Close both loaders now, not in the garbage collection of the process-group shutdown."""
+        for loader in (self.train, self.val):
+            loader.close()
+
+    def warn_skipped(self, is_main: bool) -> None:
+        """Rank 0: one line counting the unreadable image files the loaders skipped (each named
+        in the log as it was skipped)."""
+        skipped = self.train.skipped + self.val.skipped
+        if skipped and is_main:
+            log.warning("%d unreadable image file(s) were skipped (named above in the log)", skipped)
 
 
 def channels_last_of(cfg: TrainConfig, backend: Backend) -> bool:
@@ -40,7 +55,8 @@ def channels_last_of(cfg: TrainConfig, backend: Backend) -> bool:
 def data_of(cfg: TrainConfig, backend: Backend, plan: BatchPlan, dtype: Optional[torch.dtype],
             channels_last: bool) -> RunData:
     """The data folder and this rank's loaders (``largebatch.data.build``), from one ``LoaderSpec``;
-    a data set the batch cannot fill is one line in terms of ``global_batch_size``."""
+    a data set the batch cannot fill (whole micro-batches, but no optimizer step) is one line in
+    terms of ``global_batch_size``."""
     from largebatch.data.build import build_run_loaders, resolve_data_root
     from largebatch.data.contract import LoaderSpec
 
@@ -69,7 +85,11 @@ def data_of(cfg: TrainConfig, backend: Backend, plan: BatchPlan, dtype: Optional
                                                     backend=backend)
     except TooFewSamplesError as err:
         raise batch_too_large(plan, num_samples=err.num_samples) from None
-    return RunData(root, train, val, num_classes)
+    run_data = RunData(root, train, val, num_classes)
+    if len(train) < plan.accumulation_steps:
+        run_data.close()
+        raise batch_too_large(plan, batches_per_rank=len(train))
+    return run_data
 
 
 def resolution_options(cfg: TrainConfig) -> dict[str, Any]:

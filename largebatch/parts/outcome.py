@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from largebatch.engine.loop import Trainer
     from largebatch.resolution import ResolutionSchedule
 
-__all__ = ["out_of_memory", "preempted"]
+__all__ = ["out_of_memory", "preempted", "raise_if_stopped"]
 
 
 def out_of_memory(err: StepOutOfMemoryError, *, sizes: Optional[ResolutionSchedule], image_size: int,
@@ -44,6 +44,16 @@ def out_of_memory(err: StepOutOfMemoryError, *, sizes: Optional[ResolutionSchedu
         f"step {err.step} (epoch {err.epoch + 1}) ran out of memory: {err.per_device_batch} images per device at "
         f"{side} px ({err.cause}); {advice}",
         step=err.step, epoch=err.epoch, per_device_batch=err.per_device_batch, cause=err.cause)
+
+
+def raise_if_stopped(trainer: Trainer, hooks: RunHooks, run_dir: Path) -> None:
+    """After the loop: raise the run-file error that ended it (a checkpoint was saved), or the
+    stop by signal as ``Preempted`` (:func:`preempted`); nothing after a run to its end."""
+    if trainer.failure is not None:
+        raise trainer.failure
+    stopped = preempted(trainer, hooks, run_dir)
+    if stopped is not None:
+        raise stopped
 
 
 def preempted(trainer: Trainer, hooks: RunHooks, run_dir: Path) -> Optional[Preempted]:

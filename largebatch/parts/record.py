@@ -1,11 +1,12 @@
-"""The start-up record: what the run resolved (``resolved`` in summary.json and the checkpoints)
-and, on rank 0, ``config.yaml`` and the lines that state the batch and lr arithmetic once."""
+"""The start-up record: the run directory the run writes into, the config and what the run
+resolved (``resolved`` in summary.json and the checkpoints) and, on rank 0, ``config.yaml`` and
+the lines that state the batch and lr arithmetic once."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -16,10 +17,35 @@ if TYPE_CHECKING:
     from largebatch.batch_schedule import BatchSchedule
     from largebatch.config.schema import TrainConfig
     from largebatch.engine.batch_plan import BatchPlan
+    from largebatch.engine.run_dir import RunDir
 
-__all__ = ["announce", "resolved_of"]
+__all__ = ["announce", "config_of", "resolved_of", "run_dir_of"]
 
 log = logging.getLogger("largebatch")
+
+
+def run_dir_of(cfg: TrainConfig, backend: Backend) -> RunDir:
+    """The run directory (``run_dir``, else a new one under ``output_root``; rank 0 chooses and
+    locks it, every rank gets its path), the log written into it, and rank 0's notes about it
+    logged there (``largebatch.engine.run_dir.make_run_dir``)."""
+    from largebatch.engine.run_dir import make_run_dir
+    from largebatch.engine.run_log import log_into_run_dir
+
+    run_dir = make_run_dir(run_dir=cfg.run_dir, output_root=cfg.output_root, model_name=cfg.model.name,
+                           resume=cfg.resume, backend=backend)
+    log_into_run_dir(run_dir.path)
+    for note in run_dir.notes:
+        log.warning("%s", note)
+    return run_dir
+
+
+def config_of(raw_cfg: Optional[DictConfig]) -> Optional[dict[str, Any]]:
+    """The composed config as a plain dict (the checkpoints' record, resume's same-run check), or
+    None where the run was given only a ``TrainConfig``."""
+    if raw_cfg is None:
+        return None
+    # a DictConfig becomes a dict with str keys (the config schema's)
+    return cast(dict[str, Any], OmegaConf.to_container(raw_cfg, resolve=True))
 
 
 def resolved_of(cfg: TrainConfig, backend: Backend, plan: BatchPlan, *, lr: float, steps_per_epoch: int,
