@@ -33,6 +33,66 @@ def cuda_device_index(device: Any) -> int:
     return torch.cuda.current_device() if index is None else index  # gpu-only
 
 
+_DONE = object()  # the producer's last item
+
+
+class _Producer:
+    """The thread's side of :func:`in_background`: runs ``produce()`` (on a stream of its own on a
+    CUDA ``device``) and puts ``(item, ready event, error)`` on a queue of ``depth`` until told to
+    stop; the end is ``(_DONE, None, None)``, an error ``(None, None, error)``."""
+
+    def __init__(self, produce: Callable[[], Iterator[Any]], depth: int, device: Optional[torch.device]) -> None:
+        self.produce = produce
+        self.items: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self.stop = threading.Event()
+        self.cuda = device is not None and torch.device(device).type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        # torch.cuda.set_device refuses a device without an index (torch.device("cuda")): the index
+        # is resolved here, in the consumer's thread, whose current device that is.
+        self.index = cuda_device_index(device) if self.cuda else None
+
+    def put(self, item: Any) -> bool:
+        """Queue ``item``, waiting while the queue is full; False once told to stop."""
+        while not self.stop.is_set():
+            try:
+                self.items.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run(self) -> None:
+        # Everything the thread does is inside the try, its start-up included: an error that
+        # escaped would end the thread silently and leave the consumer waiting forever.
+        source = None
+        try:
+            if self.cuda:
+                torch.cuda.set_device(self.index)  # a new thread starts on device 0  # gpu-only
+            with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+                source = self.produce()
+                for item in source:
+                    ready = None
+                    if self.stream is not None:
+                        ready = torch.cuda.Event()  # gpu-only
+                        ready.record(self.stream)  # gpu-only
+                    if not self.put((item, ready, None)):
+                        return
+            self.put((_DONE, None, None))
+        except BaseException as err:  # noqa: BLE001 - handed to the consumer
+            self.put((None, None, err))
+        finally:
+            getattr(source, "close", lambda: None)()
+
+
+def _handed_over(item: T, ready: Any, device: Optional[torch.device]) -> T:
+    """``item`` on the consumer's side: its current stream waits (on the device) for the event
+    the producer recorded, and its CUDA tensors are ``record_stream``-ed on that stream."""
+    consumer = torch.cuda.current_stream(device)  # gpu-only
+    consumer.wait_event(ready)  # gpu-only
+    _record_stream(item, consumer)  # gpu-only
+    return item
+
+
 def in_background(produce: Callable[[], Iterator[T]], depth: int, *, device: Optional[torch.device] = None,
                   name: str = "background-iterator") -> Generator[T, None, None]:
     """Iterate ``produce()`` in a thread that runs up to ``depth`` items ahead of the consumer.
@@ -50,60 +110,17 @@ def in_background(produce: Callable[[], Iterator[T]], depth: int, *, device: Opt
     frees are never given to the producer's stream (the caching allocator keeps them per
     stream), which is what nvJPEG's own stream needs (see ``nvjpeg.decode_images``).
     """
-    items: queue.Queue = queue.Queue(maxsize=max(1, depth))
-    stop = threading.Event()
-    done = object()
-    cuda = device is not None and torch.device(device).type == "cuda"
-    stream = torch.cuda.Stream(device) if cuda else None
-    # torch.cuda.set_device refuses a device without an index (torch.device("cuda")): the index
-    # is resolved here, in the consumer's thread, whose current device that is.
-    index = cuda_device_index(device) if cuda else None
-
-    def put(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                items.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def work() -> None:
-        # Everything the thread does is inside the try, its start-up included: an error that
-        # escaped would end the thread silently and leave the consumer waiting forever.
-        source = None
-        try:
-            if cuda:
-                torch.cuda.set_device(index)  # a new thread starts on device 0  # gpu-only
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                source = produce()
-                for item in source:
-                    ready = None
-                    if stream is not None:
-                        ready = torch.cuda.Event()  # gpu-only
-                        ready.record(stream)  # gpu-only
-                    if not put((item, ready, None)):
-                        return
-            put((done, None, None))
-        except BaseException as err:  # noqa: BLE001 - handed to the consumer
-            put((None, None, err))
-        finally:
-            getattr(source, "close", lambda: None)()
-
-    thread = threading.Thread(target=work, name=name, daemon=True)
+    producer = _Producer(produce, depth, device)
+    thread = threading.Thread(target=producer.run, name=name, daemon=True)
     thread.start()
     try:
         while True:
-            item, ready, err = items.get()
+            item, ready, err = producer.items.get()
             if err is not None:
                 raise err
-            if item is done:
+            if item is _DONE:
                 return
-            if ready is not None:
-                consumer = torch.cuda.current_stream(device)  # gpu-only
-                consumer.wait_event(ready)  # gpu-only
-                _record_stream(item, consumer)  # gpu-only
-            yield item
+            yield _handed_over(item, ready, device) if ready is not None else item
     finally:
-        stop.set()
+        producer.stop.set()
         thread.join()
