@@ -240,6 +240,22 @@ def derive(*, model: str, global_batch_size: Optional[int], optimizer: Optional[
         out.sources["global_batch_size"] = f"{DEFAULT_BATCH}: Goyal et al. 2017's reference batch (set yours)"
     batch = global_batch_size
     fam = _family(model, optimizer, batch)
+    skip = _group_choices(out, fam, batch, optimizer=optimizer, schedule=schedule, written=written)
+    values = _values_at(out, fam, batch)
+    values.setdefault("target_top1", (MLPERF_TARGET, "MLPerf Training's ResNet-50 target"))
+    for key, (value, source) in sorted(values.items(), key=lambda kv: _order(kv[0])):
+        if key in skip:
+            continue
+        out.overrides.append(f"{key}={_fmt(value)}")
+        out.sources[key] = f"{_fmt(value)}: {source}"
+    return out
+
+
+def _group_choices(out: Derivation, fam: Family, batch: int, *, optimizer: Optional[str], schedule: Optional[str],
+                   written: Sequence[str]) -> set[str]:
+    """The family's optimizer and schedule where the user chose none (added to ``out``), and the
+    keys the recipe leaves alone: those written, the lr rule's once the user wrote the lr, and the
+    other schedule's. The lr rule is the user's whole or not at all."""
     lr_written = [k for k in LR_KEYS if k in written]
     if lr_written and "optimizer.lr" not in lr_written:
         raise ConfigError(
@@ -256,7 +272,13 @@ def derive(*, model: str, global_batch_size: Optional[int], optimizer: Optional[
     for other, keys in _SCHEDULE_ONLY.items():
         if other != schedule:
             skip.update(keys)
+    return skip
 
+
+def _values_at(out: Derivation, fam: Family, batch: int) -> dict[str, tuple[Any, str]]:
+    """Each key's value at ``batch`` with its source: the family's common values, the published
+    point's (the nearest where ``batch`` lies outside them, with a warning added to ``out``), the lr
+    and warmup interpolated in log2(batch) between two points, and the lr rule (:func:`_peak_rule`)."""
     first, second = _neighbours(fam.points, batch)
     values: dict[str, tuple[Any, str]] = {k: (v, fam.common_source) for k, v in fam.common.items()}
     if second is None:
@@ -276,21 +298,21 @@ def derive(*, model: str, global_batch_size: Optional[int], optimizer: Optional[
                 values[key] = (_interpolate(first, second, batch, key),
                                f"interpolated in log2(batch): {_fmt(a)} at {_k(first.batch)} ({first.source}), "
                                f"{_fmt(b)} at {_k(second.batch)} ({second.source})")
-    if not fam.linear_lr:  # the lr is a peak looked up per batch, not a rate per base_batch_size images
-        if point.batch == batch or second is not None:
-            values["base_batch_size"] = (batch, "the lr is the peak at this batch (lr_scaling none)")
-        elif batch < point.batch:  # below the first point: its peak, scaled down by Goyal et al.'s linear rule
-            values["base_batch_size"] = (point.batch, f"the lr is {_k(point.batch)}'s peak ...")
-            values["lr_scaling"] = ("linear", "... scaled linearly to this batch (Goyal et al. 2017's rule)")
-        else:  # beyond the last point: its peak as it is (no source scales it further)
-            values["base_batch_size"] = (batch, f"the lr is {_k(point.batch)}'s peak, used as is (lr_scaling none)")
-    values.setdefault("target_top1", (MLPERF_TARGET, "MLPerf Training's ResNet-50 target"))
-    for key, (value, source) in sorted(values.items(), key=lambda kv: _order(kv[0])):
-        if key in skip:
-            continue
-        out.overrides.append(f"{key}={_fmt(value)}")
-        out.sources[key] = f"{_fmt(value)}: {source}"
-    return out
+    if not fam.linear_lr:
+        values.update(_peak_rule(point, batch, interpolated=second is not None))
+    return values
+
+
+def _peak_rule(point: Point, batch: int, *, interpolated: bool) -> dict[str, tuple[Any, str]]:
+    """A family whose lr is a peak looked up per batch, not a rate per ``base_batch_size`` images:
+    ``base_batch_size`` (and ``lr_scaling``) that make the scaled lr that peak at ``batch``."""
+    if point.batch == batch or interpolated:
+        return {"base_batch_size": (batch, "the lr is the peak at this batch (lr_scaling none)")}
+    if batch < point.batch:  # below the first point: its peak, scaled down by Goyal et al.'s linear rule
+        return {"base_batch_size": (point.batch, f"the lr is {_k(point.batch)}'s peak ..."),
+                "lr_scaling": ("linear", "... scaled linearly to this batch (Goyal et al. 2017's rule)")}
+    # beyond the last point: its peak as it is (no source scales it further)
+    return {"base_batch_size": (batch, f"the lr is {_k(point.batch)}'s peak, used as is (lr_scaling none)")}
 
 
 # the block's order: what a reader checks first
