@@ -17,7 +17,7 @@ from largebatch.batch_schedule import BatchSchedule
 from largebatch.cli import main
 from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
 from largebatch.engine.loop import Trainer
-from largebatch.errors import ConfigError
+from largebatch.errors import ConfigError, UsageError
 from largebatch.lr import build_lr_scheduler
 from tests.smoke import EXACT, smoke
 
@@ -104,6 +104,31 @@ def test_the_lr_schedule_runs_on_samples_and_jumps_only_by_the_rule() -> None:
         assert base_step == int(base_step)  # every step lands on a base step here
         assert lr == pytest.approx(plain[int(base_step)] * s.lr_ratio(int(position)), rel=1e-12)
     assert scheduled[8] / scheduled[7] == pytest.approx(2 * plain[8] / plain[7])  # the rule's x2, no more
+
+
+def test_the_loop_refuses_an_epoch_without_an_optimizer_step() -> None:
+    """The Trainer refuses, before any step, a loader that cannot fill the accumulation steps and
+    a phase whose global batch is larger than an epoch's images (issue 71: the checks moved out
+    of ``Trainer.__init__`` into a method of their own)."""
+    from largebatch.backends.torch_dist import TorchDistributedBackend
+    from largebatch.engine.loop import StepSettings
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    batch = (torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))
+
+    def trainer(batches: int, settings: StepSettings) -> Trainer:
+        return Trainer(model=model, optimizer=opt, scheduler=sched, train_loader=[batch] * batches,
+                       backend=TorchDistributedBackend("cpu"), settings=settings)
+
+    with pytest.raises(UsageError, match="an epoch has no optimizer step: 1 batches per rank for 2 accumulation"):
+        trainer(1, StepSettings(epochs=1, global_batch_size=8, accumulation_steps=2))
+    phases = BatchSchedule.of([[1, 64]], global_batch_size=4, epochs=2)  # 16 images an epoch, then 64 a step
+    with pytest.raises(UsageError, match="epoch 1 has no optimizer step: its global batch 64 is larger than the "
+                                         "16 images of an epoch"):
+        trainer(4, StepSettings(epochs=2, global_batch_size=4, batch_schedule=phases))
+    assert trainer(4, StepSettings(epochs=2, global_batch_size=4)).steps_per_epoch == 4
 
 
 # ---------------------------------------------------------------------------------------

@@ -201,18 +201,7 @@ class Trainer:
         self.steps_per_epoch = len(train_loader) // settings.accumulation_steps
         # images of one micro-batch on this device (a per_device batch schedule joins k of them)
         self._micro_batch_size = settings.global_batch_size // max(1, backend.world_size * settings.accumulation_steps)
-        if self.steps_per_epoch == 0:
-            raise UsageError(
-                f"an epoch has no optimizer step: {len(train_loader)} batches per rank for "
-                f"{settings.accumulation_steps} accumulation steps; use a smaller global_batch_size"
-            )
-        short = [e for e in range(settings.epochs) if self.steps_in_epoch(e) == 0]
-        if short:
-            raise UsageError(
-                f"epoch {short[0]} has no optimizer step: its global batch "
-                f"{settings.global_batch_size * settings.batch_factor(short[0])} is larger than the "
-                f"{self.steps_per_epoch * settings.global_batch_size} images of an epoch; lower batch_schedule.steps"
-            )
+        self._refuse_epochs_without_a_step()
         self.stop_reason: Optional[str] = None
         # A run file rank 0 could not write (largebatch.engine.run_files): the ranks stop
         # after an agreed step, save it, and the run raises this.
@@ -239,6 +228,23 @@ class Trainer:
         self.log_values: dict[str, Callable[[], torch.Tensor]] = {}
         # the step being run, for hooks (e.g. the noise scale's): set by run_step
         self.step_view = StepView((), self.loss, scaler)
+
+    def _refuse_epochs_without_a_step(self) -> None:
+        """Every epoch has an optimizer step: the loader's batches fill the accumulation steps, and
+        each epoch's global batch (a batch schedule's, raised) fits in an epoch's images."""
+        settings = self.settings
+        if self.steps_per_epoch == 0:
+            raise UsageError(
+                f"an epoch has no optimizer step: {len(self.train_loader)} batches per rank for "
+                f"{settings.accumulation_steps} accumulation steps; use a smaller global_batch_size"
+            )
+        short = [e for e in range(settings.epochs) if self.steps_in_epoch(e) == 0]
+        if short:
+            raise UsageError(
+                f"epoch {short[0]} has no optimizer step: its global batch "
+                f"{settings.global_batch_size * settings.batch_factor(short[0])} is larger than the "
+                f"{self.steps_per_epoch * settings.global_batch_size} images of an epoch; lower batch_schedule.steps"
+            )
 
     # -- helpers for hooks -------------------------------------------------------------
     def call(self, event: str, *args: Any) -> None:
