@@ -5,8 +5,8 @@ line, ``largebatch.cli``, composes it with Hydra) and: starts the backend, plans
 (``largebatch.engine.batch_plan``), makes or finds the run directory, builds data, model,
 optimizer and schedule, resumes when asked, and runs the loop with its hooks. Each step is a
 builder of ``largebatch.parts`` named by what it builds (``data``, ``model``, ``training``,
-``diagnostics``, ``hooks``, ``record``, ``outcome``), which hands the config's plain values to
-the library and returns a named type, so nothing below reads the config object. Under
+``diagnostics``, ``hooks``, ``record``, ``resume``, ``outcome``), which hands the config's plain
+values to the library and returns a named type, so nothing below reads the config object. Under
 torchrun every rank runs this; rank 0 chooses the run directory and the others receive it, so
 a run has exactly one directory.
 
