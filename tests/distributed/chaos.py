@@ -2,11 +2,16 @@
 
 Each interruption is a signal (SIGKILL, SIGTERM, SIGINT, SIGHUP) to a target of the running job:
 one rank, the torchrun agent, the launch shell, the launcher's process group, or every process
-of the job, at a seeded random moment after the launch (ranks starting, training, evaluating,
-saving). After each, the soak waits for the launcher to end, checks that no process of the job
-outlived it (a rank training on unsupervised holds the run lock), and relaunches with
-``resume=auto``. Once the interruptions are spent, the last launch runs to its end. The result
-must be the uninterrupted run's: the last checkpoints of both runs (the newest 3), bit for bit.
+of the job, at a seeded random moment of the launch: while it starts (a few seconds after the
+launch, or at its first checkpoint if that comes sooner), or a fraction of a step after its
+1st-3rd checkpoint (training, evaluating, saving). The moments in training are counted in the
+job's own steps, not in seconds: on a loaded machine, where the ranks take 25 s to start, they
+still come after a checkpoint (and the resume from it is tested), and on a quiet one a launch
+still trains at most a few steps before its moment (so a short run holds every interruption).
+After each, the soak waits for the launcher to end, checks that no process of the job outlived
+it (a rank training on unsupervised holds the run lock), and relaunches with ``resume=auto``.
+Once the interruptions are spent, the last launch runs to its end. The result must be the
+uninterrupted run's: the last checkpoints of both runs (the newest 3), bit for bit.
 
 ``tests/distributed/test_chaos_soak.py`` runs a short seeded soak in the suite; the long one::
 
@@ -30,23 +35,28 @@ from typing import Optional
 
 import torch
 
-from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
+from largebatch.engine.checkpoint import checkpoint_step, list_checkpoints, load_checkpoint
 from tests.smoke import smoke
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / "launch" / "torchrun.sh"
 # 4 classes x 16 train images, batch 8 on 2 ranks: 8 steps an epoch; a checkpoint every step
-# (the newest 3 kept, which both runs' last steps are compared by).
+# (the newest 3 kept, which both runs' last steps are compared by). timm's test_resnet (a ResNet
+# with BN, 0.4M parameters): a step and its checkpoint cost a tenth of resnet10t's.
 ARGS = smoke("backend=cpu", "data.workers=1", "data.synthetic.train_per_class=16",
-             "checkpoint.every_steps=1", "precision=fp32", "model=resnet10t",
+             "checkpoint.every_steps=1", "precision=fp32", "model=resnet10t", "model.name=test_resnet",
              "schedule=cosine", "schedule.warmup_epochs=0.5")
 STEPS_PER_EPOCH = 8
+STARTING_S = (0.5, 6.0)  # a moment while the launch starts: seconds after it (or its first checkpoint)
+AT_STEP = (None, 1, 2, 3)  # None: while starting; else a fraction of a step after this many checkpoints
+LATE_S = (0.0, 0.1)  # how long after that checkpoint: in the next step, its save or an evaluation
 
 
 def epochs_for(interruptions: int) -> int:
-    """Enough training that every interruption falls on a run still under way: a launch trains
-    a few steps before its moment comes (~3 here), so about half an epoch per interruption."""
-    return 3 + interruptions // 2
+    """Enough training that every interruption falls on a run still under way: a launch trains at
+    most its moment's steps (3) and the few a tenth of a second adds (on a quiet machine), so about
+    half an epoch per interruption, with one to spare."""
+    return 1 + interruptions // 2
 TARGETS = ("rank", "agent", "launcher", "group", "all")
 SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -55,7 +65,8 @@ SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 class Interruption:
     target: str
     signal: str
-    after_s: float
+    at_step: Optional[int]  # None: while the launch starts; else after its at_step-th checkpoint
+    after_s: float  # seconds after the launch (None) or after that checkpoint
     exit_code: Optional[int] = None
     survivors: list[str] = field(default_factory=list)
 
@@ -186,6 +197,30 @@ def _default_signals() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
+def _newest_step(run: Path) -> int:
+    found = list_checkpoints(run / "checkpoints")
+    return checkpoint_step(found[-1]) if found else 0
+
+
+def _moment(proc: subprocess.Popen, run: Path, event: Interruption, timeout_s: float = 300) -> bool:
+    """Wait for ``event``'s moment; False where the launch ended first. While it starts: ``after_s``
+    seconds, or until its first checkpoint if that comes sooner; else ``after_s`` after its
+    ``at_step``-th checkpoint (polled every 10 ms, a fraction of a step)."""
+    start = _newest_step(run)
+    target, wait_s = (1, event.after_s) if event.at_step is None else (event.at_step, timeout_s)
+    deadline = time.monotonic() + wait_s
+    while _newest_step(run) < start + target and time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.01)
+    if event.at_step is not None:
+        if time.monotonic() >= deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError(f"no checkpoint of step {start + target} within {timeout_s} s")
+        time.sleep(event.after_s)
+    return proc.poll() is None
+
+
 def _launch(run: Path, resume: bool, log: Path, epochs: int) -> subprocess.Popen:
     args = [str(LAUNCH), *ARGS, f"epochs={epochs}", f"run_dir={run}", *(["resume=auto"] if resume else [])]
     return subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=log.open("a"), stderr=subprocess.STDOUT,
@@ -217,10 +252,10 @@ def soak(run: Path, interruptions: int, seed: int, log: Path, epochs: int) -> tu
             code = _finish(proc, 900)
             assert code == 0, f"the last launch ended {code}: {log.read_text()[-3000:]}"
             return done, launches
-        event = Interruption(rng.choice(TARGETS), rng.choice(SIGNALS).name, round(rng.uniform(0.5, 9.0), 2))
-        try:
-            proc.wait(timeout=event.after_s)
-        except subprocess.TimeoutExpired:
+        at_step = rng.choice(AT_STEP)
+        event = Interruption(rng.choice(TARGETS), rng.choice(SIGNALS).name, at_step,
+                             round(rng.uniform(*(STARTING_S if at_step is None else LATE_S)), 2))
+        if _moment(proc, run, event):
             known = _interrupt(proc, rng, event.target, signal.Signals[event.signal])
             event.exit_code = _finish(proc, 300)
             # the launcher ended: nothing of the job may go on without it (one step and a
@@ -236,6 +271,7 @@ def soak(run: Path, interruptions: int, seed: int, log: Path, epochs: int) -> tu
                 f.write(f"\n### chaos: {event}\n")
             continue
         # the job ended before the moment came: it finished (or failed on its own)
+        proc.wait()
         assert proc.returncode == 0, f"a launch ended {proc.returncode} uninterrupted: {log.read_text()[-3000:]}"
         return done, launches
 
