@@ -259,56 +259,83 @@ def build_run_loaders(
         shards: a ``largebatch-make-shards`` folder, read by DALI instead of ``root``; or None.
         backend: the run's backend (``is_main``, ``broadcast_object``).
     """
-    decode = "mixed (GPU)" if spec.on_gpu else "CPU"
     if backend.is_main and not shards:
         warn_side_above_images(root, spec)
     if shards:
-        from largebatch.data.pipelines.dali_graph import require_dali
-        from largebatch.data.pipelines.dali_shards import build_dali_shard_loaders
-
-        if loader in ("torchvision", "nvjpeg", "decoded"):
-            raise DataError(
-                f"data.shards={shards} is read by DALI only; set data.loader=dali (or auto), "
-                f"or drop data.shards to read data.root's files with torchvision"
-            )
-        _refuse_rect_val(spec, loader=loader, reads_with="DALI (data.shards)", backend=backend)
-        require_dali()
-        train, val, num_classes = build_dali_shard_loaders(shards, spec)
-        if backend.is_main:
-            log.info("input pipeline: DALI webdataset reader over the shards in %s, %s decode, %s",
-                     shards, decode, spec.layout)
-            _log_resolution(spec)
-        return train, val, num_classes
+        return _shard_loaders(shards, spec, loader=loader, backend=backend)
     if loader == "decoded":
         return _decoded_loaders(root, spec, backend)
     fallback = "nvjpeg" if loader == "nvjpeg" or (loader == "auto" and spec.on_gpu) else "torchvision"
     decision = DaliDecision(False) if loader in ("torchvision", "nvjpeg") else _agree_on_dali(
         loader, root, backend, fallback)
-    if not decision.use_dali and fallback == "nvjpeg":
-        from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
+    if decision.use_dali:
+        return _dali_file_loaders(root, spec, loader=loader, backend=backend, file_lists=decision.file_lists)
+    if fallback == "nvjpeg":
+        return _nvjpeg_loaders(root, spec, loader=loader, backend=backend)
+    return _torchvision_loaders(root, spec, loader=loader, backend=backend)
 
-        _refuse_rect_val(spec, loader=loader, reads_with="nvjpeg", backend=backend)
-        if backend.is_main:
-            log.info("input pipeline: nvjpeg, %s decode and augmentation on %s, %d file-reading worker(s) per "
-                     "rank, %s", "nvJPEG (GPU)" if spec.on_gpu else "CPU", spec.device, spec.workers, spec.layout)
-            _log_resolution(spec)
-        return build_nvjpeg_loaders(root, spec)
-    if not decision.use_dali:
-        from largebatch.data.pipelines.torchvision import build_loaders
 
-        _refuse_rect_val(spec, loader=loader, reads_with="torchvision", backend=backend)
-        if backend.is_main:
-            log.info("input pipeline: torchvision DataLoader, %d worker(s) per rank", spec.workers)
-            _log_resolution(spec)
-        return build_loaders(root, spec)
+def _decode(spec: LoaderSpec) -> str:
+    """Where DALI decodes, for its start-up line."""
+    return "mixed (GPU)" if spec.on_gpu else "CPU"
+
+
+def _shard_loaders(shards: str, spec: LoaderSpec, *, loader: str, backend: Backend) -> tuple[Loader, Loader, int]:
+    """``data.shards``: DALI's webdataset reader over the shards, which only DALI reads."""
+    from largebatch.data.pipelines.dali_graph import require_dali
+    from largebatch.data.pipelines.dali_shards import build_dali_shard_loaders
+
+    if loader in ("torchvision", "nvjpeg", "decoded"):
+        raise DataError(
+            f"data.shards={shards} is read by DALI only; set data.loader=dali (or auto), "
+            f"or drop data.shards to read data.root's files with torchvision"
+        )
+    _refuse_rect_val(spec, loader=loader, reads_with="DALI (data.shards)", backend=backend)
+    require_dali()
+    train, val, num_classes = build_dali_shard_loaders(shards, spec)
+    if backend.is_main:
+        log.info("input pipeline: DALI webdataset reader over the shards in %s, %s decode, %s",
+                 shards, _decode(spec), spec.layout)
+        _log_resolution(spec)
+    return train, val, num_classes
+
+
+def _nvjpeg_loaders(root: Path, spec: LoaderSpec, *, loader: str, backend: Backend) -> tuple[Loader, Loader, int]:
+    """``data.loader=nvjpeg``, or ``auto`` on a GPU without DALI: batched nvJPEG decode."""
+    from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
+
+    _refuse_rect_val(spec, loader=loader, reads_with="nvjpeg", backend=backend)
+    if backend.is_main:
+        log.info("input pipeline: nvjpeg, %s decode and augmentation on %s, %d file-reading worker(s) per "
+                 "rank, %s", "nvJPEG (GPU)" if spec.on_gpu else "CPU", spec.device, spec.workers, spec.layout)
+        _log_resolution(spec)
+    return build_nvjpeg_loaders(root, spec)
+
+
+def _torchvision_loaders(root: Path, spec: LoaderSpec, *, loader: str, backend: Backend
+                         ) -> tuple[Loader, Loader, int]:
+    """``data.loader=torchvision``, or ``auto`` on the host without DALI: a DataLoader per split."""
+    from largebatch.data.pipelines.torchvision import build_loaders
+
+    _refuse_rect_val(spec, loader=loader, reads_with="torchvision", backend=backend)
+    if backend.is_main:
+        log.info("input pipeline: torchvision DataLoader, %d worker(s) per rank", spec.workers)
+        _log_resolution(spec)
+    return build_loaders(root, spec)
+
+
+def _dali_file_loaders(root: Path, spec: LoaderSpec, *, loader: str, backend: Backend,
+                       file_lists: Optional[dict[str, str]]) -> tuple[Loader, Loader, int]:
+    """``data.loader=dali`` (or ``auto`` where every rank has DALI): DALI's file reader over the
+    data check's lists."""
     from largebatch.data.pipelines.dali_files import build_dali_loaders
 
     _refuse_rect_val(spec, loader=loader, reads_with="DALI", backend=backend)
-    train, val, num_classes = build_dali_loaders(root, spec, file_list=decision.file_lists)
+    train, val, num_classes = build_dali_loaders(root, spec, file_list=file_lists)
     if backend.is_main:
         log.info(
             "input pipeline: DALI, %s decode, %d thread(s), %s; %d train / %d val files from the "
-            "data check's lists", decode, max(1, spec.workers), spec.layout, train.total_samples,
+            "data check's lists", _decode(spec), max(1, spec.workers), spec.layout, train.total_samples,
             val.total_samples,
         )
         _log_resolution(spec)
