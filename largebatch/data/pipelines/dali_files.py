@@ -20,7 +20,7 @@ the model trains on the current one.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -294,6 +294,36 @@ def build_dali_loaders(
     """
     _check_common(spec, dtype)
     root = os.fspath(root)
+    samples = _split_samples(root, file_list)
+    train_pipeline, val_pipeline = _pipelines(spec, dtype, hw_decoder_load, prefetch_queue_depth)
+    seed = _aug_seed(spec.seed, spec.rank)
+    train = DaliLoader(
+        samples.train_paths, samples.train_labels, batch_size=spec.batch_size, drop_last=True, pipeline=train_pipeline,
+        sampler=ShardedSampler(len(samples.train_paths), rank=spec.rank, world_size=spec.world_size,
+                               batch_size=spec.step_samples, seed=spec.seed),
+        seed=seed, data_root=root,
+    )
+    val = DaliLoader(
+        samples.val_paths, samples.val_labels, batch_size=spec.val_batch, drop_last=False, pipeline=val_pipeline,
+        sampler=ExactShardSampler(len(samples.val_paths), rank=spec.rank, world_size=spec.world_size),
+        seed=seed, data_root=root,
+    )
+    return train, val, samples.num_classes
+
+
+class _SplitSamples(NamedTuple):
+    """The files and labels of both splits, and the number of classes."""
+
+    train_paths: list[str]
+    train_labels: list[int]
+    val_paths: list[str]
+    val_labels: list[int]
+    num_classes: int
+
+
+def _split_samples(root: str, file_list: str | os.PathLike | Mapping[str, str | os.PathLike] | None) -> _SplitSamples:
+    """Both splits' files and labels, from the data check's lists where given, else from the
+    folders; the class count from the train folder (or the labels)."""
     if not os.path.isdir(root):
         raise DataError(f"data root {root} {not_a_folder(root)}: set data.root to a folder holding "
                         f"train/ and val/")
@@ -304,7 +334,13 @@ def build_dali_loaders(
     num_classes = n_train or _class_count(root) or (max(train_labels, default=-1) + 1)
     if not train_paths:
         raise DataError(f"{root}/train holds no image")
+    return _SplitSamples(train_paths, train_labels, val_paths, val_labels, num_classes)
 
+
+def _pipelines(spec: LoaderSpec, dtype: torch.dtype, hw_decoder_load: float,
+               prefetch_queue_depth: int) -> tuple[DaliPipeline, DaliPipeline]:
+    """The training pipeline (random crop per phase and side) and the evaluation one (resize and
+    centre crop at the evaluation side), on ``spec``'s device and threads."""
     layout = spec.layout
 
     def train_graph(encoded: Any, gpu: bool, side: Any, crop_scale: tuple[float, float]) -> Any:
@@ -320,18 +356,6 @@ def build_dali_loaders(
         return DaliPipeline(graph, spec.workers, dali_device_id(spec), layout, prefetch_queue_depth, side_at,
                             phase_at)
 
-    seed = _aug_seed(spec.seed, spec.rank)
-    train = DaliLoader(
-        train_paths, train_labels, batch_size=spec.batch_size, drop_last=True, pipeline=pipeline(train_graph, spec.crop_scale_at, spec.train_size_at),
-        sampler=ShardedSampler(len(train_paths), rank=spec.rank, world_size=spec.world_size,
-                               batch_size=spec.step_samples, seed=spec.seed),
-        seed=seed, data_root=root,
-    )
-    val = DaliLoader(
-        val_paths, val_labels, batch_size=spec.val_batch, drop_last=False, pipeline=pipeline(val_graph, spec.val_size_at),
-        sampler=ExactShardSampler(len(val_paths), rank=spec.rank, world_size=spec.world_size),
-        seed=seed, data_root=root,
-    )
-    return train, val, num_classes
+    return pipeline(train_graph, spec.crop_scale_at, spec.train_size_at), pipeline(val_graph, spec.val_size_at)
 
 
