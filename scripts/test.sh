@@ -2,7 +2,7 @@
 # The whole test suite: sets up both environments, then runs pytest in each. `.ci/run` calls this.
 #   1. .venv (torch 2.14.1): every test (tests/xla skip: no torch-xla), distributed ones on real gloo ranks;
 #   2. .venv-xla (torch 2.9.0 + torch-xla 2.9.0): tests/xla under PJRT_DEVICE=CPU (set up while
-#      the first runs), on one pytest-xdist worker per core as well.
+#      the first runs).
 # Any non-zero pytest code fails the run, 5 (no test collected) included.
 #   scripts/test.sh                # everything
 #   scripts/test.sh -k lars        # extra arguments go to the first pytest run (no time budget then)
@@ -41,4 +41,4 @@ if ! wait "$xla_setup"; then
   echo "test.sh: setting up .venv-xla failed (its output is above); scripts/setup_env.sh xla retries it" >&2
   exit 1
 fi
-OMP_NUM_THREADS=$user_threads scripts/test_xla.sh  # its workers' threads: the user's, else its own share
+scripts/test_xla.sh

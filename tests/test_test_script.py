@@ -75,8 +75,7 @@ def test_a_failed_xla_setup_ends_the_run_with_its_output(tmp_path: Path) -> None
 
 def test_each_worker_gets_its_share_of_the_cores_as_threads(tmp_path: Path) -> None:
     """More torch threads than cores spin in OpenMP's barriers: a worker gets cores / workers
-    (at least 1); the XLA tests' script shares the cores out itself (it gets no setting); a user's
-    OMP_NUM_THREADS wins in both."""
+    (at least 1); the XLA tests, one process, keep 2; a user's OMP_NUM_THREADS wins."""
     cores = len(os.sched_getaffinity(0))  # what nproc counts
     for workers, extra, threads in ((1, {}, cores), (cores, {}, 1), (cores * 2, {}, 1),
                                     (cores, {"OMP_NUM_THREADS": "3"}, 3)):
@@ -87,7 +86,7 @@ def test_each_worker_gets_its_share_of_the_cores_as_threads(tmp_path: Path) -> N
         main = next(e for e in events if e.startswith("main tests start"))
         assert main.endswith(f"threads={threads}") and f"-n {workers}" in main, (workers, extra, main)
         xla = next(e for e in events if e.startswith("xla tests"))
-        assert xla == f"xla tests threads={extra.get('OMP_NUM_THREADS', '')}", (workers, extra, xla)
+        assert xla == f"xla tests threads={extra.get('OMP_NUM_THREADS', 2)}", (workers, extra, xla)
 
 
 def test_xdist_groups_keep_their_tests_on_one_worker(tmp_path: Path) -> None:
