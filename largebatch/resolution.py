@@ -107,6 +107,13 @@ class ResolutionSchedule:
         return ramp_size(epoch, start_epoch=self.start_epoch, end_epoch=self.end_epoch, start_size=self.start_size,
                          end_size=self.end_size, multiple=self.multiple)
 
+    @property
+    def largest(self) -> int:
+        """The largest training crop side (pixels) of any epoch: a step's, or a ramp's larger end."""
+        if self.kind == "steps":
+            return max(side for _, side in self.steps)
+        return max(self.start_size, self.end_size)
+
     def sizes(self, epochs: int) -> list[int]:
         """The distinct sides of epochs ``0 .. epochs - 1``, in the order they are first used."""
         seen: list[int] = []

@@ -191,13 +191,7 @@ def warn_side_above_images(root: Path, spec: LoaderSpec) -> None:
     from largebatch.data.images import largest_sampled_side
     from largebatch.resolution import side_setting
 
-    sched = spec.train_sizes
-    if sched is None:
-        side = spec.image_size
-    elif sched.kind == "steps":
-        side = max(s for _, s in sched.steps)
-    else:
-        side = max(sched.start_size, sched.end_size)
+    side = spec.largest_train_size()
     images = largest_sampled_side(root / "train")
     if images is None or side <= SIDE_ABOVE_IMAGES * images:
         return
@@ -206,8 +200,8 @@ def warn_side_above_images(root: Path, spec: LoaderSpec) -> None:
         "%s trains at %d px, %.1fx the longest side of the images in %s (%d px, sampled): every crop is "
         "upsampled, and a batch of %d images at %d px is %.1f GiB before the model's activations; lower the "
         "side to %d px (%dx the images) or less, or point data.root at larger images",
-        side_setting(sched, spec.image_size, side), side, side / images, root, images, spec.batch_size, side, gib,
-        SIDE_ABOVE_IMAGES * images, SIDE_ABOVE_IMAGES)
+        side_setting(spec.train_sizes, spec.image_size, side), side, side / images, root, images, spec.batch_size,
+        side, gib, SIDE_ABOVE_IMAGES * images, SIDE_ABOVE_IMAGES)
 
 
 def _refuse_rect_val(spec: LoaderSpec, *, loader: str, reads_with: str, backend: Backend) -> None:

@@ -151,6 +151,10 @@ class LoaderSpec:
         """The training crop side of epoch ``epoch`` (from 0), pixels."""
         return self.image_size if self.train_sizes is None else self.train_sizes.size_at(epoch)
 
+    def largest_train_size(self) -> int:
+        """The largest training crop side of any epoch, pixels."""
+        return self.image_size if self.train_sizes is None else self.train_sizes.largest
+
     def crop_scale_at(self, epoch: int) -> tuple[float, float]:
         """The training random-resized crop's area range of epoch ``epoch`` (from 0)."""
         if not self.crop_scale_steps:

@@ -87,13 +87,7 @@ class StoreSides(NamedTuple):
 
 def store_sides(root: str | os.PathLike, spec: LoaderSpec) -> StoreSides:
     """The sides the stores of ``root`` are decoded at for ``spec`` (module docstring)."""
-    sched = spec.train_sizes
-    if sched is None:
-        largest_train = spec.image_size
-    elif sched.kind == "steps":
-        largest_train = max(s for _, s in sched.steps)
-    else:
-        largest_train = max(sched.start_size, sched.end_size)
+    largest_train = spec.largest_train_size()
     cap = math.ceil(TRAIN_SIDE_CAP * largest_train)
     images = largest_sampled_side(Path(root) / "train")
     train = max(largest_train, cap if images is None else min(images, cap))
