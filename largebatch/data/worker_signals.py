@@ -23,6 +23,12 @@ How:
 * :func:`stop_signals_blocked`: workers are forked with SIGTERM/SIGINT blocked, so a signal
   arriving between the fork and the ``worker_init_fn`` waits for the handler instead of
   killing the new worker (the main process gets it when the block ends).
+* A worker whose main process was killed outright prints nothing: a worker hands a batch's
+  tensors to its main process as file descriptors, served by ``multiprocessing``'s
+  resource-sharer thread, and a main process killed (SIGKILL, the OOM killer) mid-handshake
+  left that thread's ``ConnectionResetError`` traceback (15 lines) under torchrun's one line
+  naming the killed rank. The thread reports through ``sys.excepthook``; the workers' hook
+  drops a connection error raised in that thread and passes everything else on.
 
 DALI pipelines run threads, not processes: a signal is handled by the main thread's
 handler whichever thread the kernel picks, so they need neither.
@@ -36,8 +42,10 @@ import functools
 import multiprocessing
 import os
 import signal
-from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+import sys
+import traceback
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Type
 
 from largebatch.errors import STOP_SIGNALS  # SIGTERM, SIGINT, SIGHUP
 
@@ -75,7 +83,18 @@ def _on_stop_signal(flag: Any, signum: int, frame: Optional[FrameType]) -> None:
         os._exit(0)
 
 
+def _quiet_when_the_main_process_is_gone(previous: Callable[..., Any], exc_type: Type[BaseException],
+                                         exc: BaseException, tb: Optional[TracebackType]) -> None:
+    """The workers' ``sys.excepthook``: nothing for a connection error of the fd-sharing thread."""
+    in_the_sharer = any(frame.f_code.co_filename.endswith(os.path.join("multiprocessing", "resource_sharer.py"))
+                        for frame, _ in traceback.walk_tb(tb))
+    if in_the_sharer and issubclass(exc_type, (ConnectionError, EOFError)):
+        return
+    previous(exc_type, exc, tb)
+
+
 def _init_worker(flag: Any, then: Optional[Callable[[int], None]], worker_id: int) -> None:
+    sys.excepthook = functools.partial(_quiet_when_the_main_process_is_gone, sys.excepthook)
     handler = functools.partial(_on_stop_signal, flag)
     for sig in STOP_SIGNALS:
         signal.signal(sig, handler)
