@@ -31,8 +31,9 @@ def cpu_computes_bf16() -> bool:
     slower. ``torch.cpu``'s probes ask CPUID; where a torch lacks them, the kernel's flags do.
     """
     probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    if all(callable(p) for p in probes):
-        return any(bool(p()) for p in probes)
+    answers = [bool(probe()) for probe in probes if callable(probe)]
+    if len(answers) == len(probes):
+        return any(answers)
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
