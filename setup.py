@@ -72,6 +72,7 @@ setup(
             "largebatch-make-synthetic=largebatch.tools.make_synthetic:main",
             "largebatch-check-data=largebatch.tools.check_data:main",
             "largebatch-make-shards=largebatch.tools.make_shards:main",
+            "largebatch-make-decoded=largebatch.tools.make_decoded:main",
             "largebatch-report=largebatch.report:main",
         ]
     },

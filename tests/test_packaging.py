@@ -46,7 +46,8 @@ def test_wheel_install_finds_conf(tmp_path: Path) -> None:
     pkg_file, conf_file = out.stdout.split()
     assert pkg_file.startswith(str(site)) and conf_file.startswith(str(site))
     # Every console script of setup.py runs from the install (pip --target writes them to bin/).
-    for script in ("largebatch-make-synthetic", "largebatch-check-data", "largebatch-make-shards"):
+    for script in ("largebatch-make-synthetic", "largebatch-check-data", "largebatch-make-shards",
+                   "largebatch-make-decoded"):
         done = subprocess.run(
             [str(site / "bin" / script), "--help"], cwd=tmp_path,
             env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=120,

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from largebatch.data.contract import Loader, LoaderSpec
 
 __all__ = ["SIDE_ABOVE_IMAGES", "DaliDecision", "build_run_loaders", "cache_write_error", "dali_decision",
-           "ensure_checked", "resolve_data_root", "warn_side_above_images"]
+           "ensure_checked", "make_decoded_stores", "resolve_data_root", "warn_side_above_images"]
 
 log = logging.getLogger(__name__)
 
@@ -218,19 +218,28 @@ def _refuse_rect_val(spec: LoaderSpec, *, loader: str, reads_with: str, backend:
                          f"data.resolution.rect_val=false")
 
 
+def make_decoded_stores(root: Path, spec: LoaderSpec, *, announce: bool = True) -> None:
+    """The decoded stores of ``root`` for ``spec``, built in the cache unless there already (one
+    log line with their disk cost, with ``announce``); a cache that cannot be written is one
+    line, exit 74. Rank 0's work, and ``largebatch-make-decoded``'s."""
+    from largebatch.data.pipelines.decoded import decoded_cache_root, ensure_decoded_stores
+
+    try:
+        ensure_decoded_stores(root, spec, announce=announce)
+    except OSError as err:
+        raise WriteError(f"cannot write the decoded store to {decoded_cache_root()}: [Errno {err.errno}] "
+                         f"{err.strerror or err}; set LARGEBATCH_CACHE to a writable folder with room for it",
+                         path=decoded_cache_root(), errno=err.errno) from None
+
+
 def _decoded_loaders(root: Path, spec: LoaderSpec, backend: Backend) -> tuple[Loader, Loader, int]:
     """``data.loader=decoded``: rank 0 builds the stores on first use (one log line with their
     disk cost), then every rank maps them; a cache it cannot write there is one line, exit 74."""
-    from largebatch.data.pipelines.decoded import build_decoded_loaders, decoded_cache_root, ensure_decoded_stores
+    from largebatch.data.pipelines.decoded import build_decoded_loaders
 
     _refuse_rect_val(spec, loader="decoded", reads_with="the decoded store", backend=backend)
     if backend.is_main:
-        try:
-            ensure_decoded_stores(root, spec)
-        except OSError as err:
-            raise WriteError(f"cannot write the decoded store to {decoded_cache_root()}: [Errno {err.errno}] "
-                             f"{err.strerror or err}; set LARGEBATCH_CACHE to a writable folder with room for it",
-                             path=decoded_cache_root(), errno=err.errno) from None
+        make_decoded_stores(root, spec)
         log.info("input pipeline: decoded store, batched crops on %s in a background thread, %s", spec.device,
                  spec.layout)
         _log_resolution(spec)

@@ -16,9 +16,9 @@ from largebatch.resolution import resolution_of
 if TYPE_CHECKING:
     from largebatch.backends.base import Backend
     from largebatch.config.schema import TrainConfig
-    from largebatch.data.contract import Loader
+    from largebatch.data.contract import Loader, LoaderSpec
 
-__all__ = ["RunData", "channels_last_of", "data_of", "resolution_options"]
+__all__ = ["RunData", "channels_last_of", "data_of", "loader_spec", "resolution_options"]
 
 log = logging.getLogger("largebatch")
 
@@ -58,7 +58,6 @@ def data_of(cfg: TrainConfig, backend: Backend, plan: BatchPlan, dtype: Optional
     a data set the batch cannot fill (whole micro-batches, but no optimizer step) is one line in
     terms of ``global_batch_size``."""
     from largebatch.data.build import build_run_loaders, resolve_data_root
-    from largebatch.data.contract import LoaderSpec
 
     data = cfg.data
     syn = data.synthetic
@@ -72,14 +71,9 @@ def data_of(cfg: TrainConfig, backend: Backend, plan: BatchPlan, dtype: Optional
         device = torch.device("cuda", backend.local_rank)  # gpu-only
     elif device.type != "cuda":  # pipelines decode on a GPU or on the host (an XLA device: the host)
         device = torch.device("cpu")
-    spec = LoaderSpec(
-        image_size=data.image_size, batch_size=plan.per_device, workers=data.workers, seed=cfg.seed,
-        crop_scale=cast(tuple[float, float], tuple(data.crop_scale)),  # a pair: check_ranges
-        val_crop_ratio=data.val_crop_ratio, rank=backend.rank,
-        world_size=backend.world_size, device=device, dtype=dtype or torch.float32, channels_last=channels_last,
-        shuffle_buffer=data.shuffle_buffer, accumulation_steps=plan.accumulation_steps,
-        **resolution_options(cfg),
-    )
+    spec = loader_spec(cfg, batch_size=plan.per_device, accumulation_steps=plan.accumulation_steps,
+                       rank=backend.rank, world_size=backend.world_size, device=device, dtype=dtype or torch.float32,
+                       channels_last=channels_last)
     try:
         train, val, num_classes = build_run_loaders(root, spec, loader=data.loader, shards=data.shards,
                                                     backend=backend)
@@ -90,6 +84,24 @@ def data_of(cfg: TrainConfig, backend: Backend, plan: BatchPlan, dtype: Optional
         run_data.close()
         raise batch_too_large(plan, batches_per_rank=len(train))
     return run_data
+
+
+def loader_spec(cfg: TrainConfig, *, batch_size: int, accumulation_steps: int = 1, rank: int = 0,
+                world_size: int = 1, device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32,
+                channels_last: bool = False) -> LoaderSpec:
+    """What every pipeline is told, from ``data.*`` and ``data.resolution``; the batch, the rank
+    and the device are the run's (``data_of``), or a tool's that only needs the sides
+    (``largebatch-make-decoded``)."""
+    from largebatch.data.contract import LoaderSpec
+
+    data = cfg.data
+    return LoaderSpec(
+        image_size=data.image_size, batch_size=batch_size, workers=data.workers, seed=cfg.seed,
+        crop_scale=cast(tuple[float, float], tuple(data.crop_scale)),  # a pair: check_ranges
+        val_crop_ratio=data.val_crop_ratio, rank=rank, world_size=world_size, device=device, dtype=dtype,
+        channels_last=channels_last, shuffle_buffer=data.shuffle_buffer, accumulation_steps=accumulation_steps,
+        **resolution_options(cfg),
+    )
 
 
 def resolution_options(cfg: TrainConfig) -> dict[str, Any]:

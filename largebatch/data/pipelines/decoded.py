@@ -61,13 +61,13 @@ from largebatch.data.decoded_store import (
     open_decoded_store,
     store_bytes,
 )
-from largebatch.data.images import check_same_classes, largest_sampled_side, list_classes, split_folder
+from largebatch.data.images import check_same_classes, largest_sampled_side, list_classes, list_split, split_folder
 from largebatch.data.loader_view import UnreadableTally
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler, sample_seed
 from largebatch.errors import DataError
 
-__all__ = ["TRAIN_SIDE_CAP", "DecodedLoader", "StoreSides", "build_decoded_loaders", "decoded_cache_root",
-           "ensure_decoded_stores", "store_sides"]
+__all__ = ["TRAIN_SIDE_CAP", "DecodedLoader", "PlannedStore", "StoreSides", "build_decoded_loaders",
+           "decoded_cache_root", "ensure_decoded_stores", "planned_stores", "size_text", "store_sides"]
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,31 @@ def _open_or_build(root: str, split: str, side: int, folder: Path, workers: int)
     return open_decoded_store(folder, source=root, side=side, fix=fix), False
 
 
+class PlannedStore(NamedTuple):
+    """One split's store as a run of ``spec`` would read it: where, how large, whether built."""
+
+    split: str
+    side: int
+    count: int  # image files in the split (a file that will not decode is left out when built)
+    bytes: int
+    folder: Path
+    built: bool
+
+
+def planned_stores(root: str | os.PathLike, spec: LoaderSpec, *, cache: Optional[Path] = None) -> list[PlannedStore]:
+    """The train and val stores a run of ``spec`` reads from ``root``, without building them:
+    their sides, image counts, bytes on disk and folders in ``cache`` (:func:`decoded_cache_root`)."""
+    root = str(Path(root).expanduser().absolute())
+    cache = decoded_cache_root() if cache is None else cache
+    planned = []
+    for split, side in zip(("train", "val"), store_sides(root, spec)):
+        count = len(list_split(root, split)[1])
+        folder = _store_folder(cache, root, split, side)
+        planned.append(PlannedStore(split, side, count, store_bytes(count, side), folder,
+                                    (folder / "store.json").is_file()))
+    return planned
+
+
 def ensure_decoded_stores(root: str | os.PathLike, spec: LoaderSpec, *, cache: Optional[Path] = None,
                           announce: bool = True) -> dict[str, DecodedStore]:
     """The train and val stores of ``root`` for ``spec`` in ``cache`` (:func:`decoded_cache_root`),
@@ -136,7 +161,7 @@ def ensure_decoded_stores(root: str | os.PathLike, spec: LoaderSpec, *, cache: O
         if made:
             built.append(split)
     if announce:
-        cost = " + ".join(f"{len(s):,} {k} images at {s.side} px ({_size(store_bytes(len(s), s.side))})"
+        cost = " + ".join(f"{len(s):,} {k} images at {s.side} px ({size_text(store_bytes(len(s), s.side))})"
                           for k, s in stores.items())
         how = (f"decoded {', '.join(built)} once in {time.monotonic() - started:.1f} s" if built
                else "decoded by an earlier run")
@@ -144,7 +169,7 @@ def ensure_decoded_stores(root: str | os.PathLike, spec: LoaderSpec, *, cache: O
     return stores
 
 
-def _size(count: int) -> str:
+def size_text(count: int) -> str:
     """Bytes as people read them: ``55.3 kB``, ``35.9 MB``, ``98.4 GB``."""
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if count >= scale:

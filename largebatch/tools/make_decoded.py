@@ -1,0 +1,106 @@
+"""``largebatch-make-decoded [--plan] [key=value ...]``: build the decoded stores a run will read.
+
+``data.loader=decoded`` decodes each split once into a store in the cache
+(:mod:`largebatch.data.pipelines.decoded`), on the run's first start, by rank 0, while the other
+ranks wait. This command does it before the run: on the node that will train (the store lives
+in ``$LARGEBATCH_CACHE`` there, else ``~/.cache/largebatch``), outside a job's time limit, or
+to read its disk cost first with ``--plan``, which builds nothing. It takes the run's own
+overrides, because the stored sides follow the run's sides (``data.image_size``, a resolution
+schedule, ``data.resolution.eval_size``, ``data.val_crop_ratio``); a run with other sides
+builds other stores.
+
+    largebatch-make-decoded --plan data.root=/data/imagenet data.image_size=128
+    largebatch-make-decoded data.root=/data/imagenet data.image_size=128 data.workers=16
+    largebatch-train data.root=/data/imagenet data.image_size=128 data.loader=decoded
+
+Exit codes are the training command's (:mod:`largebatch.errors`): 2 for a bad override or data
+folder, 74 when the cache cannot be written or has no room for a store.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from largebatch.tools.args import OneLineArgumentParser
+
+if TYPE_CHECKING:
+    from largebatch.data.pipelines.decoded import PlannedStore
+
+__all__ = ["main"]
+
+
+def _describe(store: PlannedStore, note: str) -> str:
+    from largebatch.data.pipelines.decoded import size_text
+
+    return f"{store.split}: {store.count:,} images at {store.side} px, {size_text(store.bytes)} in {store.folder} ({note})"
+
+
+def _plan(planned: list[PlannedStore], cache: Path) -> int:
+    from largebatch.data.pipelines.decoded import size_text
+
+    for store in planned:
+        print(_describe(store, "built" if store.built else "to build"))
+    to_build = sum(s.bytes for s in planned if not s.built)
+    existing = next((p for p in (cache, *cache.parents) if p.exists()), Path("/"))
+    free = shutil.disk_usage(existing).free
+    fits = "fits" if to_build <= free else "does NOT fit: free space, lower the sides, or set LARGEBATCH_CACHE"
+    print(f"to build: {size_text(to_build)}; {existing} has {size_text(free)} free ({fits})")
+    return 0
+
+
+def _make(overrides: Sequence[str], plan_only: bool) -> int:
+    from largebatch.backends.torch_dist import TorchDistributedBackend
+    from largebatch.config import compose_config, to_train_config
+    from largebatch.config.command_line import single_run_overrides
+    from largebatch.data.build import make_decoded_stores, resolve_data_root
+    from largebatch.data.pipelines.decoded import decoded_cache_root, planned_stores
+    from largebatch.parts.data import loader_spec
+
+    cfg = to_train_config(compose_config(single_run_overrides(list(overrides))))
+    syn = cfg.data.synthetic
+    backend = TorchDistributedBackend("cpu")  # one process: rank 0 of 1, no process group
+    root = resolve_data_root(cfg.data.root, loader="decoded", workers=cfg.data.workers, backend=backend,
+                             synthetic=dict(num_classes=syn.classes, train_per_class=syn.train_per_class,
+                                            val_per_class=syn.val_per_class, image_size=syn.image_size,
+                                            seed=syn.seed))
+    spec = loader_spec(cfg, batch_size=1)
+    cache = decoded_cache_root()
+    planned = planned_stores(root, spec, cache=cache)
+    if plan_only:
+        return _plan(planned, cache)
+    started = time.monotonic()
+    make_decoded_stores(root, spec, announce=False)
+    took = f"built in {time.monotonic() - started:.1f} s"
+    for store in planned:
+        print(_describe(store, "built by an earlier run" if store.built else took))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``largebatch-make-decoded [--plan] [key=value ...]``: build (or plan) the decoded stores."""
+    from largebatch.errors import error_line, exit_code
+
+    parser = OneLineArgumentParser(
+        prog="largebatch-make-decoded",
+        description="Decode a data set's train and val images once into the stores that a run with "
+                    "data.loader=decoded and the same overrides reads.")
+    parser.add_argument("--plan", action="store_true",
+                        help="print each store's side, image count, size and folder, and the free space; build nothing")
+    parser.add_argument("overrides", nargs="*", help="the run's overrides (data=..., data.root=..., data.image_size=...)")
+    args = parser.parse_args(argv)
+    try:
+        return _make(args.overrides, args.plan)
+    except Exception as err:  # noqa: BLE001  (mapped to one line; an unknown one is a bug and raises)
+        code = exit_code(err)
+        if code is None:
+            raise
+        print(f"largebatch-make-decoded: {error_line(err).removeprefix('largebatch: ')}", file=sys.stderr)
+        return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
