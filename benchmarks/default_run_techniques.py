@@ -49,6 +49,13 @@ ARMS: dict[str, list[str]] = {
     # benchmarks/cpu_layout.py; whether it pays for the default run, in both precisions (pass
     # precision=fp32 for the other), is this arm's question
     "channels-last": ["model.channels_last=true"],
+    # the decoded loader (docs/decoded-loader.md): each split decoded once into a
+    # store, each batch augmented as a whole; alone and with the two techniques the input wall blocked
+    "decoded": ["data.loader=decoded"],
+    "decoded+progressive": ["data.loader=decoded", "data.resolution.schedule=steps",
+                            "data.resolution.steps=[[0,24],[5,32]]"],
+    "decoded+batch-x2-x4": ["data.loader=decoded", "batch_schedule.steps=[[4,128],[6,256]]",
+                            "batch_schedule.via=per_device"],
 }
 QUICK = ["debug=smoke", "progress=false", "tensorboard=false", "data.workers=0", "global_batch_size=8",
          "data.synthetic.train_per_class=8", "data.synthetic.val_per_class=2", "data.image_size=16"]
