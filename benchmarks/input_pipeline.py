@@ -1,10 +1,12 @@
-"""Input pipeline throughput: DALI (CPU, and GPU mixed decode) vs the torchvision DataLoader.
+"""Input pipeline throughput: DALI (CPU, and GPU mixed decode) and the decoded store vs the torchvision DataLoader.
 
 Both read the same JPEG files (ImageNet-like, 400x350, generated into a temporary folder
 unless ``--root`` names an ImageFolder tree) and do the same training work at 224 px:
 decode, random-resized crop, flip, normalise to float32, batch. Same number of CPU threads
 (DALI) and worker processes (torchvision). Each pipeline runs a warm-up epoch, then
-``--epochs`` timed epochs; the table shows the median epoch. Run:
+``--epochs`` timed epochs; the table shows the median epoch. The decoded store
+(``data.loader=decoded``) decodes the files once, before its epochs (the time it took is in its
+row), then cuts and augments each batch as a whole in one thread. Run:
 
     python benchmarks/input_pipeline.py                   # CPU: DALI vs torchvision
     python benchmarks/input_pipeline.py --device gpu      # + DALI mixed (nvJPEG / HW decoder)
@@ -29,6 +31,7 @@ from PIL import Image
 from largebatch.data.contract import LoaderSpec
 from largebatch.data.pipelines.dali_files import build_dali_loaders
 from largebatch.data.pipelines.dali_graph import dali_available
+from largebatch.data.pipelines.decoded import build_decoded_loaders, ensure_decoded_stores
 from largebatch.data.pipelines.torchvision import build_loaders
 from largebatch.data.synthetic import class_folder_name, render_image
 
@@ -133,6 +136,15 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((f"torchvision DataLoader ({args.threads} workers)",
                          time_epochs(train, args.epochs, nosync)))
             del train
+        cache = Path(tmp, "decoded-stores")
+        started = time.perf_counter()
+        stores = ensure_decoded_stores(root, spec, cache=cache, announce=False)
+        built = time.perf_counter() - started
+        train, _, _ = build_decoded_loaders(root, spec, cache=cache)
+        rows.append((f"decoded store at {stores['train'].side} px (built in {built:.1f} s)",
+                     time_epochs(train, args.epochs, nosync)))
+        train.close()
+        del train, stores
         train, _, _ = build_dali_loaders(root, spec)
         rows.append((f"DALI cpu ({args.threads} threads)",
                      time_epochs(train, args.epochs, nosync)))
