@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from largebatch.config.schema import TrainConfig
     from largebatch.data.contract import Loader, LoaderSpec
 
-__all__ = ["RunData", "channels_last_of", "data_of", "loader_spec", "resolution_options"]
+__all__ = ["RunData", "channels_last_of", "data_of", "data_root_of", "loader_spec", "resolution_options"]
 
 log = logging.getLogger("largebatch")
 
@@ -57,15 +57,10 @@ def data_of(cfg: TrainConfig, backend: Backend, plan: BatchPlan, dtype: Optional
     """The data folder and this rank's loaders (``largebatch.data.build``), from one ``LoaderSpec``;
     a data set the batch cannot fill (whole micro-batches, but no optimizer step) is one line in
     terms of ``global_batch_size``."""
-    from largebatch.data.build import build_run_loaders, resolve_data_root
+    from largebatch.data.build import build_run_loaders
 
     data = cfg.data
-    syn = data.synthetic
-    root = resolve_data_root(
-        data.root, loader=data.loader, workers=data.workers, backend=backend,
-        synthetic=dict(num_classes=syn.classes, train_per_class=syn.train_per_class,
-                       val_per_class=syn.val_per_class, image_size=syn.image_size, seed=syn.seed),
-    )
+    root = data_root_of(cfg, backend, loader=data.loader)
     device = backend.device
     if device.type == "cuda" and device.index is None:  # DALI's mixed decode needs the GPU's index
         device = torch.device("cuda", backend.local_rank)  # gpu-only
@@ -84,6 +79,20 @@ def data_of(cfg: TrainConfig, backend: Backend, plan: BatchPlan, dtype: Optional
         run_data.close()
         raise batch_too_large(plan, batches_per_rank=len(train))
     return run_data
+
+
+def data_root_of(cfg: TrainConfig, backend: Backend, *, loader: str) -> Path:
+    """``data.root``, or the embedded set of ``data.synthetic`` made by rank 0
+    (``largebatch.data.build.resolve_data_root``), for a run or a tool reading with ``loader``."""
+    from largebatch.data.build import resolve_data_root
+
+    data = cfg.data
+    syn = data.synthetic
+    return resolve_data_root(
+        data.root, loader=loader, workers=data.workers, backend=backend,
+        synthetic=dict(num_classes=syn.classes, train_per_class=syn.train_per_class,
+                       val_per_class=syn.val_per_class, image_size=syn.image_size, seed=syn.seed),
+    )
 
 
 def loader_spec(cfg: TrainConfig, *, batch_size: int, accumulation_steps: int = 1, rank: int = 0,

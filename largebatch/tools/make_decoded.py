@@ -56,17 +56,13 @@ def _make(overrides: Sequence[str], plan_only: bool) -> int:
     from largebatch.backends.torch_dist import TorchDistributedBackend
     from largebatch.config import compose_config, to_train_config
     from largebatch.config.command_line import single_run_overrides
-    from largebatch.data.build import make_decoded_stores, resolve_data_root
+    from largebatch.data.build import make_decoded_stores
     from largebatch.data.pipelines.decoded import decoded_cache_root, planned_stores
-    from largebatch.parts.data import loader_spec
+    from largebatch.parts.data import data_root_of, loader_spec
 
     cfg = to_train_config(compose_config(single_run_overrides(list(overrides))))
-    syn = cfg.data.synthetic
     backend = TorchDistributedBackend("cpu")  # one process: rank 0 of 1, no process group
-    root = resolve_data_root(cfg.data.root, loader="decoded", workers=cfg.data.workers, backend=backend,
-                             synthetic=dict(num_classes=syn.classes, train_per_class=syn.train_per_class,
-                                            val_per_class=syn.val_per_class, image_size=syn.image_size,
-                                            seed=syn.seed))
+    root = data_root_of(cfg, backend, loader="decoded")
     spec = loader_spec(cfg, batch_size=1)
     cache = decoded_cache_root()
     planned = planned_stores(root, spec, cache=cache)

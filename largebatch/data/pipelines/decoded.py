@@ -55,6 +55,7 @@ from largebatch.data.background import in_background
 from largebatch.data.batched_crop import augment_same_size, resized_crops
 from largebatch.data.contract import LoaderSpec
 from largebatch.data.decoded_store import (
+    HEADER_NAME,
     STORE_VERSION,
     DecodedStore,
     build_decoded_store,
@@ -109,11 +110,11 @@ def _store_folder(cache: Path, root: str, split: str, side: int) -> Path:
 def _open_or_build(root: str, split: str, side: int, folder: Path, workers: int) -> tuple[DecodedStore, bool]:
     """The store of ``root/split`` in ``folder`` (built there first if absent); True if built now."""
     fix = f"delete {folder} and run again (it is rebuilt from the images on first use)"
-    if not (folder / "store.json").is_file():
+    if not (folder / HEADER_NAME).is_file():
         try:
             return build_decoded_store(root, folder, split, side=side, workers=workers), True
         except (DataError, OSError):
-            if not (folder / "store.json").is_file():  # not another rank's store that just landed
+            if not (folder / HEADER_NAME).is_file():  # not another rank's store that just landed
                 raise
     return open_decoded_store(folder, source=root, side=side, fix=fix), False
 
@@ -139,7 +140,7 @@ def planned_stores(root: str | os.PathLike, spec: LoaderSpec, *, cache: Optional
         count = len(list_split(root, split)[1])
         folder = _store_folder(cache, root, split, side)
         planned.append(PlannedStore(split, side, count, store_bytes(count, side), folder,
-                                    (folder / "store.json").is_file()))
+                                    (folder / HEADER_NAME).is_file()))
     return planned
 
 
