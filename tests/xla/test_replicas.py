@@ -3,8 +3,8 @@
 Each test runs ``python -m tests.xla.replicas SCENARIO OUT_DIR`` with ``CPU_NUM_DEVICES=4``
 (the replicas are started by the project's own launcher, which applies the XLA:CPU measures
 of ``largebatch.backends.xla``) and checks what every replica saved against references
-computed here, on the host. Only the known upstream crash ("pure virtual method called") is
-retried, a bounded number of times, and every retry is reported (warning + a line in
+computed here, on the host. Only the known upstream crashes ("pure virtual method called", a
+segmentation fault in the runtime: ``tests.xla.common.UPSTREAM_CRASHES``) are retried, a bounded number of times, and every retry is reported (warning + a line in
 ``.cache/xla_upstream_crashes.log``); any other failure fails the test.
 """
 
