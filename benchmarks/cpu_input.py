@@ -4,18 +4,20 @@ The same decoded images (the embedded set generated at the stored side, decoded 
 ``largebatch.data.decoded_store.decode_split``) are augmented into batches of random-resized
 crops, flipped and normalised, by:
 
-* ``batched``: ``largebatch.data.batched_crop.augment_same_size``: boxes for the batch, one
-  ``roi_align`` call, flip by index, one normalise (float32 out); the batch's uint8 pixels
-  gathered from the store by index first, as a loader would;
+* ``batched``: ``largebatch.data.batched_crop.augment_same_size``, what the decoded loader runs:
+  boxes for the batch, the resize it picks by side (below), flip by index, one normalise
+  (float32 out); the batch's uint8 pixels gathered from the store by index first, as a loader
+  would;
+* ``roi_align`` and ``each image uint8``: the same with each resize forced: one ``roi_align``
+  call for the batch (``resized_crops``), or each uint8 crop by its own ``F.interpolate`` call
+  (``resized_crops_each``: torch's vectorised antialiased bilinear kernel, the one torchvision
+  v2 uses for tensors); ``augment_same_size`` picks the second from ``EACH_IMAGE_FROM`` px up;
 * ``per-sample v2``: the torchvision loader's transform (``build_train_transform``: v2
   ``RandomResizedCrop`` antialiased, flip, ``PILToTensor``, ``ToDtype``, ``Normalize``) on each
   PIL image, then ``torch.stack`` (the collate), i.e. the loader's work per batch minus the JPEG
   decode;
 * ``per-sample v1``: the classic ``RandomResizedCrop`` + ``RandomHorizontalFlip`` + ``ToTensor`` +
   ``Normalize`` on each PIL image, then ``torch.stack``;
-* ``per-sample uint8``: the batched path's boxes, but each crop resized by ``F.interpolate`` on
-  its uint8 NHWC slice (torch's vectorised antialiased bilinear kernel, the one torchvision v2
-  uses for tensors), one call per image, then flip and normalise per batch.
 
 Images/s of each, per wall second and per CPU second of the process (with one thread, the work
 itself, which other jobs on a shared machine disturb less), over ``--batches`` batches per
@@ -23,6 +25,7 @@ round, rounds interleaved (every path once per round, in turn) after one warm-up
 median of ``--rounds``. ``--threads 1`` (default) measures one core, as a DataLoader worker runs.
 
     python benchmarks/cpu_input.py                      # 48 -> 32 and 160 -> 128, batch 128
+    python benchmarks/cpu_input.py --cases 64:48,96:80,112:96,160:128,256:224
     python benchmarks/cpu_input.py --cases 64:56 --rounds 9
 """
 
@@ -37,7 +40,6 @@ from typing import Callable, Optional
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from PIL import Image
 from torchvision import transforms as v1
 
@@ -48,7 +50,15 @@ from largebatch.data.augment import (
     build_train_transform,
     normalise_cast,
 )
-from largebatch.data.batched_crop import augment_same_size, draw_flips, flip_rows, random_resized_crop_boxes
+from largebatch.data.batched_crop import (
+    EACH_IMAGE_FROM,
+    augment_same_size,
+    draw_flips,
+    flip_rows,
+    random_resized_crop_boxes,
+    resized_crops,
+    resized_crops_each,
+)
 from largebatch.data.decoded_store import DecodedStore, decode_split
 from largebatch.data.synthetic import make_synthetic_imagenet
 
@@ -69,13 +79,20 @@ def _per_sample(pil: list[Image.Image], transform: Callable) -> Callable[[np.nda
 def _per_sample_uint8(store: DecodedStore, side: int, generator: torch.Generator) -> Callable[[np.ndarray], torch.Tensor]:
     def run(rows: np.ndarray) -> torch.Tensor:
         images, _ = store.batch(rows)
-        images = images.contiguous(memory_format=torch.channels_last)
-        boxes = random_resized_crop_boxes(len(rows), store.side, store.side, generator=generator).tolist()
+        boxes = random_resized_crop_boxes(len(rows), store.side, store.side, generator=generator)
         flips = draw_flips(len(rows), generator=generator)
-        crops = torch.cat([F.interpolate(images[k : k + 1, :, t : t + h, l : l + w], size=(side, side),
-                                         mode="bilinear", antialias=True) for k, (t, l, h, w) in enumerate(boxes)])
-        return normalise_cast(flip_rows(crops.float(), flips), IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD,
-                              torch.float32)
+        return normalise_cast(flip_rows(resized_crops_each(images, boxes, side), flips), IMAGENET_DEFAULT_MEAN,
+                              IMAGENET_DEFAULT_STD, torch.float32)
+    return run
+
+
+def _roi_align(store: DecodedStore, side: int, generator: torch.Generator) -> Callable[[np.ndarray], torch.Tensor]:
+    def run(rows: np.ndarray) -> torch.Tensor:
+        images, _ = store.batch(rows)
+        boxes = random_resized_crop_boxes(len(rows), store.side, store.side, generator=generator)
+        flips = draw_flips(len(rows), generator=generator)
+        return normalise_cast(flip_rows(resized_crops(images, boxes, side), flips), IMAGENET_DEFAULT_MEAN,
+                              IMAGENET_DEFAULT_STD, torch.float32)
     return run
 
 
@@ -112,9 +129,9 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print("each cell: images per wall second (per CPU second of this process: the work alone, less "
           "sensitive to other jobs); store decode: per wall second")
-    print("| stored -> side | batched | per-sample v2 | per-sample v1 | per-sample uint8 | batched / v2 "
-          "| store decode |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| stored -> side | batched (resize) | roi_align | each image uint8 | per-sample v2 | per-sample v1 "
+          "| batched / v2 | store decode |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     normalize = v1.Normalize(IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD)
     for case in args.cases.split(","):
         stored, side = (int(v) for v in case.split(":"))
@@ -132,10 +149,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             "batched": _batched(store, side, torch.Generator().manual_seed(0)),
             "v2": _per_sample(pil, build_train_transform(side)),
             "v1": _per_sample(pil, classic),
+            "roi_align": _roi_align(store, side, torch.Generator().manual_seed(0)),
             "uint8": _per_sample_uint8(store, side, torch.Generator().manual_seed(0)),
         }, batches, args.rounds)
-        cells = " | ".join(f"{rates[k][0]:,.0f} ({rates[k][1]:,.0f})" for k in ("batched", "v2", "v1", "uint8"))
-        print(f"| {stored} -> {side} | {cells} | {rates['batched'][0] / rates['v2'][0]:.1f}x "
+        picked = "each image" if side >= EACH_IMAGE_FROM else "roi_align"
+        cells = " | ".join(f"{rates[k][0]:,.0f} ({rates[k][1]:,.0f})" for k in ("roi_align", "uint8", "v2", "v1"))
+        print(f"| {stored} -> {side} | {rates['batched'][0]:,.0f} ({rates['batched'][1]:,.0f}; {picked}) | {cells} "
+              f"| {rates['batched'][0] / rates['v2'][0]:.1f}x "
               f"({rates['batched'][1] / rates['v2'][1]:.1f}x) | {decode_rate:,.0f} |", flush=True)
     print(f"load average at end {os.getloadavg()[0]:.1f}")
     return 0

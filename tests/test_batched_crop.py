@@ -19,11 +19,13 @@ from torchvision.transforms.v2 import functional as TF
 
 from largebatch.data.augment import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, CropRecipe, normalise_cast
 from largebatch.data.batched_crop import (
+    EACH_IMAGE_FROM,
     augment_same_size,
     draw_flips,
     flip_rows,
     random_resized_crop_boxes,
     resized_crops,
+    resized_crops_each,
 )
 
 DRAWS = 20_000
@@ -160,6 +162,32 @@ def test_flip_and_normalise_exact() -> None:
     low = augment_same_size(images, CropRecipe(32), generator=g, dtype=torch.bfloat16, channels_last=True)
     assert low.dtype == torch.bfloat16 and low.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(low, out.to(torch.bfloat16))
+
+
+def test_each_image_path_is_torchvisions_resized_crop_and_picked_from_its_side() -> None:
+    """resized_crops_each is torchvision's tensor resized_crop (bilinear, antialiased) of every
+    box bit for bit; augment_same_size takes it from EACH_IMAGE_FROM px up, roi_align below,
+    with the same draws (boxes, then flips) either way."""
+    g = torch.Generator().manual_seed(2)
+    images = torch.randint(0, 256, (24, 3, 80, 80), dtype=torch.uint8, generator=g)
+    boxes = random_resized_crop_boxes(24, 80, 80, generator=g)
+    boxes[0] = torch.tensor([0, 0, 80, 80])
+    ours = resized_crops_each(images, boxes, 64)
+    reference = torch.stack([TF.resized_crop(images[k], *boxes[k].tolist(), [64, 64],
+                                             interpolation=InterpolationMode.BILINEAR, antialias=True)
+                             for k in range(len(images))])
+    assert ours.dtype == torch.uint8 and torch.equal(ours, reference)
+    assert not torch.equal(ours.float(), resized_crops(images, boxes, 64).round())  # a different resize
+    for side, resize in ((EACH_IMAGE_FROM, resized_crops_each), (EACH_IMAGE_FROM - 1, resized_crops)):
+        state = g.get_state()
+        out = augment_same_size(images, CropRecipe(side), generator=g)
+        g.set_state(state)
+        drawn = random_resized_crop_boxes(24, 80, 80, generator=g)
+        flips = draw_flips(24, generator=g)
+        manual = flip_rows(resize(images, drawn, side), flips)
+        assert torch.equal(out, normalise_cast(manual, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, torch.float32))
+    with pytest.raises(ValueError, match="need uint8 images"):
+        resized_crops_each(images.float(), boxes, 64)
 
 
 def test_bad_arguments_are_named() -> None:

@@ -35,9 +35,12 @@ edge pixel); elsewhere the two agree to float rounding (tests/test_batched_crop.
 Why not the batched matrix resize of :mod:`largebatch.data.batched_resize` (antialiased, equal
 to PIL): it reads every input pixel of the span for every output pixel row and column, a cost
 that grows with the stored side; ``roi_align`` reads 4 input pixels per output pixel. Its CPU
-kernel is scalar, though: on one core (benchmarks/cpu_input.py) the batch path is ~11x
-torchvision's per-sample transforms at 48 -> 32 px but only ~1.7x at 160 -> 128, where a
-per-image ``F.interpolate`` of the uint8 crop (torch's vectorised kernel) is faster still.
+kernel is scalar, though: on one core (benchmarks/cpu_input.py) it wins at the default run's
+48 -> 32 px, while from 64 px up a per-image ``F.interpolate`` of the uint8 crop (torch's
+vectorised antialiased kernel, :func:`resized_crops_each`) is faster, 2.3x at 160 -> 128 and
+256 -> 224, so :func:`augment_same_size` picks the resize by side (:data:`EACH_IMAGE_FROM`).
+That path antialiases a shrunk crop as torchvision does and has no edge blend: its pixels are
+torchvision's tensor ``resized_crop`` bit for bit.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 from torchvision.ops import roi_align
 
 from largebatch.data.augment import (
@@ -57,11 +61,17 @@ from largebatch.data.augment import (
     normalise_cast,
 )
 
-__all__ = ["SAMPLING_RATIO", "TRIES", "augment_same_size", "draw_flips", "flip_rows", "random_resized_crop_boxes",
-           "resized_crops"]
+__all__ = ["EACH_IMAGE_FROM", "SAMPLING_RATIO", "TRIES", "augment_same_size", "draw_flips", "flip_rows",
+           "random_resized_crop_boxes", "resized_crops", "resized_crops_each"]
 
 TRIES = 10  # RandomResizedCrop.get_params's tries before its centre-crop fallback
 SAMPLING_RATIO = 1  # roi_align samples per output pixel and axis: bilinear, no antialiasing (see above)
+# From this training side up, augment_same_size resizes each crop by its own uint8 F.interpolate
+# (resized_crops_each) instead of the batch's one roi_align call. benchmarks/cpu_input.py, one
+# core, images per CPU second, roi_align against each image: 48 -> 32 px 33,280 vs 28,096 (the
+# default run's side stays on roi_align), 64 -> 48 19,391 vs 20,627, 96 -> 80 7,144 vs 10,902,
+# 160 -> 128 2,155 vs 5,221, 256 -> 224 391 vs 893 (benchmarks/README.md).
+EACH_IMAGE_FROM = 64
 
 
 def _fallback_box(height: int, width: int, ratio: Sequence[float]) -> tuple[int, int]:
@@ -138,6 +148,24 @@ def resized_crops(images: torch.Tensor, boxes: torch.Tensor, side: int,
     return roi_align(pixels, rois, (side, side), spatial_scale=1.0, sampling_ratio=sampling_ratio, aligned=True)
 
 
+def resized_crops_each(images: torch.Tensor, boxes: torch.Tensor, side: int) -> torch.Tensor:
+    """:func:`resized_crops` image by image: each uint8 crop resized by its own ``F.interpolate``
+    call (bilinear, antialiased: torch's vectorised uint8 kernel, the one torchvision's tensor
+    ``resized_crop`` runs, equal to it bit for bit), uint8 ``(N, C, side, side)`` out. Python per
+    image, but above small sides the kernel outruns ``roi_align``'s scalar one by more than that
+    costs, and it averages a shrunk crop as PIL and torchvision do."""
+    if images.dim() != 4 or boxes.shape != (images.shape[0], 4):
+        raise ValueError(f"need (N, C, H, W) images and (N, 4) boxes, got {tuple(images.shape)} and "
+                         f"{tuple(boxes.shape)}")
+    if images.dtype != torch.uint8:
+        raise ValueError(f"need uint8 images, got {images.dtype}")
+    out = torch.empty((images.shape[0], images.shape[1], side, side), dtype=torch.uint8, device=images.device)
+    for k, (top, left, h, w) in enumerate(boxes.tolist()):
+        out[k : k + 1] = F.interpolate(images[k : k + 1, :, top : top + h, left : left + w], size=(side, side),
+                                       mode="bilinear", antialias=True)
+    return out
+
+
 def flip_rows(images: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
     """Reverse the width of the images ``flips`` marks, in place; returns ``images``."""
     rows = flips.nonzero().squeeze(1).to(images.device)
@@ -161,6 +189,8 @@ def augment_same_size(
     drawn from ``generator``), horizontal flip with probability ``recipe.hflip``, normalised into
     ``dtype`` (NHWC-strided if ``channels_last``). ``recipe`` is the tensor path's
     :class:`~largebatch.data.augment.CropRecipe`, so the nvjpeg loader's settings serve here too.
+    The resize is picked by side: one :func:`resized_crops` call below :data:`EACH_IMAGE_FROM`,
+    :func:`resized_crops_each` from it up (uint8 images); the boxes and flips are the same.
 
     Draws, in this order: :func:`random_resized_crop_boxes`, then :func:`draw_flips`.
     """
@@ -168,5 +198,8 @@ def augment_same_size(
     boxes = random_resized_crop_boxes(count, height, width, generator=generator, scale=recipe.crop_scale,
                                       ratio=recipe.crop_ratio)
     flips = draw_flips(count, generator=generator, probability=recipe.hflip)
-    crops = flip_rows(resized_crops(images, boxes, recipe.size), flips)
-    return normalise_cast(crops, mean, std, dtype, channels_last)
+    if recipe.size >= EACH_IMAGE_FROM and images.dtype == torch.uint8:
+        crops = resized_crops_each(images, boxes, recipe.size)  # uint8: normalise_cast reads it as is
+    else:
+        crops = resized_crops(images, boxes, recipe.size)
+    return normalise_cast(flip_rows(crops, flips), mean, std, dtype, channels_last)
