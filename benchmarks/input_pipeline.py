@@ -6,7 +6,8 @@ decode, random-resized crop, flip, normalise to float32, batch. Same number of C
 (DALI) and worker processes (torchvision). Each pipeline runs a warm-up epoch, then
 ``--epochs`` timed epochs; the table shows the median epoch. The decoded store
 (``data.loader=decoded``) decodes the files once, before its epochs (the time it took is in its
-row), then cuts and augments each batch as a whole in one thread. Run:
+row), then cuts and augments each batch as a whole: one row with one thread, one with
+``--threads`` batches augmented at once. Run:
 
     python benchmarks/input_pipeline.py                   # CPU: DALI vs torchvision
     python benchmarks/input_pipeline.py --device gpu      # + DALI mixed (nvJPEG / HW decoder)
@@ -140,11 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         stores = ensure_decoded_stores(root, spec, cache=cache, announce=False)
         built = time.perf_counter() - started
-        train, _, _ = build_decoded_loaders(root, spec, cache=cache)
-        rows.append((f"decoded store at {stores['train'].side} px (built in {built:.1f} s)",
-                     time_epochs(train, args.epochs, nosync)))
-        train.close()
-        del train, stores
+        for threads in sorted({1, args.threads}):  # its augmenting threads: data.workers
+            train, _, _ = build_decoded_loaders(root, replace(spec, workers=threads), cache=cache)
+            rows.append((f"decoded store at {stores['train'].side} px, built in {built:.1f} s ({threads} thr.)",
+                         time_epochs(train, args.epochs, nosync)))
+            train.close()
+            del train
+        del stores
         train, _, _ = build_dali_loaders(root, spec)
         rows.append((f"DALI cpu ({args.threads} threads)",
                      time_epochs(train, args.epochs, nosync)))

@@ -51,6 +51,17 @@ def test_the_crops_are_keyed_by_epoch_and_batch_not_by_the_thread(root: Path, tm
     one, other = _batches(ahead, 1), _batches(inline, 1)
     assert all(torch.equal(x, y) for (x, _), (y, _) in zip(one, other))
     assert not torch.equal(one[0][0], _batches(inline, 2)[0][0])  # another epoch, other crops
+    # three augmenting threads hand over the same batches in the same order, train and val, and
+    # a pass ended early leaves the next pass whole
+    threaded = build_decoded_loaders(root, replace(SPEC, workers=3), cache=cache)
+    assert threaded[0].threads == 3
+    val = _batches(build_decoded_loaders(root, SPEC, cache=cache)[1])
+    for got, want in ((_batches(threaded[0], 1), one), (_batches(threaded[1]), val)):
+        assert len(got) == len(want) >= 3
+        assert all(torch.equal(x, y) and torch.equal(a, b) for (x, a), (y, b) in zip(got, want))
+    threaded[0].set_epoch(1)
+    next(iter(threaded[0]))
+    assert all(torch.equal(x, y) for (x, _), (y, _) in zip(_batches(threaded[0], 1), one))
     # two ranks read disjoint halves of one permutation, and draw crops of their own
     ranks = [build_decoded_loaders(root, replace(SPEC, rank=r, world_size=2), cache=cache)[0] for r in (0, 1)]
     parts = [r.sampler.part() for r in ranks]

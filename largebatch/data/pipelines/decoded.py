@@ -28,11 +28,13 @@ evaluation batch at ``val_size_at``. Files the store could not decode are named 
 each is logged once, counted in ``skipped``, and a class left without a readable image stops
 the run, as the other loaders do.
 
-No worker processes: a batch is a handful of batched tensor ops (an index into the store, one
-``roi_align``, a flip, one normalising kernel), which release the GIL. They run in one
-background thread (:func:`largebatch.data.background.in_background`), a batch or two ahead of
-the step, so the augmentation overlaps the step instead of adding to it. ``data.workers``
-threads decode the images when the store is built.
+No worker processes: a batch is a handful of tensor ops (an index into the store, the resize,
+a flip, one normalising kernel), which release the GIL. They run in a background thread
+(:func:`largebatch.data.background.in_background`), a batch or two ahead of the step, so the
+augmentation overlaps the step instead of adding to it; with ``data.workers`` above 1 that
+thread keeps ``data.workers`` batches in flight on as many threads, handed over in order (a
+batch is a function of its place, so the threads change only the pace). ``data.workers``
+threads also decode the images when the store is built.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ import math
 import os
 import time
 import weakref
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Generator, Iterator, NamedTuple, Optional
@@ -193,6 +197,7 @@ class DecodedLoader:
         self._train_size_at, self._val_size_at, self._crop_scale_at = (
             spec.train_size_at, spec.val_size_at, spec.crop_scale_at)
         self.prefetch_batches = prefetch_batches
+        self.threads = max(1, spec.workers)  # batches augmented at once
         self.batch_size = spec.batch_size if train else spec.val_batch
         self.sampler: ShardedSampler | ExactShardSampler = (
             ShardedSampler(len(store), rank=spec.rank, world_size=spec.world_size, batch_size=spec.step_samples,
@@ -245,8 +250,23 @@ class DecodedLoader:
         count = len(rows) // self.batch_size if self.train else -(-len(rows) // self.batch_size)
 
         def batches() -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
-            for k in range(count):
-                yield self.batch(rows[k * self.batch_size : (k + 1) * self.batch_size], epoch, first + k)
+            if self.threads == 1:
+                for k in range(count):
+                    yield self.batch(rows[k * self.batch_size : (k + 1) * self.batch_size], epoch, first + k)
+                return
+            with ThreadPoolExecutor(self.threads, thread_name_prefix="decoded-augment") as pool:
+                pending: deque[Future] = deque()
+                try:
+                    for k in range(count):
+                        pending.append(pool.submit(self.batch, rows[k * self.batch_size : (k + 1) * self.batch_size],
+                                                   epoch, first + k))
+                        if len(pending) == self.threads:
+                            yield pending.popleft().result()
+                    while pending:
+                        yield pending.popleft().result()
+                finally:  # a pass closed early: the batches not started are dropped
+                    for future in pending:
+                        future.cancel()
 
         active = (batches() if self.prefetch_batches <= 0 else
                   in_background(batches, self.prefetch_batches, device=self.device, name="decoded-augment"))
@@ -309,7 +329,7 @@ def build_decoded_loaders(root: str | os.PathLike, spec: LoaderSpec, *, cache: O
         root: an ImageFolder tree with ``train/`` and ``val/``.
         spec: sizes, this rank's place, ``device`` (where batches are augmented), ``dtype``
             and ``channels_last`` of the images yielded; ``workers``: decoding threads when
-            a store is built.
+            a store is built, and batches augmented at once (at least 1).
         cache: the folder of the stores; None: :func:`decoded_cache_root`.
         prefetch_batches: batches augmented ahead in a background thread (0: in the
             consumer's thread when it asks for the batch).
