@@ -59,6 +59,8 @@ def setup_logging(is_main: bool) -> None:
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
+        if isinstance(h, (_RunLogFile, _Pending)):  # an earlier job's in this process: its file closed
+            h.close()
     console = logging.StreamHandler(sys.stdout)
     console.setFormatter(_LOG_FORMAT)
     root.addHandler(console)
