@@ -52,6 +52,7 @@ ARMS: dict[str, list[str]] = {
     # the decoded loader (docs/decoded-loader.md): each split decoded once into a
     # store, each batch augmented as a whole; alone and with the two techniques the input wall blocked
     "decoded": ["data.loader=decoded"],
+    "decoded-1-thread": ["data.loader=decoded", "data.workers=1"],  # one batch augmented at a time
     "decoded+progressive": ["data.loader=decoded", "data.resolution.schedule=steps",
                             "data.resolution.steps=[[0,24],[5,32]]"],
     "decoded+batch-x2-x4": ["data.loader=decoded", "batch_schedule.steps=[[4,128],[6,256]]",
