@@ -11,7 +11,7 @@ crops, flipped and normalised, by:
 * ``roi_align`` and ``each image uint8``: the same with each resize forced: one ``roi_align``
   call for the batch (``resized_crops``), or each uint8 crop by its own ``F.interpolate`` call
   (``resized_crops_each``: torch's vectorised antialiased bilinear kernel, the one torchvision
-  v2 uses for tensors); ``augment_same_size`` picks the second from ``EACH_IMAGE_FROM`` px up;
+  v2 uses for tensors), which ``augment_same_size`` uses for uint8 images;
 * ``per-sample v2``: the torchvision loader's transform (``build_train_transform``: v2
   ``RandomResizedCrop`` antialiased, flip, ``PILToTensor``, ``ToDtype``, ``Normalize``) on each
   PIL image, then ``torch.stack`` (the collate), i.e. the loader's work per batch minus the JPEG
@@ -51,7 +51,6 @@ from largebatch.data.augment import (
     normalise_cast,
 )
 from largebatch.data.batched_crop import (
-    EACH_IMAGE_FROM,
     augment_same_size,
     draw_flips,
     flip_rows,
@@ -129,7 +128,7 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print("each cell: images per wall second (per CPU second of this process: the work alone, less "
           "sensitive to other jobs); store decode: per wall second")
-    print("| stored -> side | batched (resize) | roi_align | each image uint8 | per-sample v2 | per-sample v1 "
+    print("| stored -> side | batched | roi_align | each image uint8 | per-sample v2 | per-sample v1 "
           "| batched / v2 | store decode |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     normalize = v1.Normalize(IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD)
@@ -152,9 +151,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             "roi_align": _roi_align(store, side, torch.Generator().manual_seed(0)),
             "uint8": _per_sample_uint8(store, side, torch.Generator().manual_seed(0)),
         }, batches, args.rounds)
-        picked = "each image" if side >= EACH_IMAGE_FROM else "roi_align"
         cells = " | ".join(f"{rates[k][0]:,.0f} ({rates[k][1]:,.0f})" for k in ("roi_align", "uint8", "v2", "v1"))
-        print(f"| {stored} -> {side} | {rates['batched'][0]:,.0f} ({rates['batched'][1]:,.0f}; {picked}) | {cells} "
+        print(f"| {stored} -> {side} | {rates['batched'][0]:,.0f} ({rates['batched'][1]:,.0f}) | {cells} "
               f"| {rates['batched'][0] / rates['v2'][0]:.1f}x "
               f"({rates['batched'][1] / rates['v2'][1]:.1f}x) | {decode_rate:,.0f} |", flush=True)
     print(f"load average at end {os.getloadavg()[0]:.1f}")

@@ -19,7 +19,6 @@ from torchvision.transforms.v2 import functional as TF
 
 from largebatch.data.augment import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, CropRecipe, normalise_cast
 from largebatch.data.batched_crop import (
-    EACH_IMAGE_FROM,
     augment_same_size,
     draw_flips,
     flip_rows,
@@ -152,7 +151,7 @@ def test_flip_and_normalise_exact() -> None:
     g.set_state(state)
     boxes = random_resized_crop_boxes(32, 48, 48, generator=g)
     flips = draw_flips(32, generator=g)
-    manual = flip_rows(resized_crops(images, boxes, 32), flips)
+    manual = flip_rows(resized_crops_each(images, boxes, 32), flips)
     assert torch.equal(out, normalise_cast(manual.clone(), IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, torch.float32))
     mean = torch.tensor(IMAGENET_DEFAULT_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_DEFAULT_STD).view(1, 3, 1, 1)
@@ -164,10 +163,10 @@ def test_flip_and_normalise_exact() -> None:
     assert torch.equal(low, out.to(torch.bfloat16))
 
 
-def test_each_image_path_is_torchvisions_resized_crop_and_picked_from_its_side() -> None:
+def test_each_image_path_is_torchvisions_resized_crop_and_trains_uint8_images() -> None:
     """resized_crops_each is torchvision's tensor resized_crop (bilinear, antialiased) of every
-    box bit for bit; augment_same_size takes it from EACH_IMAGE_FROM px up, roi_align below,
-    with the same draws (boxes, then flips) either way."""
+    box bit for bit; augment_same_size takes it for uint8 images, roi_align for float ones, with
+    the same draws (boxes, then flips) either way."""
     g = torch.Generator().manual_seed(2)
     images = torch.randint(0, 256, (24, 3, 80, 80), dtype=torch.uint8, generator=g)
     boxes = random_resized_crop_boxes(24, 80, 80, generator=g)
@@ -178,13 +177,13 @@ def test_each_image_path_is_torchvisions_resized_crop_and_picked_from_its_side()
                              for k in range(len(images))])
     assert ours.dtype == torch.uint8 and torch.equal(ours, reference)
     assert not torch.equal(ours.float(), resized_crops(images, boxes, 64).round())  # a different resize
-    for side, resize in ((EACH_IMAGE_FROM, resized_crops_each), (EACH_IMAGE_FROM - 1, resized_crops)):
+    for pixels, resize in ((images, resized_crops_each), (images.float(), resized_crops)):
         state = g.get_state()
-        out = augment_same_size(images, CropRecipe(side), generator=g)
+        out = augment_same_size(pixels, CropRecipe(32), generator=g)
         g.set_state(state)
         drawn = random_resized_crop_boxes(24, 80, 80, generator=g)
         flips = draw_flips(24, generator=g)
-        manual = flip_rows(resize(images, drawn, side), flips)
+        manual = flip_rows(resize(pixels, drawn, 32), flips)
         assert torch.equal(out, normalise_cast(manual, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, torch.float32))
     with pytest.raises(ValueError, match="need uint8 images"):
         resized_crops_each(images.float(), boxes, 64)

@@ -19,4 +19,4 @@ def test_cpu_input_prints_a_row_per_case(tmp_path: Path) -> None:
     assert [r.split("|")[1].strip() for r in rows] == ["20 -> 16", "24 -> 12"], proc.stdout
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        assert len(cells) == 7 and cells[5].endswith("x)") and float(cells[6].replace(",", "")) > 0, row
+        assert len(cells) == 8 and cells[6].endswith("x)") and float(cells[7].replace(",", "")) > 0, row

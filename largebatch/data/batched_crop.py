@@ -32,15 +32,18 @@ at a crop's edge an enlarged crop's outermost output pixels blend in up to half 
 image just outside the box (``roi_align`` samples the image; ``resized_crop`` repeats the crop's
 edge pixel); elsewhere the two agree to float rounding (tests/test_batched_crop.py).
 
+The training path (:func:`augment_same_size`) resizes uint8 images with
+:func:`resized_crops_each` instead: a per-image ``F.interpolate`` of the uint8 crop (torch's
+vectorised antialiased kernel), torchvision's tensor ``resized_crop`` bit for bit, no edge blend.
+On one core (benchmarks/cpu_input.py) it does 2.0-2.4x ``roi_align``'s work per CPU second at
+128-224 px, whose CPU kernel is scalar; at the default run's 48 -> 32 px it is 0.8x, ~1% of a
+step either way. There the roi_align pixels cost accuracy: the default run over 5 seeds ended
+0.64 points below the torchvision loader (steps to 90%: 486 against 454), the antialiased
+ones 0.12 below (454 steps). ``roi_align`` stays for float images and the evaluation boxes.
+
 Why not the batched matrix resize of :mod:`largebatch.data.batched_resize` (antialiased, equal
 to PIL): it reads every input pixel of the span for every output pixel row and column, a cost
-that grows with the stored side; ``roi_align`` reads 4 input pixels per output pixel. Its CPU
-kernel is scalar, though: on one core (benchmarks/cpu_input.py) it wins at the default run's
-48 -> 32 px, while from 64 px up a per-image ``F.interpolate`` of the uint8 crop (torch's
-vectorised antialiased kernel, :func:`resized_crops_each`) is faster, 2.3x at 160 -> 128 and
-256 -> 224, so :func:`augment_same_size` picks the resize by side (:data:`EACH_IMAGE_FROM`).
-That path antialiases a shrunk crop as torchvision does and has no edge blend: its pixels are
-torchvision's tensor ``resized_crop`` bit for bit.
+that grows with the stored side; ``roi_align`` reads 4 input pixels per output pixel.
 """
 
 from __future__ import annotations
@@ -61,17 +64,11 @@ from largebatch.data.augment import (
     normalise_cast,
 )
 
-__all__ = ["EACH_IMAGE_FROM", "SAMPLING_RATIO", "TRIES", "augment_same_size", "draw_flips", "flip_rows",
+__all__ = ["SAMPLING_RATIO", "TRIES", "augment_same_size", "draw_flips", "flip_rows",
            "random_resized_crop_boxes", "resized_crops", "resized_crops_each"]
 
 TRIES = 10  # RandomResizedCrop.get_params's tries before its centre-crop fallback
 SAMPLING_RATIO = 1  # roi_align samples per output pixel and axis: bilinear, no antialiasing (see above)
-# From this training side up, augment_same_size resizes each crop by its own uint8 F.interpolate
-# (resized_crops_each) instead of the batch's one roi_align call. benchmarks/cpu_input.py, one
-# core, images per CPU second, roi_align against each image: 48 -> 32 px 33,280 vs 28,096 (the
-# default run's side stays on roi_align), 64 -> 48 19,391 vs 20,627, 96 -> 80 7,144 vs 10,902,
-# 160 -> 128 2,155 vs 5,221, 256 -> 224 391 vs 893 (benchmarks/README.md).
-EACH_IMAGE_FROM = 64
 
 
 def _fallback_box(height: int, width: int, ratio: Sequence[float]) -> tuple[int, int]:
@@ -189,8 +186,8 @@ def augment_same_size(
     drawn from ``generator``), horizontal flip with probability ``recipe.hflip``, normalised into
     ``dtype`` (NHWC-strided if ``channels_last``). ``recipe`` is the tensor path's
     :class:`~largebatch.data.augment.CropRecipe`, so the nvjpeg loader's settings serve here too.
-    The resize is picked by side: one :func:`resized_crops` call below :data:`EACH_IMAGE_FROM`,
-    :func:`resized_crops_each` from it up (uint8 images); the boxes and flips are the same.
+    uint8 images are resized by :func:`resized_crops_each` (torchvision's pixels), float ones by
+    one :func:`resized_crops` call; the boxes and flips are the same.
 
     Draws, in this order: :func:`random_resized_crop_boxes`, then :func:`draw_flips`.
     """
@@ -198,7 +195,7 @@ def augment_same_size(
     boxes = random_resized_crop_boxes(count, height, width, generator=generator, scale=recipe.crop_scale,
                                       ratio=recipe.crop_ratio)
     flips = draw_flips(count, generator=generator, probability=recipe.hflip)
-    if recipe.size >= EACH_IMAGE_FROM and images.dtype == torch.uint8:
+    if images.dtype == torch.uint8:
         crops = resized_crops_each(images, boxes, recipe.size)  # uint8: normalise_cast reads it as is
     else:
         crops = resized_crops(images, boxes, recipe.size)
