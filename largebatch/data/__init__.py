@@ -20,7 +20,7 @@ module                 what it holds
                        files skipped, augmentation seeded per sample, per-epoch sides
 ``augment``            the ImageNet augmentation: PIL transforms and tensor ops, one recipe
 ``batched_crop``       the training augmentation of same-size images a batch at a time
-                       (one ``roi_align`` call), torchvision's crop distribution
+                       (batch-drawn boxes), torchvision's crop distribution
 ``decoded_store``      an image folder decoded once to uint8 at one side, in memory or
                        memory-mapped on disk
 ``samplers``           ``ShardedSampler`` (training), ``ExactShardSampler`` (evaluation)

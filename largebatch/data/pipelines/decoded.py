@@ -5,8 +5,8 @@ The first run over an image folder decodes each split once into a decoded store 
 page cache holds in memory where it fits; ``$LARGEBATCH_CACHE/decoded-...``, or
 ``~/.cache/largebatch``), stating its disk cost in one log line; later runs map it. A batch is
 then cut from it and augmented as a whole (:mod:`largebatch.data.batched_crop`: the
-random-resized crops by ``RandomResizedCrop.get_params``'s rule, one ``roi_align`` call,
-flip, normalise into the compute dtype), not image by image.
+random-resized crops by ``RandomResizedCrop.get_params``'s rule for the whole batch, each
+crop's antialiased uint8 resize, flip, normalise into the compute dtype), not per sample.
 
 Stored sides (:func:`store_sides`): training at the images' own longest side (sampled),
 capped at 1.5x the largest training side of the run (and never below it); evaluation at
