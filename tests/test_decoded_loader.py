@@ -114,16 +114,19 @@ def test_a_cache_it_cannot_write_is_one_line_exit_74(root: Path, tmp_path: Path,
 
 def test_a_run_trains_from_the_store_and_resumes_mid_epoch_bit_for_bit(cache: Path,
                                                                         capsys: pytest.CaptureFixture) -> None:
-    """One run of 8 steps (2 epochs of 4) checkpointing every step; a copy of it cut back to its
-    step-5 checkpoint resumes (from the store the first run built) and ends with its weights."""
+    """One run of 8 steps (2 epochs of 4) checkpointing every step, 2 augmenting threads; a copy
+    of it cut back to its step-5 checkpoint resumes on 1 (from the store the first run built)
+    and ends with its weights."""
     from largebatch.cli import main
     from largebatch.engine.checkpoint import list_checkpoints, load_checkpoint
     from tests.smoke import EXACT
 
     args = [*EXACT, "data.loader=decoded", "checkpoint.every_steps=1"]
     run = cache / "run"
-    assert main([*args, f"run_dir={run}"]) == 0
-    built = [line for line in capsys.readouterr().out.splitlines() if "decoded store: " in line]
+    assert main([*args, "data.workers=2", f"run_dir={run}"]) == 0
+    out = capsys.readouterr().out
+    assert "batched crops on cpu, 2 batches at once in background threads, NCHW" in out
+    built = [line for line in out.splitlines() if "decoded store: " in line]
     # the images' 48 px capped at 1.5 x the 16 px crops; 16 / 0.875 for evaluation
     assert len(built) == 1 and "32 train images at 24 px (55.3 kB) + 8 val images at 18 px (7.8 kB)" in built[0]
     assert "decoded train, val once" in built[0]
@@ -135,7 +138,8 @@ def test_a_run_trains_from_the_store_and_resumes_mid_epoch_bit_for_bit(cache: Pa
         if load_checkpoint(path)["train_state"]["step"] > 5:
             path.unlink()
     assert main([*args, f"run_dir={resumed}", "resume=auto"]) == 0
-    assert "decoded by an earlier run" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "decoded by an earlier run" in out and "one batch at a time in a background thread" in out
     a, b = load_checkpoint(straight[-1])["model"], load_checkpoint(list_checkpoints(resumed / "checkpoints")[-1])
     assert b["train_state"]["step"] == 8
     different = [k for k in a if not torch.equal(a[k], b["model"][k])]

@@ -240,8 +240,10 @@ def _decoded_loaders(root: Path, spec: LoaderSpec, backend: Backend) -> tuple[Lo
     _refuse_rect_val(spec, loader="decoded", reads_with="the decoded store", backend=backend)
     if backend.is_main:
         make_decoded_stores(root, spec)
-        log.info("input pipeline: decoded store, batched crops on %s in a background thread, %s", spec.device,
-                 spec.layout)
+        threads = max(1, spec.workers)  # the decoded loader's augmenting threads
+        log.info("input pipeline: decoded store, batched crops on %s, %s, %s", spec.device,
+                 "one batch at a time in a background thread" if threads == 1 else
+                 f"{threads} batches at once in background threads", spec.layout)
         _log_resolution(spec)
     backend.barrier()
     return build_decoded_loaders(root, spec)
