@@ -302,11 +302,19 @@ def claim(folder: Path, j: dict[str, Any]) -> Iterator[bool]:
     except FileExistsError:
         try:
             os.kill(int(path.read_text() or 0), 0)
+        except FileNotFoundError:  # its owner finished with it meanwhile
             yield False
             return
         except (ProcessLookupError, ValueError):
             path.unlink(missing_ok=True)
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:  # another worker took the dead owner's claim over first
+                yield False
+                return
+        else:  # a live owner (outside the try: an error of the caller's body is not caught here)
+            yield False
+            return
     os.write(fd, str(os.getpid()).encode())
     os.close(fd)
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -286,3 +287,31 @@ def test_the_comparison_family_is_fixed_by_the_design(study: ModuleType, tmp_pat
     assert all(c["a"] == [] and c["b"] == [] for c in empty)
     md = study.write_report(args, {})
     assert f"Bonferroni-corrected over all {len(empty)}" in md and "| pending |" in md
+
+
+def test_a_claim_released_or_taken_over_meanwhile_is_not_this_workers(study: ModuleType, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The claim file of a point another worker holds can vanish between the failed exclusive
+    create and reading its owner (the owner finished: CI's tiny study died of FileNotFoundError
+    there); then the point is not this worker's. A live owner's claim is not taken, a dead
+    owner's is, and a claim is released at the end."""
+    monkeypatch.setattr(study, "key", lambda j: ("p", 1))
+    path = tmp_path / "p_1.claim"
+    path.write_text(str(os.getpid()))
+    read = Path.read_text
+
+    def released_first(self: Path, *args, **kwargs) -> str:  # type: ignore[no-untyped-def]
+        self.unlink(missing_ok=True)
+        return read(self, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(Path, "read_text", released_first)
+        with study.claim(tmp_path, {}) as mine:
+            assert mine is False
+    path.write_text(str(os.getpid()))
+    with study.claim(tmp_path, {}) as mine:
+        assert mine is False and path.exists()
+    path.write_text("999999999")  # no such process
+    with study.claim(tmp_path, {}) as mine:
+        assert mine is True and path.read_text() == str(os.getpid())
+    assert not path.exists()
