@@ -31,6 +31,7 @@ def test_a_second_job_closes_the_first_jobs_train_log(tmp_path: Path) -> None:
             root.removeHandler(h)
             if h not in saved[0]:
                 h.close()
-        for h in saved[0]:
-            root.addHandler(h)
+        for h in saved[0]:  # not an earlier in-process job's log file, which setup_logging closed
+            if not isinstance(h, logging.FileHandler) or h.stream is not None:
+                root.addHandler(h)
         root.setLevel(saved[1])
