@@ -60,6 +60,20 @@ def _ranks_reported(directory: str) -> bool:
     return any(Path(directory).glob("exit-*-*"))
 
 
+def _all_preempted(directory: str) -> bool:
+    """Whether every rank of the latest group wrote 75 (each took the stop: saved, or nothing to
+    save yet), read as the launch scripts read it (``launch/lib.sh``'s ``latest_restart``)."""
+    codes: dict[int, list[str]] = {}
+    for path in Path(directory).glob("exit-*-*"):
+        try:
+            restart = int(path.name.split("-")[1])
+            first = path.read_text().split("\n", 1)[0].strip()
+        except (OSError, ValueError):
+            return False
+        codes.setdefault(restart, []).append(first)
+    return bool(codes) and all(code == str(_PREEMPTED) for code in codes[max(codes)])
+
+
 _PREEMPTED = 75  # largebatch.errors.EXIT_PREEMPTED
 _STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # largebatch.errors.STOP_SIGNALS (no torch import here)
 
@@ -155,6 +169,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # stop: importing torch alone takes seconds, and the default action was exit 143
         for sig in _STOPS:
             signal.signal(sig, lambda signum, frame: _exit_early(directory, signum))
+        if LAUNCHER_PID in os.environ:  # under launch/*.sh: end with the launch shell, from before
+            # the seconds of torch imports on (a SIGKILL of the shell then left this agent to start
+            # its ranks unsupervised); the SIGTERM it sends is the early stop above until torchrun's
+            # handlers are in
+            die_with_parent(expected_parent(LAUNCHER_PID))
 
     import torch.distributed.elastic.multiprocessing.api as processes
     import torch.distributed.launcher.api as launcher
@@ -166,8 +185,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not directory:
         torchrun_main(args)
         return 0
-    if LAUNCHER_PID in os.environ:  # under launch/*.sh: end with the launch shell
-        die_with_parent(expected_parent(LAUNCHER_PID))
     os.environ[AGENT_PID] = str(os.getpid())  # the parent each rank expects (largebatch.launch.lifetime)
     launcher.LocalElasticAgent = _agent_class(directory)
     processes._terminate_process_handler = _once(processes._terminate_process_handler)
@@ -187,6 +204,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if e.sigval in _STOPS and not _ranks_reported(directory):
             _report_early_stop(directory, e.sigval)
             return _PREEMPTED
+        if e.sigval in _STOPS and _all_preempted(directory):
+            return _PREEMPTED  # the ranks took the stop (saved, or had nothing to save yet)
     if code and not _ranks_reported(directory):
         formatter = logging.Formatter("%(levelname).1s%(asctime)s %(process)d %(name)s] %(message)s")
         for record in held.records:
