@@ -76,6 +76,13 @@ def test_dali_on_an_unchecked_folder_exits_2_naming_the_check(
 
 
 def test_auto_reads_with_dali_only_once_the_set_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the decoded store has no room (a disk with 1 kB free: ``auto`` prefers the store
+    on a CPU host where it fits, tests/test_decoded_loader.py), DALI once the set is checked."""
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
     monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "cache"))
     root = make_synthetic_imagenet(tmp_path / "set", num_classes=2, train_per_class=8,
                                    val_per_class=2, image_size=24)
@@ -83,13 +90,14 @@ def test_auto_reads_with_dali_only_once_the_set_is_checked(tmp_path: Path, monke
             "data.image_size=16"]
     assert main([*args, f"run_dir={tmp_path / 'before'}"]) == 0
     log = (tmp_path / "before" / "train.log").read_text()
+    assert "data.loader=auto: not the decoded store: it would take" in log
     assert "data.loader=auto: reading with torchvision, not DALI" in log
     assert f"largebatch-check-data {root}" in log and "input pipeline: torchvision" in log
 
     assert check_dataset(root, workers=1).ok
     assert main([*args, f"run_dir={tmp_path / 'after'}"]) == 0
     log = (tmp_path / "after" / "train.log").read_text()
-    assert "input pipeline: DALI, CPU decode" in log and "data.loader=auto" not in log
+    assert "input pipeline: DALI, CPU decode" in log and "data.loader=auto: reading" not in log
     assert _summary(tmp_path / "after")["steps"] == 2
 
 

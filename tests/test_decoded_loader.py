@@ -144,3 +144,59 @@ def test_a_run_trains_from_the_store_and_resumes_mid_epoch_bit_for_bit(cache: Pa
     assert b["train_state"]["step"] == 8
     different = [k for k in a if not torch.equal(a[k], b["model"][k])]
     assert not different, f"{len(different)} tensors differ after the resume, e.g. {different[:3]}"
+
+
+def _cpu_host() -> object:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(name="cpu", is_main=True, barrier=lambda: None, broadcast_object=lambda obj: obj)
+
+
+def test_auto_on_a_cpu_host_reads_the_store_that_fits_and_says_why(root: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """Item 4: ``data.loader=auto`` on the CPU backend reads from the decoded store when it is
+    built already or takes at most half the cache's free space; a cache without that room, or
+    ``rect_val`` (the torchvision loader's), keeps the loader auto chose before, the log saying why."""
+    import logging
+    import shutil as shutil_module
+    from collections import namedtuple
+
+    from largebatch.data.build import build_run_loaders
+    from largebatch.data.pipelines.decoded import DecodedLoader
+
+    caplog.set_level(logging.INFO, logger="largebatch")
+    monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "cache"))
+    train, _, _ = build_run_loaders(root, SPEC, loader="auto", shards=None, backend=_cpu_host())
+    assert isinstance(train, DecodedLoader)
+    notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("data.loader=auto")]
+    assert len(notes) == 1 and notes[0].startswith(
+        "data.loader=auto: reading with the decoded store, the fastest input on a CPU host: the images are decoded "
+        "once into 50.2 kB of the "), notes
+    assert notes[0].endswith(f" free in {tmp_path}")  # the cache folder does not exist yet: its parent's disk
+
+    caplog.clear()
+    build_run_loaders(root, SPEC, loader="auto", shards=None, backend=_cpu_host())
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("data.loader=auto")] == [
+        f"data.loader=auto: reading with the decoded store (50.2 kB in {tmp_path / 'cache'}, built by an earlier "
+        "run), the fastest input on a CPU host"]
+
+    # a nearly full disk: 60 kB free, and the 50.2 kB stores would take more than half
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil_module, "disk_usage", lambda path: usage(10**9, 10**9 - 60_000, 60_000))
+    monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "full"))
+    caplog.clear()
+    train, _, _ = build_run_loaders(root, SPEC, loader="auto", shards=None, backend=_cpu_host())
+    assert not isinstance(train, DecodedLoader)
+    notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("data.loader=auto")]
+    assert notes[0] == (f"data.loader=auto: not the decoded store: it would take 50.2 kB of the 60.0 kB free in "
+                        f"{tmp_path} (auto takes at most half); set LARGEBATCH_CACHE to a folder with room for it, "
+                        "or data.loader=decoded to build it anyway")
+    assert not (tmp_path / "full").exists()
+
+    monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "cache"))  # built, but rect_val is torchvision's
+    caplog.clear()
+    train, _, _ = build_run_loaders(root, replace(SPEC, rect_val=True), loader="auto", shards=None,
+                                    backend=_cpu_host())
+    assert not isinstance(train, DecodedLoader)
+    assert not [r for r in caplog.records if "decoded store" in r.getMessage()]

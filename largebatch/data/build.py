@@ -11,12 +11,13 @@ val loaders:
   augmented on ``device`` (:mod:`largebatch.data.pipelines.nvjpeg`; on a CPU device it decodes there);
 * ``loader="decoded"``: each split decoded once into a store in the cache, batches cut and
   augmented as a whole (:mod:`largebatch.data.pipelines.decoded`);
-* ``loader="auto"``: DALI where it is installed and the set is checked, else nvjpeg on a CUDA
-  device and torchvision elsewhere, with a log line saying why;
+* ``loader="auto"``: on the CPU backend the decoded store where it is built or fits in half the
+  cache's free space (the fastest CPU input); else DALI where it is installed and the set is
+  checked, else nvjpeg on a CUDA device and torchvision elsewhere, with a log line saying why;
 * ``shards=DIR``: DALI's webdataset reader over ``largebatch-make-shards`` output.
 
-Rank 0 decides between DALI and torchvision and tells the others, so every rank reads with the
-same pipeline. What every pipeline is told comes as one :class:`LoaderSpec` (built once by
+Rank 0 decides between the decoded store, DALI and torchvision and tells the others, so every
+rank reads with the same pipeline. What every pipeline is told comes as one :class:`LoaderSpec` (built once by
 ``run._data``); no config object.
 """
 
@@ -158,6 +159,25 @@ def _agree_on_dali(requested: str, root: Path, backend: Backend, fallback: str) 
     return decision._replace(file_lists=lists)
 
 
+def _agree_on_decoded(root: Path, spec: LoaderSpec, backend: Backend) -> bool:
+    """``data.loader=auto`` on the CPU backend: rank 0 decides whether every rank reads from the
+    decoded stores (:func:`~largebatch.data.pipelines.decoded.auto_choice`) and logs why. Not where
+    ``rect_val`` needs the torchvision loader, nor on a folder the loaders will refuse (their
+    builders name what is wrong with it)."""
+    decided: tuple[bool, Optional[str]] = (False, None)
+    if backend.is_main and not spec.rect_val and root.is_dir():
+        from largebatch.data.pipelines.decoded import auto_choice
+
+        try:
+            decided = auto_choice(root, spec)
+        except DataError:  # no train/ or val/, no images: the loader built next says so
+            pass
+    use, note = backend.broadcast_object(decided)
+    if note and backend.is_main:
+        log.info("%s", note)
+    return bool(use)
+
+
 def _log_resolution(spec: LoaderSpec) -> None:
     """The run log's line for ``data.resolution`` (every pipeline follows it), when it is set."""
     if not (spec.resized or spec.rect_val):
@@ -268,7 +288,7 @@ def build_run_loaders(
         warn_side_above_images(root, spec)
     if shards:
         return _shard_loaders(shards, spec, loader=loader, backend=backend)
-    if loader == "decoded":
+    if loader == "decoded" or (loader == "auto" and backend.name == "cpu" and _agree_on_decoded(root, spec, backend)):
         return _decoded_loaders(root, spec, backend)
     fallback = "nvjpeg" if loader == "nvjpeg" or (loader == "auto" and spec.on_gpu) else "torchvision"
     decision = DaliDecision(False) if loader in ("torchvision", "nvjpeg") else _agree_on_dali(

@@ -19,7 +19,6 @@ folder, 74 when the cache cannot be written or has no room for a store.
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -40,13 +39,12 @@ def _describe(store: PlannedStore, note: str) -> str:
 
 
 def _plan(planned: list[PlannedStore], cache: Path) -> int:
-    from largebatch.data.pipelines.decoded import size_text
+    from largebatch.data.pipelines.decoded import cache_free_space, size_text
 
     for store in planned:
         print(_describe(store, "built" if store.built else "to build"))
     to_build = sum(s.bytes for s in planned if not s.built)
-    existing = next((p for p in (cache, *cache.parents) if p.exists()), Path("/"))
-    free = shutil.disk_usage(existing).free
+    existing, free = cache_free_space(cache)
     fits = "fits" if to_build <= free else "does NOT fit: free space, lower the sides, or set LARGEBATCH_CACHE"
     print(f"to build: {size_text(to_build)}; {existing} has {size_text(free)} free ({fits})")
     return 0

@@ -44,6 +44,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import time
 import weakref
 from collections import deque
@@ -71,8 +72,9 @@ from largebatch.data.loader_view import UnreadableTally
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler, sample_seed
 from largebatch.errors import DataError
 
-__all__ = ["TRAIN_SIDE_CAP", "DecodedLoader", "PlannedStore", "StoreSides", "build_decoded_loaders",
-           "decoded_cache_root", "ensure_decoded_stores", "planned_stores", "size_text", "store_sides"]
+__all__ = ["AUTO_SHARE_OF_FREE", "TRAIN_SIDE_CAP", "AutoChoice", "DecodedLoader", "PlannedStore", "StoreSides",
+           "auto_choice", "build_decoded_loaders", "cache_free_space", "decoded_cache_root", "ensure_decoded_stores",
+           "planned_stores", "size_text", "store_sides"]
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +148,48 @@ def planned_stores(root: str | os.PathLike, spec: LoaderSpec, *, cache: Optional
         planned.append(PlannedStore(split, side, count, store_bytes(count, side), folder,
                                     (folder / HEADER_NAME).is_file()))
     return planned
+
+
+def cache_free_space(cache: Path) -> tuple[Path, int]:
+    """The nearest existing folder of ``cache`` (it may not exist yet) and its disk's free bytes."""
+    existing = next((p for p in (cache, *cache.parents) if p.exists()), Path("/"))
+    return existing, shutil.disk_usage(existing).free
+
+
+# data.loader=auto builds decoded stores only where they take at most this share of the cache's
+# free space: a run's checkpoints and logs, and the user's other files, often share that disk, and
+# a store that nearly filled it would fail their next write (ImageNet's training images stored at
+# 336 px are ~434 GB). data.loader=decoded builds them whatever they take.
+AUTO_SHARE_OF_FREE = 0.5
+
+
+class AutoChoice(NamedTuple):
+    """``data.loader=auto``'s answer on a CPU host: read from the decoded stores or not, and why."""
+
+    decoded: bool
+    note: str
+
+
+def auto_choice(root: str | os.PathLike, spec: LoaderSpec, *, cache: Optional[Path] = None) -> AutoChoice:
+    """Whether ``data.loader=auto`` reads ``root`` from decoded stores: where they are built
+    already, or their bytes to build are at most :data:`AUTO_SHARE_OF_FREE` of the cache's free
+    space (the fastest CPU input: no JPEG decode after the first run, each batch augmented
+    whole; ``benchmarks/README.md``). The note says which, with the sizes, for the run's log."""
+    cache = decoded_cache_root() if cache is None else cache
+    planned = planned_stores(root, spec, cache=cache)
+    to_build = sum(store.bytes for store in planned if not store.built)
+    every = size_text(sum(store.bytes for store in planned))
+    if not to_build:
+        return AutoChoice(True, f"data.loader=auto: reading with the decoded store ({every} in {cache}, built by an "
+                                "earlier run), the fastest input on a CPU host")
+    where, free = cache_free_space(cache)
+    if to_build <= AUTO_SHARE_OF_FREE * free:
+        return AutoChoice(True, f"data.loader=auto: reading with the decoded store, the fastest input on a CPU host: "
+                                f"the images are decoded once into {size_text(to_build)} of the {size_text(free)} "
+                                f"free in {where}")
+    return AutoChoice(False, f"data.loader=auto: not the decoded store: it would take {size_text(to_build)} of the "
+                             f"{size_text(free)} free in {where} (auto takes at most half); set LARGEBATCH_CACHE to a "
+                             f"folder with room for it, or data.loader=decoded to build it anyway")
 
 
 def ensure_decoded_stores(root: str | os.PathLike, spec: LoaderSpec, *, cache: Optional[Path] = None,
