@@ -11,7 +11,8 @@ One run measures, on the same files and the same card:
   ``synthetic`` (one batch already on the GPU: the model-only ceiling), then ``torchvision``
   (DataLoader workers decode with Pillow, pinned copies), ``nvjpeg`` (workers read bytes, the
   GPU decodes and augments: ``largebatch.data.pipelines.nvjpeg``), ``dali`` (``mixed`` decode, if
-  installed; at least 50 timed steps). Columns: img/s; MFU twice (see below); input stall =
+  installed; at least 50 timed steps), ``decoded`` (batches cut from a store decoded once:
+  ``largebatch.data.pipelines.decoded``; the CPU input of a CPU host, on ``--device cpu``). Columns: img/s; MFU twice (see below); input stall =
   ``1 - img/s / synthetic img/s`` of the same model, precision, layout, compile mode and
   optimizer (the share of the model's rate the input costs; the host's time in ``next()``
   is not it: a saturated GPU makes the host wait there too); GPU idle per step = time no
@@ -275,6 +276,10 @@ def loader_batches(kind: str, args: argparse.Namespace, device: torch.device, ch
         from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 
         train, _, _ = build_nvjpeg_loaders(args.root, spec)
+    elif kind == "decoded":
+        from largebatch.data.pipelines.decoded import build_decoded_loaders
+
+        train, _, _ = build_decoded_loaders(args.root, spec)  # the store is built on first use, before the rows
     else:
         from largebatch.data.pipelines.torchvision import build_loaders
 
@@ -329,9 +334,14 @@ def config_name(model_name: str, data: str, precision: str, channels_last: bool,
                 optimizer: str, args: argparse.Namespace) -> str:
     name = f"{model_name} {data} {precision} {'NHWC' if channels_last else 'NCHW'} "
     name += f"{'eager' if compile_mode == 'none' else 'compile=' + compile_mode} {optimizer}"
-    if data in ("torchvision", "nvjpeg", "dali"):
-        name += f" ({args.workers} workers)" if data != "dali" else f" ({args.workers} threads)"
+    if data in ("torchvision", "nvjpeg", "dali", "decoded"):
+        name += f" ({args.workers} {_workers_word(data)})"
     return name
+
+
+def _workers_word(data: str) -> str:
+    """What ``--workers`` counts for a pipeline: DataLoader processes, or threads."""
+    return "threads" if data in ("dali", "decoded") else "workers"
 
 
 def measure(step: Callable[[torch.Tensor, torch.Tensor], None], batches: Iterator, data: str,
@@ -400,7 +410,7 @@ def loader_row(data: str, precision: str, channels_last: bool, args: argparse.Na
     ips = steps * args.batch / (time.perf_counter() - t0)
     del batches
     gc.collect()
-    workers = f"{args.workers} threads" if data == "dali" else f"{args.workers} workers"
+    workers = f"{args.workers} {_workers_word(data)}"
     return Row("loader", f"{data} {precision} {'NHWC' if channels_last else 'NCHW'}, no model ({workers})", ips)
 
 
@@ -470,7 +480,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--root", type=Path, default=None, help="ImageFolder root with train/ and val/")
     p.add_argument("--model", nargs="+", default=["resnet50"])
     p.add_argument("--data", nargs="+", default=["synthetic", "torchvision", "nvjpeg", "dali"],
-                   choices=["synthetic", "torchvision", "nvjpeg", "dali"])
+                   choices=["synthetic", "torchvision", "nvjpeg", "dali", "decoded"])
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                    help="DataLoader workers / DALI threads / decode processes (default: every core)")
     p.add_argument("--precisions", nargs="+", default=["bf16", "fp16"], choices=list(DTYPES))
@@ -505,7 +515,15 @@ def main(argv: Optional[list[str]] = None) -> int:
             print("DALI is not installed: no dali rows")
             args.data = [d for d in args.data if d != "dali"]
     if set(args.data) - {"synthetic"} and not args.root:
-        p.error("--data torchvision/nvjpeg/dali needs --root (or --make-data)")
+        p.error("--data torchvision/nvjpeg/dali/decoded needs --root (or --make-data)")
+    if "decoded" in args.data:  # decode the store once now, not inside a timed row
+        from largebatch.data.contract import LoaderSpec
+        from largebatch.data.pipelines.decoded import ensure_decoded_stores
+
+        t0 = time.perf_counter()
+        ensure_decoded_stores(args.root, LoaderSpec(image_size=args.image_size, batch_size=args.batch,
+                                                    workers=args.workers), announce=False)
+        print(f"decoded store ready in {time.perf_counter() - t0:.1f} s (built once, then mapped)")
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
         torch.backends.cuda.matmul.allow_tf32 = True

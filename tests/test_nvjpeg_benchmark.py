@@ -27,27 +27,30 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 
 
 def test_throughput_script_prints_every_cpu_row_and_column(
-    bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture
+    bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "cache"))  # the decoded store's
     assert bench.main(["--device", "cpu", "--make-data", str(tmp_path / "jpegs"), "--files", "24", "--classes", "3",
                        "--model", "resnet10t", "--image-size", "32", "--batch", "4", "--steps", "2", "--warmup", "1",
                        "--precisions", "fp32", "--compile", "none", "--workers", "1",
-                       "--data", "torchvision", "nvjpeg"]) == 0
+                       "--data", "torchvision", "nvjpeg", "decoded"]) == 0
     out = capsys.readouterr().out
+    assert "decoded store ready in" in out and any((tmp_path / "cache").glob("decoded-*-train-*px"))
     assert "wrote 27 JPEGs" in out and "command: python" in out and "torch " in out and "CPU (" in out
     header = next(line for line in out.splitlines() if line.startswith("| kind |"))
     assert [c.strip() for c in header.strip("|").split("|")] == COLUMNS
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines()
             if re.match(r"^\| (decode|loader|train) \|", line)]
     assert all(len(r) == len(COLUMNS) for r in rows)
-    assert [r[0] for r in rows] == ["decode"] * 3 + ["loader"] * 2 + ["train"] * 3
+    assert [r[0] for r in rows] == ["decode"] * 3 + ["loader"] * 3 + ["train"] * 4
     loader = {r[1].split()[0]: r for r in rows if r[0] == "loader"}
-    assert set(loader) == {"torchvision", "nvjpeg"} and all("no model" in r[1] for r in loader.values())
+    assert set(loader) == {"torchvision", "nvjpeg", "decoded"} and all("no model" in r[1] for r in loader.values())
     train = {r[1].split()[1]: r for r in rows if r[0] == "train"}
-    assert list(train) == ["synthetic", "torchvision", "nvjpeg"]  # synthetic added: the stall's reference
+    assert list(train) == ["synthetic", "torchvision", "nvjpeg", "decoded"]  # synthetic added: the stall's reference
     assert train["synthetic"][5] == "n/a"
     synthetic = float(train["synthetic"][2].replace(",", ""))
-    for name in ("torchvision", "nvjpeg"):
+    assert "(1 threads)" in train["decoded"][1] and "(1 workers)" in train["nvjpeg"][1]
+    for name in ("torchvision", "nvjpeg", "decoded"):
         ips = float(train[name][2].replace(",", ""))
         stall = float(train[name][5].rstrip("%")) / 100
         # the printed img/s are rounded to 1 img/s and the stall to 0.1%: the stall is
