@@ -8,6 +8,7 @@ CUDA case runs here with only ``torch.cuda``'s stream and device calls stood in.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -152,3 +153,55 @@ def test_the_thread_runs_on_the_consumers_device_and_hands_items_over_with_event
     assert len(producer) == 1 and consumer not in [s for e in consumer.waited for s in e.recorded_on]
     # every tensor of every item is marked as used by the consumer's stream
     assert len(recorded) == 6 and all(s is consumer for _, s in recorded)
+
+
+def test_one_intraop_thread_here_leaves_every_other_thread_its_count() -> None:
+    """The decoded loader's augmenting threads run their operators on one intra-op thread
+    (their OpenMP teams would contend with the step's on a host with few cores); the training
+    thread, and a thread started afterwards, keep the process's count (torch.set_num_threads(1)
+    would have set it for every later thread)."""
+    from largebatch.data.background import one_intraop_thread_here
+
+    main_count = torch.get_num_threads()
+    seen: list[object] = []
+
+    def augmenting() -> None:
+        seen.append((one_intraop_thread_here(), torch.get_num_threads()))
+
+    def later() -> None:
+        seen.append(torch.get_num_threads())
+
+    for target in (augmenting, later):
+        thread = threading.Thread(target=target)
+        thread.start()
+        thread.join()
+    assert seen == [(True, 1), main_count]
+    assert torch.get_num_threads() == main_count
+
+
+def test_the_decoded_loaders_threads_augment_on_one_intraop_thread(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each augmenting thread of a pass (2 here, and the one background thread of data.workers=1)
+    runs at one intra-op thread; the consumer's count is unchanged."""
+    from largebatch.data.contract import LoaderSpec
+    from largebatch.data.pipelines import decoded
+    from largebatch.data.synthetic import make_synthetic_imagenet
+
+    root = make_synthetic_imagenet(tmp_path / "ds", num_classes=2, train_per_class=8, val_per_class=2, image_size=24)
+    main_count = torch.get_num_threads()
+    counts: list[int] = []
+    original = decoded.DecodedLoader.batch
+
+    def batch(self: Any, *args: Any) -> Any:
+        counts.append(torch.get_num_threads())
+        return original(self, *args)
+
+    monkeypatch.setattr(decoded.DecodedLoader, "batch", batch)
+    for workers in (2, 1):
+        counts.clear()
+        spec = LoaderSpec(image_size=16, batch_size=4, workers=workers)
+        decoded.ensure_decoded_stores(root, spec, cache=tmp_path / "cache", announce=False)
+        train, _, _ = decoded.build_decoded_loaders(root, spec, cache=tmp_path / "cache")
+        assert len(list(train)) == 4
+        assert counts == [1] * 4, (workers, counts)
+        assert torch.get_num_threads() == main_count

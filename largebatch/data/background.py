@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
+import os
 import queue
 import threading
 from typing import Any, Callable, Generator, Iterator, Optional, TypeVar
 
 import torch
 
-__all__ = ["cuda_device_index", "in_background"]
+__all__ = ["cuda_device_index", "in_background", "one_intraop_thread_here"]
 
 T = TypeVar("T")
 
@@ -31,6 +34,44 @@ def cuda_device_index(device: Any) -> int:
     """The CUDA device ``device`` names; the current one for ``"cuda"`` without an index."""
     index = torch.device(device).index
     return torch.cuda.current_device() if index is None else index  # gpu-only
+
+
+@functools.lru_cache(maxsize=1)
+def _openmp_runtimes() -> tuple[ctypes.CDLL, ...]:
+    """The OpenMP runtimes mapped into this process (torch's libgomp; libiomp5 or libomp in
+    other builds), found in ``/proc/self/maps``; none off Linux."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = {line.split(None, 5)[-1].strip() for line in maps if "/lib" in line}
+    except OSError:
+        return ()
+    runtimes = []
+    for path in sorted(paths):
+        if os.path.basename(path).startswith(("libgomp", "libiomp5", "libomp")):
+            try:
+                runtime = ctypes.CDLL(path)
+                runtime.omp_set_num_threads.argtypes = [ctypes.c_int]
+            except (OSError, AttributeError):
+                continue
+            runtimes.append(runtime)
+    return tuple(runtimes)
+
+
+def one_intraop_thread_here() -> bool:
+    """Run this thread's torch CPU operators on one thread, every other thread's count unchanged;
+    True where that took (torch's intra-op parallelism is OpenMP's, whose thread count is kept
+    per calling thread).
+
+    Why: a loader thread augmenting batches beside the training step would open OpenMP teams of
+    its own while the step's run: on a host with few cores the two teams' threads wait on each
+    other (each parallel region ends only when all its threads were scheduled), and the step
+    slows by more than the augmentation costs. A batch's augmentation is small; its parallelism
+    is the loader's threads. Not ``torch.set_num_threads(1)``: torch also keeps that count
+    process-wide, for every thread started later (a checkpoint writer, the next pass's threads)."""
+    torch.get_num_threads()  # torch's per-thread set-up first: it would set this thread's count back
+    for runtime in _openmp_runtimes():
+        runtime.omp_set_num_threads(1)
+    return torch.get_num_threads() == 1
 
 
 _DONE = object()  # the producer's last item

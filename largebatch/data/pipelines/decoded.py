@@ -33,8 +33,11 @@ a flip, one normalising kernel), which release the GIL. They run in a background
 (:func:`largebatch.data.background.in_background`), a batch or two ahead of the step, so the
 augmentation overlaps the step instead of adding to it; with ``data.workers`` above 1 that
 thread keeps ``data.workers`` batches in flight on as many threads, handed over in order (a
-batch is a function of its place, so the threads change only the pace). ``data.workers``
-threads also decode the images when the store is built.
+batch is a function of its place, so the threads change only the pace). On the CPU each of
+these threads runs its operators on one intra-op thread
+(:func:`~largebatch.data.background.one_intraop_thread_here`), so they never open OpenMP teams
+that contend with the step's. ``data.workers`` threads also decode the images when the store is
+built.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from typing import Generator, Iterator, NamedTuple, Optional
 import torch
 
 from largebatch.data.augment import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, CropRecipe, normalise_cast
-from largebatch.data.background import in_background
+from largebatch.data.background import in_background, one_intraop_thread_here
 from largebatch.data.batched_crop import augment_same_size, resized_crops
 from largebatch.data.contract import LoaderSpec
 from largebatch.data.decoded_store import (
@@ -294,11 +297,14 @@ class DecodedLoader:
         count = len(rows) // self.batch_size if self.train else -(-len(rows) // self.batch_size)
 
         def batches() -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
+            if self.prefetch_batches > 0 and self.device.type == "cpu":  # in a background thread
+                one_intraop_thread_here()
             if self.threads == 1:
                 for k in range(count):
                     yield self.batch(rows[k * self.batch_size : (k + 1) * self.batch_size], epoch, first + k)
                 return
-            with ThreadPoolExecutor(self.threads, thread_name_prefix="decoded-augment") as pool:
+            with ThreadPoolExecutor(self.threads, thread_name_prefix="decoded-augment",
+                                    initializer=one_intraop_thread_here) as pool:
                 pending: deque[Future] = deque()
                 try:
                     for k in range(count):
