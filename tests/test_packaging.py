@@ -70,6 +70,18 @@ def test_setup_env_refuses_a_fresh_venv_without_the_space_for_it(tmp_path: Path,
     assert not venv.exists() and not (tmp_path / "sub").exists()
 
 
+def test_setup_env_leaves_the_headroom_asked_for(tmp_path: Path) -> None:
+    """scripts/test.sh sets up .venv-xla beside the suite only with room left for the suite's
+    files (HEADROOM_GIB on top of the venv's need)."""
+    venv = tmp_path / "venv"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "NEED_GIB": "0", "HEADROOM_GIB": str(10**9),
+           "VENV_XLA": str(venv)}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "setup_env.sh"), "xla"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 74 and f"and {10**9} GiB left for other work" in proc.stderr, proc.stderr
+    assert not venv.exists()
+
+
 def _floor(requirement: str) -> str:
     import re
 

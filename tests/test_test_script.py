@@ -1,6 +1,7 @@
 """scripts/test.sh, the README's test command (issue 70): .venv-xla is set up while the main
-environment's tests run, and the XLA tests start only once it is ready; a failed set-up ends the
-run with its output. The script runs as it is, in a copy of the tree whose set-up scripts and
+environment's tests run, after .venv is in and only where the disk has room for both (else after
+the suite), and the XLA tests start only once it is ready; a failed set-up ends the run with its
+output. The script runs as it is, in a copy of the tree whose set-up scripts and
 pytest are stand-ins that write down when they start and end (the real ones take minutes; CI
 runs them)."""
 
@@ -22,15 +23,19 @@ def _executable(path: Path, text: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-def _tree(tmp_path: Path, xla_setup_exit: int) -> Path:
+def _tree(tmp_path: Path, xla_setup_exit: int, room_beside_suite: bool = True) -> Path:
     tree = tmp_path / "tree"
     (tree / "scripts").mkdir(parents=True)
     shutil.copy(ROOT / "scripts" / "test.sh", tree / "scripts" / "test.sh")
     events = tree / "events"
-    # main's set-up returns at once, xla's takes 2 s (it runs beside the main tests, which take 1 s)
+    # main's set-up returns at once, xla's takes 2 s (it runs beside the main tests, which take 1 s);
+    # without room beside the suite, xla's exits 74 (setup_env.sh's "no space") where asked for
+    # headroom
     _executable(tree / "scripts" / "setup_env.sh", f"""#!/usr/bin/env bash
 if [[ $1 == xla && ! -e {tree}/xla-ready ]]; then
-  echo "setup xla start" >> {events}; sleep 2; echo "pip says why" ; echo "setup xla end" >> {events}
+  echo "setup xla start headroom=${{HEADROOM_GIB:-0}}" >> {events}
+  if [[ -n ${{HEADROOM_GIB:-}} && {int(room_beside_suite)} == 0 ]]; then echo "no room beside" >&2; exit 74; fi
+  sleep 2; echo "pip says why" ; echo "setup xla end" >> {events}
   [[ {xla_setup_exit} == 0 ]] && touch {tree}/xla-ready
   exit {xla_setup_exit}
 fi
@@ -58,7 +63,8 @@ def test_the_xla_venv_is_set_up_while_the_main_tests_run(tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stderr
     events = (tree / "events").read_text().splitlines()
     main_start = next(i for i, e in enumerate(events) if e.startswith("main tests start"))
-    assert events.index("setup xla start") < events.index("main tests end")  # side by side
+    xla_start = events.index("setup xla start headroom=4")  # room left for the suite's files
+    assert events.index("setup main") < xla_start < events.index("main tests end")  # after .venv, beside the tests
     xla = next(i for i, e in enumerate(events) if e.startswith("xla tests"))
     assert events.index("setup xla end") < xla
     assert "-n" in events[main_start].split() and "--dist loadgroup" in events[main_start]  # the whole suite: xdist
@@ -71,6 +77,19 @@ def test_a_failed_xla_setup_ends_the_run_with_its_output(tmp_path: Path) -> None
     assert "pip says why" in proc.stderr and proc.stderr.strip().splitlines()[-1].startswith(
         "test.sh: setting up .venv-xla failed"), proc.stderr
     assert "xla tests" not in (tree / "events").read_text()
+
+
+def test_without_room_beside_the_suite_the_xla_venv_is_set_up_after_it(tmp_path: Path) -> None:
+    """Two set-ups side by side each saw the same free space and filled the disk between them
+    (CI: pip's ENOSPC in .venv-xla). Where .venv-xla and the suite's files do not both fit, its
+    set-up says so at once (74) and runs after the suite, whose files are gone by then."""
+    tree = _tree(tmp_path, xla_setup_exit=0, room_beside_suite=False)
+    proc = _run(tree)
+    assert proc.returncode == 0, proc.stderr
+    events = (tree / "events").read_text().splitlines()
+    assert events.index("main tests end") < events.index("setup xla start headroom=0") < events.index(
+        "setup xla end") < next(i for i, e in enumerate(events) if e.startswith("xla tests"))
+    assert "no room beside" in proc.stderr and "setting up .venv-xla now, after the main suite" in proc.stderr
 
 
 def test_each_worker_gets_its_share_of_the_cores_as_threads(tmp_path: Path) -> None:
