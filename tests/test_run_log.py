@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import pytest
+
 from largebatch.engine.run_log import log_into_run_dir, setup_logging
 
 
@@ -34,4 +36,31 @@ def test_a_second_job_closes_the_first_jobs_train_log(tmp_path: Path) -> None:
         for h in saved[0]:  # not an earlier in-process job's log file, which setup_logging closed
             if not isinstance(h, logging.FileHandler) or h.stream is not None:
                 root.addHandler(h)
+        root.setLevel(saved[1])
+
+
+def test_a_train_log_that_cannot_be_written_says_so_once(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Several lines logged before the run directory existed (the data's, the loader's), then a
+    train.log every write to which fails (ENOSPC: /dev/full): one console line, not one per
+    line handed over, and no later record tries the file again."""
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        setup_logging(True)
+        for n in range(3):
+            logging.getLogger("largebatch").info("before the run directory %d", n)
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "train.log").symlink_to("/dev/full")
+        log_into_run_dir(tmp_path / "run")
+        logging.getLogger("largebatch").info("after")
+        out = capsys.readouterr().out
+        assert out.count("cannot write the run log") == 1 and "ENOSPC" in out, out
+        assert "after" in out and not [h for h in root.handlers if isinstance(h, logging.FileHandler)]
+    finally:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+            if h not in saved[0]:
+                h.close()
+        for h in saved[0]:
+            root.addHandler(h)
         root.setLevel(saved[1])

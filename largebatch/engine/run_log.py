@@ -26,13 +26,22 @@ _LOG_FORMAT = logging.Formatter("[%(asctime)s %(levelname)s] %(message)s", "%H:%
 class _RunLogFile(logging.FileHandler):
     """``train.log``: a write that fails (disk full, read-only) turns the file off with one
     console line naming it, instead of logging's traceback for every later record (the
-    console has the same lines)."""
+    console has the same lines). Off, it drops every later record: the ones logged before the
+    run directory existed are handed to it before it joins the root logger, and each would
+    otherwise open the file again and fail again."""
+
+    off = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.off:
+            super().emit(record)
 
     def handleError(self, record: logging.LogRecord) -> None:
         err = sys.exc_info()[1]
         if not isinstance(err, OSError):
             super().handleError(record)
             return
+        self.off = True
         logging.getLogger().removeHandler(self)
         try:
             self.close()
@@ -81,4 +90,5 @@ def log_into_run_dir(run_dir: Path) -> None:
         root.removeHandler(h)
         for record in h.records:
             fh.handle(record)
-    root.addHandler(fh)
+    if not fh.off:
+        root.addHandler(fh)
