@@ -61,6 +61,7 @@ def test_a_train_log_that_cannot_be_written_says_so_once(tmp_path: Path, capsys:
             root.removeHandler(h)
             if h not in saved[0]:
                 h.close()
-        for h in saved[0]:
-            root.addHandler(h)
+        for h in saved[0]:  # not an earlier in-process job's log file, which setup_logging closed
+            if not isinstance(h, logging.FileHandler) or h.stream is not None:
+                root.addHandler(h)
         root.setLevel(saved[1])
