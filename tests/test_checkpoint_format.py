@@ -115,7 +115,8 @@ def test_a_format_1_checkpoint_of_the_previous_main_resumes_exactly(tmp_path: Pa
     assert "format" not in written[step4.name], "the previous main should write format 1"
 
     run = tmp_path / "run"
-    _train(REPO, *RUN, f"run_dir={run}", f"resume={step4}")  # this code, in the same kind of process
+    # this code, in the same kind of process, reading as the previous main did (its default loader)
+    _train(REPO, *RUN, "data.loader=torchvision", f"run_dir={run}", f"resume={step4}")
     resumed = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])
     straight = written[checkpoint_name(2, 8)]
     assert resumed["format"] == 2 and resumed["train_state"]["step"] == 8

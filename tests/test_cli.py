@@ -124,8 +124,12 @@ def test_train_log_keeps_the_lines_logged_before_the_run_dir(cache: Path) -> Non
     run = cache / "run"
     assert main([*TINY, f"run_dir={run}", "max_steps=1"]) == 0
     log = (run / "train.log").read_text().splitlines()
-    assert "input pipeline: torchvision DataLoader" in log[0], log[:3]
-    assert any("global batch 32 = 32 per device" in line for line in log)
+    # the embedded preset's data.loader=auto: its choice, then the decoded store's line (no data
+    # check for DALI first: on the CPU backend auto reads the store)
+    assert "data.loader=auto: reading with the decoded store" in log[0], log[:3]
+    assert not any("for DALI" in line for line in log)
+    pipeline = next(i for i, line in enumerate(log) if "input pipeline: decoded store" in line)
+    assert pipeline < next(i for i, line in enumerate(log) if "global batch 32 = 32 per device" in line)
 
 
 @pytest.mark.parametrize(("warmup_epochs", "warned"), [(2, True), (3, True), (1.75, False)])

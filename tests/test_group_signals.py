@@ -165,7 +165,7 @@ def test_group_ctrl_c_saves_and_exits_75(tmp_path: Path) -> None:
     """A terminal's Ctrl-C reaches the whole foreground group: the first one saves, exit 75.
     During an evaluation, whose remaining batches the workers still have to read."""
     run = tmp_path / "run"
-    out, err, code = _run_signalled(run, "evaluation", "SIGINT", ["data.workers=2"])
+    out, err, code = _run_signalled(run, "evaluation", "SIGINT", ["data.loader=torchvision", "data.workers=2"])
     assert code == EXIT_PREEMPTED, (out, err)
     assert "Traceback" not in err and "largebatch: preempted:" in err, err
     # One line, from the main process: workers forked after it installed its handler
@@ -179,5 +179,5 @@ def test_group_ctrl_c_saves_and_exits_75(tmp_path: Path) -> None:
 def test_workers_end_with_a_crashed_run(tmp_path: Path) -> None:
     """Workers that ignore a stop signal still end when the main process dies of an error:
     the exit (which terminates the daemonic workers) neither hangs nor leaves an orphan."""
-    out, err, code = _run_signalled(tmp_path / "run", "crash", "SIGTERM", ["data.workers=2"])
+    out, err, code = _run_signalled(tmp_path / "run", "crash", "SIGTERM", ["data.loader=torchvision", "data.workers=2"])
     assert code == 1 and "a crash while the loader workers run" in err, (out, err)

@@ -99,6 +99,10 @@ def test_fp16_scaler_skip_does_not_advance_the_lr_schedule() -> None:
 
 # -- through the CLI: exit code 3 and one line naming step and rank --------------------------
 
+# the torchvision loader, whose training transform _nan_images poisons
+TV = "data.loader=torchvision"
+
+
 def _nan_images(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the real training transform return NaN images (test-side fault injection)."""
     import largebatch.data.pipelines.torchvision as folder
@@ -123,7 +127,7 @@ def test_cli_exits_3_naming_step_and_rank(
     from largebatch.errors import EXIT_NON_FINITE
 
     _nan_images(monkeypatch)
-    code = main(smoke("log_every=1", f"non_finite={policy}", "max_skipped_steps=2", f"run_dir={tmp_path / 'run'}"))
+    code = main(smoke(TV, "log_every=1", f"non_finite={policy}", "max_skipped_steps=2", f"run_dir={tmp_path / 'run'}"))
     err = capsys.readouterr().err.strip()
     assert code == EXIT_NON_FINITE == 3
     assert err.startswith("largebatch: error:") and "\n" not in err and pattern in err, err
@@ -162,7 +166,7 @@ def test_skipped_steps_are_logged_and_in_the_summary(
 
     _nan_images(monkeypatch)
     run = tmp_path / "run"
-    assert main(smoke("log_every=2", "non_finite=skip", "max_skipped_steps=100", "epochs=1", f"run_dir={run}")) == 0
+    assert main(smoke(TV, "log_every=2", "non_finite=skip", "max_skipped_steps=100", "epochs=1", f"run_dir={run}")) == 0
     assert json.loads((run / "summary.json").read_text())["skipped_steps"] == 4
     log = (run / "train.log").read_text()
     assert "step 2: 2 step(s) skipped so far for a non-finite loss" in log

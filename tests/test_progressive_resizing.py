@@ -142,8 +142,11 @@ def sides(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
     return seen
 
 
-# 4 steps per epoch (tests/smoke.py), 3 epochs: 16 px, then 24, then 32 (the set's images are 36 px)
-STEPS = ["epochs=3", "data.resolution.schedule=steps", "data.resolution.steps=[[0,16],[1,24],[2,32]]"]
+# 4 steps per epoch (tests/smoke.py), 3 epochs: 16 px, then 24, then 32 (the set's images are 36 px);
+# read by the torchvision loader, whose batches `sides` records (the decoded store's schedule:
+# tests/test_decoded_loader.py)
+TV = "data.loader=torchvision"
+STEPS = ["epochs=3", "data.resolution.schedule=steps", "data.resolution.steps=[[0,16],[1,24],[2,32]]", TV]
 
 
 def _epoch_records(run: Path) -> list[dict[str, Any]]:
@@ -169,7 +172,7 @@ def test_the_ramp_in_a_real_run(tmp_path: Path, sides: dict[str, list[int]]) -> 
     """16 -> 32 px over epochs 0..2 in multiples of 8: 16, 24, 32."""
     ramp = ["epochs=3", "data.resolution.schedule=ramp", "data.resolution.start_epoch=0",
             "data.resolution.end_epoch=2", "data.resolution.start_size=16", "data.resolution.end_size=32",
-            "data.resolution.multiple=8"]
+            "data.resolution.multiple=8", TV]
     assert main(smoke(*ramp, f"run_dir={tmp_path / 'run'}")) == 0
     assert sides["train"] == [16] * 4 + [24] * 4 + [32] * 4
     assert set(sides["val"]) == {16}  # eval_size null: data.image_size, as without a schedule
@@ -177,7 +180,7 @@ def test_the_ramp_in_a_real_run(tmp_path: Path, sides: dict[str, list[int]]) -> 
 
 def test_off_by_default_every_batch_at_image_size(tmp_path: Path, sides: dict[str, list[int]]) -> None:
     run = tmp_path / "run"
-    assert main(smoke("epochs=3", f"run_dir={run}")) == 0
+    assert main(smoke("epochs=3", TV, f"run_dir={run}")) == 0
     assert sides["train"] == [16] * 12 and set(sides["val"]) == {16}
     assert all("image_size" not in r for r in _epoch_records(run))  # the records of before
 

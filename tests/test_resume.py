@@ -223,11 +223,16 @@ def test_a_full_disk_while_checkpointing_exits_74_keeping_earlier_checkpoints(tm
     assert load_checkpoint(before[-1])["train_state"]["step"] == 2
 
 
-def test_mid_epoch_resume_with_2_loader_workers_is_exact(tmp_path: Path, straight: dict[str, torch.Tensor]) -> None:
-    """Stopped mid-epoch and resumed with 2 workers: the weights of the straight run (which
-    read with 0 workers), bit for bit: the crops depend on (seed, epoch, index) only."""
+@pytest.mark.parametrize("loader", ["decoded", "torchvision"])
+def test_mid_epoch_resume_with_2_loader_workers_is_exact(tmp_path: Path, loader: str) -> None:
+    """Stopped mid-epoch and resumed with 2 workers (the decoded store's threads, torchvision's
+    worker processes): the weights of the straight run that read with 0 workers, bit for bit:
+    the crops depend on (seed, epoch, index) only."""
+    exact = [*EXACT, f"data.loader={loader}"]
+    assert main([*exact, f"run_dir={tmp_path / 'straight'}"]) == 0
+    straight = _final_weights(tmp_path / "straight", expected_step=8)
     run = tmp_path / "run"
-    workers = [a for a in EXACT if not a.startswith("data.workers=")] + ["data.workers=2"]
+    workers = [a for a in exact if not a.startswith("data.workers=")] + ["data.workers=2"]
     assert main([*workers, f"run_dir={run}", "max_steps=5"]) == 0
     assert main([*workers, f"run_dir={run}", "resume=auto", "max_steps=null"]) == 0
     _assert_identical(straight, _final_weights(run, expected_step=8))

@@ -52,7 +52,7 @@ pytestmark = [
 # resumed); fp32 and one loader worker: the subject is SLURM. 4 epochs (32 steps, ~12 s on a quiet
 # machine) outlast a stop sent at the first checkpoint (it lands within a second), and the
 # requeued run has little left to do.
-ARGS = smoke("backend=cpu", "data.workers=1", "data.synthetic.train_per_class=16", "checkpoint.every_steps=1",
+ARGS = smoke("backend=cpu", "data.loader=torchvision", "data.workers=1", "data.synthetic.train_per_class=16", "checkpoint.every_steps=1",
              "precision=fp32")
 STEPS = 32
 EPOCHS = "epochs=4"  # STEPS steps

@@ -59,8 +59,9 @@ def resolve_data_root(
         root: an ImageFolder tree with ``train/`` and ``val/``; None: the embedded set.
         synthetic: the embedded set's ``ensure_synthetic`` arguments (``num_classes``,
             ``train_per_class``, ``val_per_class``, ``image_size``, ``seed``).
-        loader: ``torchvision``, ``nvjpeg``, ``dali`` or ``auto``. For ``dali`` and ``auto``
-            rank 0 also runs the data check on the embedded set, so DALI reads it out of the box.
+        loader: ``torchvision``, ``nvjpeg``, ``dali``, ``decoded`` or ``auto``. For ``dali``, and
+            ``auto`` off the CPU backend, rank 0 also runs the data check on the embedded set, so
+            DALI reads it out of the box (``auto`` on the CPU backend reads the decoded store).
         workers: processes that generate (and check) the images.
         backend: the run's backend (``is_main``, ``barrier``).
 
@@ -77,7 +78,7 @@ def resolve_data_root(
             made = ensure_synthetic(workers=max(1, workers), **synthetic)
         except OSError as err:  # the cache is read-only, under a file, full, not ours: one line, exit 74
             raise cache_write_error(err, default_dataset_root(**synthetic)) from None
-        if loader in ("dali", "auto"):
+        if loader == "dali" or (loader == "auto" and backend.name != "cpu"):
             ensure_checked(made, workers=max(1, workers))
     backend.barrier()
     return ensure_synthetic(**synthetic) if made is None else made

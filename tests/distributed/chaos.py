@@ -43,7 +43,7 @@ LAUNCH = ROOT / "launch" / "torchrun.sh"
 # 4 classes x 16 train images, batch 8 on 2 ranks: 8 steps an epoch; a checkpoint every step
 # (the newest 3 kept, which both runs' last steps are compared by). timm's test_resnet (a ResNet
 # with BN, 0.4M parameters): a step and its checkpoint cost a tenth of resnet10t's.
-ARGS = smoke("backend=cpu", "data.workers=1", "data.synthetic.train_per_class=16",
+ARGS = smoke("backend=cpu", "data.loader=torchvision", "data.workers=1", "data.synthetic.train_per_class=16",
              "checkpoint.every_steps=1", "precision=fp32", "model=resnet10t", "model.name=test_resnet",
              "schedule=cosine", "schedule.warmup_epochs=0.5")
 STEPS_PER_EPOCH = 8

@@ -24,7 +24,7 @@ from tests.smoke import smoke
 LAUNCH = Path(__file__).resolve().parents[2] / "launch"
 
 ARGS = smoke(
-    "backend=cpu", "data.workers=2", "data.synthetic.train_per_class=16",
+    "backend=cpu", "data.loader=torchvision", "data.workers=2", "data.synthetic.train_per_class=16",
     "epochs=3",  # 8 steps per epoch: 24 steps
     "checkpoint.every_steps=1", "precision=fp32",  # fp32: the subject is signals
 )

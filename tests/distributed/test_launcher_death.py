@@ -29,7 +29,7 @@ from tests.smoke import smoke
 LAUNCH = Path(__file__).resolve().parents[2] / "launch"
 ROOT = LAUNCH.parent
 ARGS = smoke(
-    "backend=cpu", "data.workers=1", "data.synthetic.train_per_class=16",
+    "backend=cpu", "data.loader=torchvision", "data.workers=1", "data.synthetic.train_per_class=16",
     "epochs=30",  # 8 steps per epoch: 240 steps, far more than the test waits for
     "checkpoint.every_steps=1", "precision=fp32",
 )

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.skipif(TINI is None, reason="tini is not installed (apt
 # resnet10t, named (it is also the default): the subject is the signal's path, not the model;
 # 10 epochs leave the signal time to arrive
 ARGS = smoke(
-    "backend=cpu", "model=resnet10t", "data.workers=1", "data.synthetic.train_per_class=16",
+    "backend=cpu", "model=resnet10t", "data.loader=torchvision", "data.workers=1", "data.synthetic.train_per_class=16",
     "epochs=10",  # 8 steps per epoch: 80 steps
     "checkpoint.every_steps=1", "precision=fp32",
 )
@@ -134,7 +134,7 @@ def test_docker_stop_of_two_ranks_with_loader_workers_exits_75_within_the_grace(
     command, as a cloud job runs it. Also ``tini -- launch/torchrun.sh`` with 2 ranks: the shell
     passes the signal on, each rank saves, exit 75 (debug=smoke: 4 steps an epoch)."""
     run = tmp_path / "run"
-    args = ["backend=cpu", "debug=smoke", "progress=false", "epochs=400", "data.workers=1", f"run_dir={run}"]
+    args = ["backend=cpu", "debug=smoke", "progress=false", "epochs=400", "data.loader=torchvision", "data.workers=1", f"run_dir={run}"]
     proc = _start([TINI, "--", str(LAUNCH / "torchrun.sh"), *args], _env(2))
     took = _stop_and_check(proc, run, proc.pid, ranks=2, steps=4 * 400)
     assert took < 10, f"exit 75 came {took:.1f} s after SIGTERM: docker stop would have SIGKILLed it (137)"
