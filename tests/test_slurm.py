@@ -56,6 +56,11 @@ ARGS = smoke("backend=cpu", "data.loader=torchvision", "data.workers=1", "data.s
              "precision=fp32")
 STEPS = 32
 EPOCHS = "epochs=4"  # STEPS steps
+# The preempted job runs twice as long: SLURM decides a preemption in its scheduling pass, which
+# it held back for ~15 s while the other scenarios' signalled jobs were saving (seen: the low job
+# ran its 32 steps to the end, and the high job started only after it)
+PREEMPTED_STEPS = 64
+PREEMPTED_EPOCHS = "epochs=8"
 # what a CPU-only cluster needs instead of the script's 8 GPUs and 64 CPUs per task
 SBATCH_CPU = ["--nodes=1", "--gpus-per-node=0", "--cpus-per-task=1"]
 # CPUs the jobs of every scenario but the preemption hold at most at once (two ranks take 2)
@@ -242,7 +247,7 @@ def _stop_by_preemption(env: dict[str, str], tmp: Path) -> Ran:
     take = cpus - SIDE_CPUS
     assert take > SIDE_CPUS, (f"the node has {cpus} CPUs, these tests need {2 * SIDE_CPUS + 1}: restart the "
                               f"cluster (scripts/slurm_cluster.sh stop; start) without LB_SLURM_CPUS")
-    job, out, run_dir = _start(env, tmp, EPOCHS, sbatch=("--partition=low", f"--cpus-per-task={take}"))
+    job, out, run_dir = _start(env, tmp, PREEMPTED_EPOCHS, sbatch=("--partition=low", f"--cpus-per-task={take}"))
     _wait_for_checkpoint(env, job, run_dir, out)
     high = subprocess.run(
         ["sbatch", "--parsable", "--partition=high", "--nodes=1", f"--cpus-per-task={take}",
@@ -359,7 +364,7 @@ def test_a_high_partition_job_preempts_a_low_one_which_saves_requeues_and_finish
     GraceTime; the script's relay step passes it on, the run saves and requeues itself, the
     high job runs, and the low job then finishes from its checkpoint."""
     assert ran.more["high"] == "COMPLETED"
-    _assert_saved_requeued_finished(ran.info, ran.job, ran.out, ran.run_dir, STEPS)
+    _assert_saved_requeued_finished(ran.info, ran.job, ran.out, ran.run_dir, PREEMPTED_STEPS)
 
 
 def test_a_sigterm_before_the_ranks_can_save_still_requeues(ran: Ran) -> None:
