@@ -200,3 +200,27 @@ def test_auto_on_a_cpu_host_reads_the_store_that_fits_and_says_why(root: Path, t
                                     backend=_cpu_host())
     assert not isinstance(train, DecodedLoader)
     assert not [r for r in caplog.records if "decoded store" in r.getMessage()]
+
+
+def test_a_run_after_the_first_lists_each_split_once(root: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``data.loader=auto`` with the stores built (every run after the first): rank 0 plans from
+    the stores' headers and opens each store once, so each split is listed once, by the check that
+    its files have not changed since the store was built. It was listed three times (the plan, the
+    build step's open, the loaders' open): on ImageNet each listing walks 1.28M files."""
+    from largebatch.data import images
+    from largebatch.data.build import build_run_loaders
+
+    monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "cache"))
+    build_run_loaders(root, SPEC, loader="auto", shards=None, backend=_cpu_host())  # the first run builds them
+    listed: list[str] = []
+    real = images.list_class_images
+
+    def counted(split_dir, *args, **kwargs):  # type: ignore[no-untyped-def]
+        listed.append(Path(split_dir).name)
+        return real(split_dir, *args, **kwargs)
+
+    monkeypatch.setattr(images, "list_class_images", counted)
+    train, val, classes = build_run_loaders(root, SPEC, loader="auto", shards=None, backend=_cpu_host())
+    assert sorted(listed) == ["train", "val"]
+    assert (len(train.store), len(val.store), classes) == (24, 9, 3)

@@ -34,6 +34,7 @@ from largebatch.errors import DataError, UsageError, WriteError
 if TYPE_CHECKING:
     from largebatch.backends.base import Backend
     from largebatch.data.contract import Loader, LoaderSpec
+    from largebatch.data.decoded_store import DecodedStore
 
 __all__ = ["SIDE_ABOVE_IMAGES", "DaliDecision", "build_run_loaders", "cache_write_error", "dali_decision",
            "ensure_checked", "make_decoded_stores", "resolve_data_root", "warn_side_above_images"]
@@ -239,14 +240,14 @@ def _refuse_rect_val(spec: LoaderSpec, *, loader: str, reads_with: str, backend:
                          f"data.resolution.rect_val=false")
 
 
-def make_decoded_stores(root: Path, spec: LoaderSpec, *, announce: bool = True) -> None:
+def make_decoded_stores(root: Path, spec: LoaderSpec, *, announce: bool = True) -> dict[str, DecodedStore]:
     """The decoded stores of ``root`` for ``spec``, built in the cache unless there already (one
-    log line with their disk cost, with ``announce``); a cache that cannot be written is one
-    line, exit 74. Rank 0's work, and ``largebatch-make-decoded``'s."""
+    log line with their disk cost, with ``announce``), opened; a cache that cannot be written is
+    one line, exit 74. Rank 0's work, and ``largebatch-make-decoded``'s."""
     from largebatch.data.pipelines.decoded import decoded_cache_root, ensure_decoded_stores
 
     try:
-        ensure_decoded_stores(root, spec, announce=announce)
+        return ensure_decoded_stores(root, spec, announce=announce)
     except OSError as err:
         raise WriteError(f"cannot write the decoded store to {decoded_cache_root()}: [Errno {err.errno}] "
                          f"{err.strerror or err}; set LARGEBATCH_CACHE to a writable folder with room for it",
@@ -259,15 +260,16 @@ def _decoded_loaders(root: Path, spec: LoaderSpec, backend: Backend) -> tuple[Lo
     from largebatch.data.pipelines.decoded import build_decoded_loaders
 
     _refuse_rect_val(spec, loader="decoded", reads_with="the decoded store", backend=backend)
+    stores = None
     if backend.is_main:
-        make_decoded_stores(root, spec)
+        stores = make_decoded_stores(root, spec)  # opened here once: the loaders read these
         threads = max(1, spec.workers)  # the decoded loader's augmenting threads
         log.info("input pipeline: decoded store, batched crops on %s, %s, %s", spec.device,
                  "one batch at a time in a background thread" if threads == 1 else
                  f"{threads} batches at once in background threads", spec.layout)
         _log_resolution(spec)
     backend.barrier()
-    return build_decoded_loaders(root, spec)
+    return build_decoded_loaders(root, spec, stores=stores)
 
 
 def build_run_loaders(

@@ -133,7 +133,7 @@ class PlannedStore(NamedTuple):
 
     split: str
     side: int
-    count: int  # image files in the split (a file that will not decode is left out when built)
+    count: int  # images: a built store's own count, else the split's image files (undecodable ones are left out)
     bytes: int
     folder: Path
     built: bool
@@ -141,16 +141,29 @@ class PlannedStore(NamedTuple):
 
 def planned_stores(root: str | os.PathLike, spec: LoaderSpec, *, cache: Optional[Path] = None) -> list[PlannedStore]:
     """The train and val stores a run of ``spec`` reads from ``root``, without building them:
-    their sides, image counts, bytes on disk and folders in ``cache`` (:func:`decoded_cache_root`)."""
+    their sides, image counts, bytes on disk and folders in ``cache`` (:func:`decoded_cache_root`).
+    A split whose store is built is not listed: its count is the store's (every run after the
+    first plans from the headers; listing ImageNet's 1.28M files again is seconds to minutes)."""
     root = str(Path(root).expanduser().absolute())
     cache = decoded_cache_root() if cache is None else cache
     planned = []
     for split, side in zip(("train", "val"), store_sides(root, spec)):
-        count = len(list_split(root, split)[1])
         folder = _store_folder(cache, root, split, side)
-        planned.append(PlannedStore(split, side, count, store_bytes(count, side), folder,
-                                    (folder / HEADER_NAME).is_file()))
+        built = (folder / HEADER_NAME).is_file()
+        count = _stored_count(folder) if built else None
+        if count is None:
+            count = len(list_split(root, split)[1])
+        planned.append(PlannedStore(split, side, count, store_bytes(count, side), folder, built))
     return planned
+
+
+def _stored_count(folder: Path) -> Optional[int]:
+    """The image count in the header of the store in ``folder``; None where it cannot be read (the
+    store is then refused when opened, naming the folder to delete)."""
+    try:
+        return int(json.loads((folder / HEADER_NAME).read_text(encoding="utf-8"))["count"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def cache_free_space(cache: Path) -> tuple[Path, int]:
@@ -371,7 +384,8 @@ def _skipped_tally(store: DecodedStore, *, require_every_class: bool) -> Unreada
 
 
 def build_decoded_loaders(root: str | os.PathLike, spec: LoaderSpec, *, cache: Optional[Path] = None,
-                          prefetch_batches: int = 2) -> tuple[DecodedLoader, DecodedLoader, int]:
+                          prefetch_batches: int = 2, stores: Optional[dict[str, DecodedStore]] = None,
+                          ) -> tuple[DecodedLoader, DecodedLoader, int]:
     """This rank's ``(train_loader, val_loader, num_classes)`` over the decoded stores of ``root``
     (:func:`ensure_decoded_stores`: built in ``cache`` on first use, logged by the caller).
 
@@ -383,8 +397,12 @@ def build_decoded_loaders(root: str | os.PathLike, spec: LoaderSpec, *, cache: O
         cache: the folder of the stores; None: :func:`decoded_cache_root`.
         prefetch_batches: batches augmented ahead in a background thread (0: in the
             consumer's thread when it asks for the batch).
+        stores: the ``train`` and ``val`` stores as :func:`ensure_decoded_stores` returned them
+            for ``root`` and ``spec``, not opened again (opening one checks its source's files
+            against the store: a listing of the split); None: opened here.
     """
-    stores = ensure_decoded_stores(root, spec, cache=cache, announce=False)
+    if stores is None:
+        stores = ensure_decoded_stores(root, spec, cache=cache, announce=False)
     train = DecodedLoader(stores["train"], spec, train=True, prefetch_batches=prefetch_batches)
     val = DecodedLoader(stores["val"], spec, train=False, prefetch_batches=prefetch_batches)
     return train, val, len(stores["train"].header["classes"])
