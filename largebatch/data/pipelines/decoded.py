@@ -116,8 +116,10 @@ def _store_folder(cache: Path, root: str, split: str, side: int) -> Path:
     return cache / f"decoded-{hashlib.sha256(key.encode()).hexdigest()[:12]}-{split}-{side}px"
 
 
-def _open_or_build(root: str, split: str, side: int, folder: Path, workers: int) -> tuple[DecodedStore, bool]:
-    """The store of ``root/split`` in ``folder`` (built there first if absent); True if built now."""
+def _open_or_build(root: str, split: str, side: int, folder: Path, workers: int,
+                   check_source: bool = True) -> tuple[DecodedStore, bool]:
+    """The store of ``root/split`` in ``folder`` (built there first if absent); True if built now.
+    ``check_source``: refuse a store whose source's files changed since it was built (a listing)."""
     fix = f"delete {folder} and run again (it is rebuilt from the images on first use)"
     if not (folder / HEADER_NAME).is_file():
         try:
@@ -125,7 +127,7 @@ def _open_or_build(root: str, split: str, side: int, folder: Path, workers: int)
         except (DataError, OSError):
             if not (folder / HEADER_NAME).is_file():  # not another rank's store that just landed
                 raise
-    return open_decoded_store(folder, source=root, side=side, fix=fix), False
+    return open_decoded_store(folder, source=root if check_source else None, side=side, fix=fix), False
 
 
 class PlannedStore(NamedTuple):
@@ -209,10 +211,12 @@ def auto_choice(root: str | os.PathLike, spec: LoaderSpec, *, cache: Optional[Pa
 
 
 def ensure_decoded_stores(root: str | os.PathLike, spec: LoaderSpec, *, cache: Optional[Path] = None,
-                          announce: bool = True) -> dict[str, DecodedStore]:
+                          announce: bool = True, check_source: bool = True) -> dict[str, DecodedStore]:
     """The train and val stores of ``root`` for ``spec`` in ``cache`` (:func:`decoded_cache_root`),
     built there on first use; with ``announce``, one log line with their sides and disk cost.
-    A store whose source changed since is refused in one line naming the folder to delete."""
+    With ``check_source``, a store whose source changed since is refused in one line naming the
+    folder to delete (the check lists the split); without, where another process of this host has
+    just checked the same store."""
     root = str(Path(root).expanduser().absolute())
     train_dir, val_dir = split_folder(root, "train"), split_folder(root, "val")
     check_same_classes(train_dir, list_classes(train_dir)[0], val_dir, list_classes(val_dir)[0])
@@ -222,7 +226,7 @@ def ensure_decoded_stores(root: str | os.PathLike, spec: LoaderSpec, *, cache: O
     stores, built = {}, []
     for split, side in zip(("train", "val"), sides):
         folder = _store_folder(cache, root, split, side)
-        stores[split], made = _open_or_build(root, split, side, folder, max(1, spec.workers))
+        stores[split], made = _open_or_build(root, split, side, folder, max(1, spec.workers), check_source)
         if made:
             built.append(split)
     if announce:
@@ -385,7 +389,7 @@ def _skipped_tally(store: DecodedStore, *, require_every_class: bool) -> Unreada
 
 def build_decoded_loaders(root: str | os.PathLike, spec: LoaderSpec, *, cache: Optional[Path] = None,
                           prefetch_batches: int = 2, stores: Optional[dict[str, DecodedStore]] = None,
-                          ) -> tuple[DecodedLoader, DecodedLoader, int]:
+                          check_source: bool = True) -> tuple[DecodedLoader, DecodedLoader, int]:
     """This rank's ``(train_loader, val_loader, num_classes)`` over the decoded stores of ``root``
     (:func:`ensure_decoded_stores`: built in ``cache`` on first use, logged by the caller).
 
@@ -400,9 +404,12 @@ def build_decoded_loaders(root: str | os.PathLike, spec: LoaderSpec, *, cache: O
         stores: the ``train`` and ``val`` stores as :func:`ensure_decoded_stores` returned them
             for ``root`` and ``spec``, not opened again (opening one checks its source's files
             against the store: a listing of the split); None: opened here.
+        check_source: where the stores are opened here, refuse one whose source's files changed
+            since it was built (:func:`ensure_decoded_stores`); False where another process of
+            this host has just checked the same stores (a run's ranks after their node's first).
     """
     if stores is None:
-        stores = ensure_decoded_stores(root, spec, cache=cache, announce=False)
+        stores = ensure_decoded_stores(root, spec, cache=cache, announce=False, check_source=check_source)
     train = DecodedLoader(stores["train"], spec, train=True, prefetch_batches=prefetch_batches)
     val = DecodedLoader(stores["val"], spec, train=False, prefetch_batches=prefetch_batches)
     return train, val, len(stores["train"].header["classes"])
