@@ -1,4 +1,4 @@
-"""ImageNet at the user's own batch: the published recipe nearest the global batch.
+"""ImageNet at the user's own batch: the published recipe at the global batch, or the references' rule.
 
 ``data=imagenet`` without an ``experiment=`` preset used to compose the embedded run's toy
 values (8 epochs, 1 warmup epoch, a 90% target). With ``recipe.mode=auto`` (the default) the
@@ -8,46 +8,65 @@ batch the user chose, and every value a key on the command line sets wins:
 - ResNet-50 with SGD: Goyal et al. 2017 (arXiv 1706.02677), lr 0.1 per 256 scaled linearly,
   5 warmup epochs from 0.1, steps at 30/60/80, 90 epochs; no accuracy loss from 256 to 8K
   (their Fig. 1 and Table 1). The default optimizer up to 8K.
-- ResNet-50 with LARS: the MLPerf ResNet-50 reference (2K and 4K) and the LARS table of
-  tensorflow/tpu (16K, 32K: Ying et al. 2018; 64K: the row Jia et al.'s preset reads), peak lr
-  and warmup looked up per batch, polynomial decay. The default optimizer above 8K.
+- ResNet-50 with LARS: the MLPerf reference's 2K and 4K sets, tensorflow/tpu's 16K config and
+  32K run (Ying et al. 2018), Jia et al. 2018's 64K run with tensorflow/tpu's 64K row. The
+  default optimizer above 8K.
 - EfficientNet-B2 and -B5 with LARS: Wongpanich et al. 2020 (arXiv 2011.00071), lr per 256
   scaled linearly, 5 warmup epochs, 350 epochs, weight EMA.
 
-The rule between published points (no source gives one, so it is ours): the peak lr and the
-warmup epochs are interpolated linearly in log2(batch) between the two neighbouring points;
-every other value is the nearer point's (in log2(batch); a tie takes the smaller batch).
-Outside the points the nearest point's values are used as they are (SGD and EfficientNet:
-with their linear lr rule) and one warning names that point. Each derived value carries its
-source; :func:`describe` writes them as the block a run logs at start.
+Between the LARS points the rule is the references' own: a lookup by batch range, not an
+interpolation. mlcommons/training ``retired_benchmarks/resnet-tf2/tensorflow2/lars_util.py``
+@3c81f6f L77-85 (< 16384: 10.0 / 5 warmup epochs; < 32768: 25.0 / 5; else 31.2 / 25) and
+tensorflow/tpu ``models/official/resnet/lars_util.py`` @f59154b L48-59 (< 16384: 10 / 5;
+< 32768: 25 / 5; < 65536: 32 / 14; else 35.6 / 40; the same file to today) agree below 32K.
+Above it they differ, and our 32K and 64K points are tensorflow/tpu's, so its rows are used.
+A batch inside a range gets one coherent set: the row's peak lr and warmup, and every other
+value from the published run of the same reference in that range (:data:`_RN50_LARS`), and a
+warning says that no run at that batch was reported. Below the first point the point's values
+are used (a LARS peak scaled down linearly); past the last point of a family without a range
+there, the last point's, with a warning. SGD's rule is Goyal et al.'s linear one at every batch.
 
-The values below are those of the presets in ``conf/experiment/`` (which cite the commits
-and lines they come from); ``tests/test_imagenet_recipe.py`` holds the two together.
+Each value carries a label naming the file and commit (and line), or the paper's section, it
+comes from, or saying ``chosen``; :func:`describe` writes them as the block a run logs at start.
+``tests/test_imagenet_recipe.py`` holds the labels against a table of what each cited line
+holds, and the points against the presets in ``conf/experiment/``.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 from largebatch.errors import ConfigError
 
-__all__ = ["Derivation", "Family", "Point", "FAMILIES", "derive", "describe", "families_for"]
+__all__ = ["FAMILIES", "Derivation", "Family", "Point", "Range", "derive", "describe", "families_for"]
 
 MLPERF_TARGET = 75.9  # MLPerf Training ResNet-50: 75.90% top-1 (training_rules.adoc)
 DEFAULT_MODEL = "resnet50"  # the model of Goyal et al., MLPerf and the records: when no model is named
 DEFAULT_BATCH = 256  # Goyal et al. 2017's reference batch (kn = 256, sec. 5.1): when no batch is given
 
+Values = Mapping[str, tuple[Any, str]]  # config key -> (value, label: where it comes from, or "chosen: ...")
+
 
 @dataclass(frozen=True)
 class Point:
-    """One published run: its global batch, the values it sets, where they come from."""
+    """One published run: its global batch, the values it sets with their labels, its short name."""
 
     batch: int
-    values: Mapping[str, Any]  # config key -> value (its own lr and warmup among them)
-    source: str  # short citation, e.g. "MLPerf ResNet-50 reference, GPU-V100-8 set"
+    values: Values  # its own lr and warmup among them
+    source: str  # short name for warnings, e.g. "MLPerf reference, its 2K set"
     top1: Optional[float] = None  # the accuracy the source reports at this batch [percent]
+
+
+@dataclass(frozen=True)
+class Range:
+    """A row of a reference's lookup by batch range, ``low < batch < high`` (high None: no end),
+    with the set a batch there gets where no published run is at that batch."""
+
+    low: int
+    high: Optional[int]
+    values: Values
+    rule: str  # the row, named with its file, commit and lines
 
 
 @dataclass(frozen=True)
@@ -57,25 +76,31 @@ class Family:
     models: tuple[str, ...]
     optimizer: str
     schedule: str
-    common: Mapping[str, Any]  # values every point shares
-    common_source: str
+    schedule_source: str
+    common: Values  # values (with labels) every point and range shares
     points: tuple[Point, ...]
     # True: the lr is per base_batch_size images and scales linearly (the same values at every
-    # batch); False: the lr is the peak at the batch, looked up per point (lr_scaling none).
+    # batch); False: the lr is the peak at the batch, looked up (lr_scaling none).
     linear_lr: bool
+    ranges: tuple[Range, ...] = ()  # the references' rule between and past the points
     beyond: str = ""  # what the sources say past the last point (the warning's second half)
 
 
+# --- ResNet-50, SGD: Goyal et al. 2017 ------------------------------------------------------------
+_GOYAL = "Goyal et al. 2017 (arXiv 1706.02677)"
 _RN50_SGD = Family(
-    models=("resnet50",), optimizer="sgd", schedule="step",
+    models=("resnet50",), optimizer="sgd", schedule="step", schedule_source=f"{_GOYAL} sec. 5.1",
     common={
-        "optimizer.lr": 0.1, "base_batch_size": 256, "lr_scaling": "linear",
-        "optimizer.momentum": 0.9, "optimizer.nesterov": True, "optimizer.weight_decay": 1.0e-4,
-        "optimizer.exclude_bn_bias": True, "schedule.warmup_epochs": 5, "schedule.warmup_start": "base_lr",
-        "schedule.milestones": [30, 60, 80], "schedule.gamma": 0.1, "epochs": 90, "label_smoothing": 0.0,
-        "model.zero_init_last_bn": True,
+        "optimizer.lr": (0.1, f"{_GOYAL} sec. 2.1, 5.1: 0.1 per 256 images, scaled linearly"),
+        "base_batch_size": (256, f"{_GOYAL} sec. 2.1"), "lr_scaling": ("linear", f"{_GOYAL} sec. 2.1"),
+        "optimizer.momentum": (0.9, f"{_GOYAL} sec. 5.1"), "optimizer.nesterov": (True, f"{_GOYAL} sec. 5.1"),
+        "optimizer.weight_decay": (1.0e-4, f"{_GOYAL} sec. 5.1"),
+        "optimizer.exclude_bn_bias": (True, f"{_GOYAL} sec. 5.1 for BN gamma/beta; chosen for the fc bias"),
+        "schedule.warmup_epochs": (5, f"{_GOYAL} sec. 2.2"), "schedule.warmup_start": ("base_lr", f"{_GOYAL} sec. 2.2"),
+        "schedule.milestones": ([30, 60, 80], f"{_GOYAL} sec. 5.1"), "schedule.gamma": (0.1, f"{_GOYAL} sec. 5.1"),
+        "epochs": (90, f"{_GOYAL} sec. 5.1"), "label_smoothing": (0.0, f"chosen: {_GOYAL} name none"),
+        "model.zero_init_last_bn": (True, f"{_GOYAL} sec. 5.1"),
     },
-    common_source="Goyal et al. 2017 (sec. 2.1, 2.2, 5.1)",
     points=(
         Point(256, {}, "Goyal et al. 2017 at 256 (Table 1)", 76.4),
         Point(8192, {}, "Goyal et al. 2017 at 8K (Table 1)", 76.26),
@@ -84,69 +109,136 @@ _RN50_SGD = Family(
     beyond="Goyal et al. 2017 Fig. 1: the error rises past 8K with SGD; optimizer=lars follows the LARS points to 64K",
 )
 
-# LARS, ResNet-50: settings every point shares (MLPerf reference and tensorflow/tpu alike).
-_LARS_RN50_COMMON = {
-    "lr_scaling": "none", "optimizer.momentum": 0.9, "optimizer.trust_coefficient": 0.001,
-    "optimizer.lr_in_momentum": True, "optimizer.exclude_bn_bias": True, "optimizer.weight_decay": 2.0e-4,
-    "schedule.warmup_start_factor": 0.0, "schedule.power": 2.0, "schedule.end_lr": 1.0e-4,
+# --- ResNet-50, LARS: the MLPerf reference and tensorflow/tpu --------------------------------------
+_ML = "mlcommons/training@3c81f6f retired_benchmarks/resnet-tf2/"
+_TPU = "tensorflow/tpu@b13e6b6 models/official/resnet/"
+_TPU_NOW = "tensorflow/tpu@f59154b models/official/resnet/"
+_TPU_CFG = "tensorflow/tpu@8055210 models/official/resnet/configs/cloud/"
+_TF_LARS = "tensorflow/tensorflow@5c8077a tensorflow/contrib/opt/python/training/lars_optimizer.py"
+
+# what both references do alike (each cited in both)
+_LARS_RN50_COMMON: Values = {
+    "lr_scaling": ("none", f"{_ML}tensorflow2/lars_util.py L77-89 and {_TPU}lars_util.py L44-59: the peak is "
+                           "looked up by batch, not scaled"),
+    "optimizer.momentum": (0.9, f"{_ML}README.md L119, L233 (--momentum=0.9); {_TPU}resnet_main.py L206"),
+    "optimizer.trust_coefficient": (0.001, f"{_ML}tensorflow2/lars_optimizer.py L58; {_TF_LARS} L53 (eeta)"),
+    "optimizer.lr_in_momentum": (True, f"{_ML}tensorflow2/lars_optimizer.py L141-158; {_TF_LARS} "
+                                       "_apply_dense: lr x trust ratio into the momentum update"),
+    "optimizer.exclude_bn_bias": (True, f"{_ML}tensorflow2/common.py L228; {_TPU}lars_util.py L83 (skip_list)"),
+    "optimizer.weight_decay": (2.0e-4, f"{_ML}README.md L137, L231 (--weight_decay=0.0002); {_TPU}resnet_main.py "
+                                       "L210 (1e-4 as loss L2 and 1e-4 in LARS)"),
+    "schedule.warmup_start_factor": (0.0, f"{_ML}tensorflow2/lars_util.py L151; {_TPU}lars_util.py L61 (from 0)"),
+    "schedule.power": (2.0, f"{_ML}tensorflow2/lars_util.py L125; {_TPU}lars_util.py L70"),
+    "schedule.end_lr": (1.0e-4, f"{_ML}tensorflow2/lars_util.py L94; {_TPU}lars_util.py L66-70 "
+                                "(tf.train.polynomial_decay's default end)"),
 }
-_MLPERF = {"optimizer.eps": 1.0e-7, "label_smoothing": 0.1, "model.zero_init_last_bn": False}
-_TF_TPU = {"optimizer.eps": 0.0, "model.zero_init_last_bn": True}
+_MLPERF_OPT: Values = {
+    "optimizer.eps": (1.0e-7, f"{_ML}tensorflow2/lars_optimizer.py L109 (epsilon 0 is falsy: Keras's 1e-7)"),
+    "model.zero_init_last_bn": (False, f"{_ML}tensorflow2/resnet_model.py L119 (BatchNormalization, gamma 1)"),
+}
+_TPU_OPT: Values = {
+    "optimizer.eps": (0.0, f"{_TF_LARS} L54 (epsilon default)"),
+    "model.zero_init_last_bn": (True, f"{_TPU}resnet_model.py L168, L219 (init_zero=True)"),
+}
+_MLPERF_4K: Values = {  # the README's TPU-v3-64 set: lr 10.0 / 5 is also lars_util.py's row below 16,384
+    **_MLPERF_OPT, "epochs": (42, f"{_ML}README.md L224 (--train_epochs=42)"),
+    "label_smoothing": (0.1, f"{_ML}README.md L213 (--label_smoothing=0.1)"),
+}
+_TPU_16K: Values = {  # configs/cloud/v3-128.yaml: 7,116 steps x 16,384 / 1,281,167 = 91.0 epochs
+    **_TPU_OPT, "epochs": (91, f"{_TPU_CFG}v3-128.yaml L2-3 (7116 steps at 16384)"),
+    "label_smoothing": (0.1, f"{_TPU_CFG}v3-128.yaml L9"),
+}
+_TPU_32K: Values = {  # configs/cloud/v3-2048.yaml: 3,558 steps x 32,768 / 1,281,167 = 91.0 epochs
+    **_TPU_OPT, "epochs": (91, f"{_TPU_CFG}v3-2048.yaml L2-3 (3558 steps at 32768)"),
+    "label_smoothing": (0.1, f"{_TPU_CFG}v3-2048.yaml L9"),
+}
 
 _RN50_LARS = Family(
     models=("resnet50",), optimizer="lars", schedule="poly",
+    schedule_source=f"{_ML}tensorflow2/lars_util.py L121-125; {_TPU}lars_util.py L66-71",
     common=_LARS_RN50_COMMON,
-    common_source="every LARS point (MLPerf reference, tensorflow/tpu)",
     points=(
-        Point(2048, {**_MLPERF, "optimizer.lr": 8.5, "schedule.warmup_epochs": 5, "epochs": 41},
+        Point(2048, {**_MLPERF_OPT, "optimizer.lr": (8.5, f"{_ML}README.md L100 (--base_learning_rate=8.5)"),
+                     "schedule.warmup_epochs": (5, f"{_ML}README.md L136"),
+                     "epochs": (41, f"{_ML}README.md L132 (--train_epochs=41)"),
+                     "label_smoothing": (0.1, f"{_ML}README.md L114 (--label_smoothing=0.1)")},
               "MLPerf reference, its 2K set"),
-        Point(4096, {**_MLPERF, "optimizer.lr": 10.0, "schedule.warmup_epochs": 5, "epochs": 42},
+        Point(4096, {**_MLPERF_4K, "optimizer.lr": (10.0, f"{_ML}README.md L199 (--base_learning_rate=10.0)"),
+                     "schedule.warmup_epochs": (5, f"{_ML}README.md L230")},
               "MLPerf reference, its 4K set"),
-        Point(16384, {**_TF_TPU, "optimizer.lr": 25.0, "schedule.warmup_epochs": 5, "epochs": 90,
-                      "label_smoothing": 0.1},
-              "tensorflow/tpu LARS table, 16K row"),
-        Point(32768, {**_TF_TPU, "optimizer.lr": 34.0, "schedule.warmup_epochs": 12, "epochs": 91,
-                      "label_smoothing": 0.1},
+        Point(16384, {**_TPU_16K, "optimizer.lr": (25.0, f"{_TPU}lars_util.py L44-46 (batch <= 16384)"),
+                      "schedule.warmup_epochs": (5, f"{_TPU}lars_util.py L44-46 (batch <= 16384)")},
+              "tensorflow/tpu, its 16K config"),
+        Point(32768, {**_TPU_32K, "optimizer.lr": (34.0, f"{_TPU}lars_util.py L47-49 (batch == 32768)"),
+                      "schedule.warmup_epochs": (12, f"{_TPU}lars_util.py L47-49 (batch == 32768)")},
               "Ying et al. 2018 at 32K", 76.3),
-        Point(65536, {**_TF_TPU, "optimizer.lr": 35.0, "schedule.warmup_epochs": 34, "epochs": 90,
-                      "label_smoothing": 0.0},
-              "Jia et al. 2018 at 64K (tensorflow/tpu LARS table)", 75.8),
+        Point(65536, {**_TPU_OPT,
+                      "optimizer.lr": (35.0, f"{_TPU}lars_util.py L50-52 (batch == 65536), as jia2018_rn50_64k"),
+                      "schedule.warmup_epochs": (34, f"{_TPU}lars_util.py L50-52 (batch == 65536), "
+                                                     "as jia2018_rn50_64k"),
+                      "epochs": (90, "Jia et al. 2018 (arXiv 1807.11205), abstract"),
+                      "label_smoothing": (0.0, "chosen: jia2018_rn50_64k (not among Jia et al.'s changes)")},
+              "Jia et al. 2018 at 64K", 75.8),
+    ),
+    ranges=(
+        Range(2048, 16384, {**_MLPERF_4K, "optimizer.lr": (10.0, f"{_ML}tensorflow2/lars_util.py L77-79"),
+                            "schedule.warmup_epochs": (5, f"{_ML}tensorflow2/lars_util.py L77-79")},
+              f"the row batch < 16384, 10.0 / 5 ({_ML}tensorflow2/lars_util.py L77-79; {_TPU_NOW}lars_util.py "
+              "L48-50 agrees), with the rest of the MLPerf reference's 4K set"),
+        Range(16384, 32768, {**_TPU_16K, "optimizer.lr": (25.0, f"{_TPU_NOW}lars_util.py L51-53"),
+                             "schedule.warmup_epochs": (5, f"{_TPU_NOW}lars_util.py L51-53")},
+              f"the row batch < 32768, 25 / 5 ({_TPU_NOW}lars_util.py L51-53; {_ML}tensorflow2/lars_util.py "
+              "L80-82 agrees), with the rest of tensorflow/tpu's 16K config"),
+        Range(32768, 65536, {**_TPU_32K, "optimizer.lr": (32.0, f"{_TPU_NOW}lars_util.py L54-56"),
+                             "schedule.warmup_epochs": (14, f"{_TPU_NOW}lars_util.py L54-56")},
+              f"the row batch < 65536, 32 / 14 ({_TPU_NOW}lars_util.py L54-56; the MLPerf reference's row, "
+              "31.2 / 25, is not used: our 32K and 64K points are tensorflow/tpu's), with the rest of "
+              "tensorflow/tpu's 32K config"),
+        Range(65536, None, {**_TPU_OPT, "optimizer.lr": (35.6, f"{_TPU_NOW}lars_util.py L57-59"),
+                            "schedule.warmup_epochs": (40, f"{_TPU_NOW}lars_util.py L57-59"),
+                            "epochs": (90, "chosen: Jia et al. 2018's epochs at 64K (abstract)"),
+                            "label_smoothing": (0.0, f"{_TPU_NOW}configs/resnet_config.py L38 (default)")},
+              f"the row batch >= 65536, 35.6 / 40 ({_TPU_NOW}lars_util.py L57-59)"),
     ),
     linear_lr=False,
     beyond="no published ResNet-50 run trained past 64K to the target",
 )
 
-_EFFNET_COMMON = {
-    "optimizer.lr": 0.1, "base_batch_size": 256, "lr_scaling": "linear", "optimizer.momentum": 0.9,
-    "optimizer.trust_coefficient": 0.001, "optimizer.eps": 0.0, "optimizer.lr_in_momentum": True,
-    "optimizer.weight_decay": 2.0e-5, "optimizer.exclude_bn_bias": True, "schedule.warmup_epochs": 5,
-    "schedule.warmup_start_factor": 0.0, "schedule.power": 2.0, "schedule.end_lr": 0.1, "epochs": 350,
-    "label_smoothing": 0.1, "model.zero_init_last_bn": False, "ema.enabled": True, "ema.decay": 0.9999,
-    "ema.warmup": True, "ema.warmup_gamma": 9.0, "ema.warmup_power": 1.0, "ema.update_after_step": -2,
-    "ema.target": "ema",
+# --- EfficientNet, LARS: Wongpanich et al. 2020 ---------------------------------------------------
+_WONG = "Wongpanich et al. 2020 (arXiv 2011.00071, their code)"
+_EFFNET_COMMON: Values = {
+    "optimizer.lr": (0.1, "chosen: 0.1 per 256 images, untuned"),
+    **{k: (v, _WONG) for k, v in {
+        "base_batch_size": 256, "lr_scaling": "linear", "optimizer.momentum": 0.9,
+        "optimizer.trust_coefficient": 0.001, "optimizer.eps": 0.0, "optimizer.lr_in_momentum": True,
+        "optimizer.weight_decay": 2.0e-5, "optimizer.exclude_bn_bias": True, "schedule.warmup_epochs": 5,
+        "schedule.warmup_start_factor": 0.0, "schedule.power": 2.0, "schedule.end_lr": 0.1, "epochs": 350,
+        "label_smoothing": 0.1, "model.zero_init_last_bn": False, "ema.enabled": True, "ema.decay": 0.9999,
+        "ema.warmup": True, "ema.warmup_gamma": 9.0, "ema.warmup_power": 1.0, "ema.update_after_step": -2,
+        "ema.target": "ema"}.items()},
 }
-_EFFNET_SOURCE = "Wongpanich et al. 2020 (their code; lr 0.1 per 256 is our choice, untuned)"
 
-_EFFNET_B2 = Family(
-    models=("efficientnet_b2",), optimizer="lars", schedule="poly", common=_EFFNET_COMMON,
-    common_source=_EFFNET_SOURCE,
-    points=(Point(32768, {"target_top1": 79.7, "model.drop_rate": 0.3, "data.image_size": 260},
-                  "Wongpanich et al. 2020, B2 at 32K", 79.7),),
-    linear_lr=True,
-)
-_EFFNET_B5 = Family(
-    models=("efficientnet_b5",), optimizer="lars", schedule="poly", common=_EFFNET_COMMON,
-    common_source=_EFFNET_SOURCE,
-    points=(Point(65536, {"target_top1": 83.0, "model.drop_rate": 0.4, "data.image_size": 456},
-                  "Wongpanich et al. 2020, B5 at 64K", 83.0),),
-    linear_lr=True,
-    beyond="Wongpanich et al. 2020 trained B5 at 64K, their largest batch",
-)
+
+def _effnet(model: str, batch: int, top1: float, drop_rate: float, image_size: int, beyond: str = "") -> Family:
+    name = f"Wongpanich et al. 2020, {model[-2:].upper()} at {batch // 1024}K"
+    values = {"target_top1": (top1, name), "model.drop_rate": (drop_rate, _WONG),
+              "data.image_size": (image_size, _WONG)}
+    return Family(models=(model,), optimizer="lars", schedule="poly", schedule_source=_WONG, common=_EFFNET_COMMON,
+                  points=(Point(batch, values, name, top1),), linear_lr=True, beyond=beyond)
+
+
+_EFFNET_B2 = _effnet("efficientnet_b2", 32768, 79.7, 0.3, 260)
+_EFFNET_B5 = _effnet("efficientnet_b5", 65536, 83.0, 0.4, 456,
+                     beyond="Wongpanich et al. 2020 trained B5 at 64K, their largest batch")
 
 FAMILIES: tuple[Family, ...] = (_RN50_SGD, _RN50_LARS, _EFFNET_B2, _EFFNET_B5)
 
 # Above this batch ResNet-50's default optimizer is LARS (Goyal et al.'s SGD holds to 8K).
 SGD_UP_TO = 8192
+_TARGET = (MLPERF_TARGET, "chosen: MLPerf Training's ResNet-50 target (training_rules.adoc)")
+
+# base_batch_size's label where lr_scaling is none: no source, the arithmetic of the rule
+PEAK_AT_BATCH = "follows from lr_scaling none: optimizer.lr is the peak at this batch"
 
 # keys that set the lr together: a user who writes one of them writes the lr rule
 LR_KEYS = ("optimizer.lr", "base_batch_size", "lr_scaling")
@@ -164,7 +256,7 @@ class Derivation:
     """What the recipe sets: overrides to compose before the user's, and each value's source."""
 
     overrides: list[str] = field(default_factory=list)
-    sources: dict[str, str] = field(default_factory=dict)  # key -> "value: source"
+    sources: dict[str, str] = field(default_factory=dict)  # key -> "value: label"
     warnings: list[str] = field(default_factory=list)
 
 
@@ -180,29 +272,6 @@ def _fmt(value: Any) -> str:
 
 def _k(batch: int) -> str:
     return f"{batch // 1024}K" if batch >= 1024 and batch % 1024 == 0 else str(batch)
-
-
-def _neighbours(points: Sequence[Point], batch: int) -> tuple[Point, Optional[Point]]:
-    """The point at ``batch``, or the two around it, or the nearest outer point (and None)."""
-    for p in points:
-        if p.batch == batch:
-            return p, None
-    below = [p for p in points if p.batch < batch]
-    above = [p for p in points if p.batch > batch]
-    if below and above:
-        return below[-1], above[0]
-    return (below[-1] if below else above[0]), None
-
-
-def _nearer(a: Point, b: Point, batch: int) -> Point:
-    da, db = abs(math.log2(batch / a.batch)), abs(math.log2(batch / b.batch))
-    return a if da <= db else b
-
-
-def _interpolate(a: Point, b: Point, batch: int, key: str) -> float:
-    t = (math.log2(batch) - math.log2(a.batch)) / (math.log2(b.batch) - math.log2(a.batch))
-    value = a.values[key] + t * (b.values[key] - a.values[key])
-    return round(value, 2)
 
 
 def _family(model: str, optimizer: Optional[str], batch: int) -> Family:
@@ -237,12 +306,12 @@ def derive(*, model: str, global_batch_size: Optional[int], optimizer: Optional[
     if global_batch_size is None:
         global_batch_size = DEFAULT_BATCH
         out.overrides.append(f"global_batch_size={DEFAULT_BATCH}")
-        out.sources["global_batch_size"] = f"{DEFAULT_BATCH}: Goyal et al. 2017's reference batch (set yours)"
+        out.sources["global_batch_size"] = f"{DEFAULT_BATCH}: {_GOYAL} sec. 5.1, the reference batch (set yours)"
     batch = global_batch_size
     fam = _family(model, optimizer, batch)
     skip = _group_choices(out, fam, batch, optimizer=optimizer, schedule=schedule, written=written)
     values = _values_at(out, fam, batch)
-    values.setdefault("target_top1", (MLPERF_TARGET, "MLPerf Training's ResNet-50 target"))
+    values.setdefault("target_top1", _TARGET)
     for key, (value, source) in sorted(values.items(), key=lambda kv: _order(kv[0])):
         if key in skip:
             continue
@@ -263,10 +332,10 @@ def _group_choices(out: Derivation, fam: Family, batch: int, *, optimizer: Optio
             f"optimizer.lr too (the lr per base_batch_size images), or leave {' and '.join(lr_written)} to the recipe")
     if optimizer is None:
         out.overrides.append(f"optimizer={fam.optimizer}")
-        out.sources["optimizer"] = f"{fam.optimizer}: {_optimizer_reason(fam, batch)}"
+        out.sources["optimizer"] = f"{fam.optimizer}: {_optimizer_reason(fam)}"
     if schedule is None:
         out.overrides.append(f"schedule={fam.schedule}")
-        out.sources["schedule"] = f"{fam.schedule}: {fam.common_source}"
+        out.sources["schedule"] = f"{fam.schedule}: {fam.schedule_source}"
         schedule = fam.schedule
     skip = set(written) | ({k for k in LR_KEYS} if lr_written else set())
     for other, keys in _SCHEDULE_ONLY.items():
@@ -275,44 +344,52 @@ def _group_choices(out: Derivation, fam: Family, batch: int, *, optimizer: Optio
     return skip
 
 
+def _range_at(fam: Family, batch: int) -> Optional[Range]:
+    for r in fam.ranges:
+        if r.low < batch and (r.high is None or batch < r.high):
+            return r
+    return None
+
+
 def _values_at(out: Derivation, fam: Family, batch: int) -> dict[str, tuple[Any, str]]:
-    """Each key's value at ``batch`` with its source: the family's common values, the published
-    point's (the nearest where ``batch`` lies outside them, with a warning added to ``out``), the lr
-    and warmup interpolated in log2(batch) between two points, and the lr rule (:func:`_peak_rule`)."""
-    first, second = _neighbours(fam.points, batch)
-    values: dict[str, tuple[Any, str]] = {k: (v, fam.common_source) for k, v in fam.common.items()}
-    if second is None:
-        point = first
-        values.update({k: (v, point.source) for k, v in point.values.items()})
-        if point.batch != batch:
+    """Each key's value at ``batch`` with its label: the family's common values, then the published
+    point at ``batch``; else the range row that holds ``batch`` (a warning says no run at that batch
+    was reported); else the nearest point's (a warning names it where ``batch`` is outside the
+    points), and the lr rule of a looked-up peak (:func:`_peak_rule`)."""
+    values: dict[str, tuple[Any, str]] = dict(fam.common)
+    at = [p for p in fam.points if p.batch == batch]
+    row = None if at else _range_at(fam, batch)
+    if at:
+        values.update(at[0].values)
+    elif row is not None:
+        values.update(row.values)
+        beyond = batch > fam.points[-1].batch
+        out.warnings.append(
+            f"global batch {batch}: no published run at this batch" + (" (beyond every published point)" if beyond
+                                                                       else "") +
+            f"; the references' rule: {row.rule}" + (f"; {fam.beyond}" if beyond and fam.beyond else ""))
+    else:
+        below = [p for p in fam.points if p.batch < batch]
+        point = below[-1] if below else fam.points[0]
+        values.update(point.values)
+        if batch < fam.points[0].batch or batch > fam.points[-1].batch:
             where = "beyond every" if batch > point.batch else "below every"
             out.warnings.append(
                 f"global batch {batch} is {where} published point of this recipe: using the nearest, "
                 f"{_k(point.batch)} ({point.source})" + (f"; {fam.beyond}" if batch > point.batch and fam.beyond else ""))
-    else:
-        point = _nearer(first, second, batch)
-        values.update({k: (v, point.source) for k, v in point.values.items()})
-        for key in ("optimizer.lr", "schedule.warmup_epochs"):
-            if key in first.values and key in second.values:
-                a, b = first.values[key], second.values[key]
-                values[key] = (_interpolate(first, second, batch, key),
-                               f"interpolated in log2(batch): {_fmt(a)} at {_k(first.batch)} ({first.source}), "
-                               f"{_fmt(b)} at {_k(second.batch)} ({second.source})")
     if not fam.linear_lr:
-        values.update(_peak_rule(point, batch, interpolated=second is not None))
+        values.update(_peak_rule(fam, batch))
     return values
 
 
-def _peak_rule(point: Point, batch: int, *, interpolated: bool) -> dict[str, tuple[Any, str]]:
+def _peak_rule(fam: Family, batch: int) -> dict[str, tuple[Any, str]]:
     """A family whose lr is a peak looked up per batch, not a rate per ``base_batch_size`` images:
     ``base_batch_size`` (and ``lr_scaling``) that make the scaled lr that peak at ``batch``."""
-    if point.batch == batch or interpolated:
-        return {"base_batch_size": (batch, "the lr is the peak at this batch (lr_scaling none)")}
-    if batch < point.batch:  # below the first point: its peak, scaled down by Goyal et al.'s linear rule
-        return {"base_batch_size": (point.batch, f"the lr is {_k(point.batch)}'s peak ..."),
-                "lr_scaling": ("linear", "... scaled linearly to this batch (Goyal et al. 2017's rule)")}
-    # beyond the last point: its peak as it is (no source scales it further)
-    return {"base_batch_size": (batch, f"the lr is {_k(point.batch)}'s peak, used as is (lr_scaling none)")}
+    first = fam.points[0]
+    if batch < first.batch:  # below the first point: its peak, scaled down by Goyal et al.'s linear rule
+        return {"base_batch_size": (first.batch, f"chosen: {_k(first.batch)}'s peak ..."),
+                "lr_scaling": ("linear", f"chosen: ... scaled linearly to this batch ({_GOYAL} sec. 2.1)")}
+    return {"base_batch_size": (batch, PEAK_AT_BATCH)}
 
 
 # the block's order: what a reader checks first
@@ -324,12 +401,13 @@ def _order(key: str) -> tuple[int, str]:
     return (_FIRST.index(key), "") if key in _FIRST else (len(_FIRST), key)
 
 
-def _optimizer_reason(fam: Family, batch: int) -> str:
+def _optimizer_reason(fam: Family) -> str:
     if fam.optimizer == "sgd":
-        return f"Goyal et al. 2017's SGD holds its accuracy up to {_k(SGD_UP_TO)}"
+        return f"{_GOYAL} Table 1, Fig. 1: SGD holds its accuracy up to {_k(SGD_UP_TO)}"
     if "resnet50" in fam.models:
-        return f"above {_k(SGD_UP_TO)} the published ResNet-50 runs use LARS"
-    return "Wongpanich et al. 2020 use LARS instead of RMSProp at large batch"
+        return (f"chosen: above {_k(SGD_UP_TO)} the published ResNet-50 runs use LARS (MLPerf reference, "
+                "tensorflow/tpu, Jia et al. 2018)")
+    return f"{_WONG}: LARS instead of RMSProp at large batch"
 
 
 def describe(sources: Mapping[str, str], global_batch_size: int, model: str) -> list[str]:

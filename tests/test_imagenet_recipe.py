@@ -1,12 +1,15 @@
-"""ImageNet at the user's own batch: the published recipe, derived per batch (issue 68).
+"""ImageNet at the user's own batch: the published recipe, derived per batch (issues 68, 87).
 
-Sources of the expected values (each cited where it is used):
+Sources of the expected values (each cited where it is used; read with git show <commit>:<path>):
 - Goyal et al. 2017, arXiv 1706.02677, sec. 2.1, 2.2, 5.1: SGD, lr 0.1 x kn/256, 5 warmup
   epochs from 0.1, /10 at epochs 30, 60, 80, 90 epochs, weight decay 1e-4, Nesterov momentum 0.9.
-- MLPerf Training ResNet-50 reference (mlcommons/training resnet-tf2 README): batch 2,048 lr 8.5,
-  batch 4,096 lr 10.0, 5 warmup epochs, 41 / 42 epochs, label smoothing 0.1, target 75.90%.
-- tensorflow/tpu models/official/resnet/lars_util.py @b13e6b6 poly_rate_schedule: <= 16,384:
-  25 / 5 warmup epochs; 32,768: 34 / 12; 65,536: 35 / 34.
+- MLPerf Training ResNet-50 reference, mlcommons/training@3c81f6f retired_benchmarks/resnet-tf2:
+  README.md (2K: lr 8.5, 41 epochs; 4K: lr 10.0, 42 epochs; 5 warmup epochs, label smoothing 0.1),
+  tensorflow2/lars_util.py L77-85 (< 16384: 10.0 / 5; < 32768: 25.0 / 5; else 31.2 / 25).
+- tensorflow/tpu models/official/resnet/lars_util.py poly_rate_schedule @b13e6b6 L44-55
+  (<= 16384: 25 / 5; == 32768: 34 / 12; == 65536: 35 / 34; else 41 / 16) and @f59154b L48-59
+  (< 16384: 10 / 5; < 32768: 25 / 5; < 65536: 32 / 14; else 35.6 / 40); configs/cloud/v3-128.yaml
+  and v3-2048.yaml @8055210 (7,116 steps at 16,384 and 3,558 at 32,768: 91.0 epochs; smoothing 0.1).
 - Wongpanich et al. 2020, arXiv 2011.00071: EfficientNet-B2 at 32K, B5 at 64K, LARS, lr per 256
   images scaled linearly, 350 epochs.
 """
@@ -14,7 +17,6 @@ Sources of the expected values (each cited where it is used):
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from omegaconf import OmegaConf
 
 from largebatch.cli import main
 from largebatch.config import compose_config
-from largebatch.imagenet_recipe import FAMILIES, derive
+from largebatch.imagenet_recipe import FAMILIES, PEAK_AT_BATCH, _fmt, derive
 from largebatch.errors import ConfigError
 
 ROOT = "data.root=/data/imagenet"
@@ -72,7 +74,7 @@ def test_resnet50_up_to_8k_is_goyal_sgd_scaled_linearly(batch: int) -> None:
 @pytest.mark.parametrize("batch, lr, warmup, epochs, smoothing", [
     (2048, 8.5, 5, 41, 0.1),  # MLPerf reference, GPU-V100-8 set
     (4096, 10.0, 5, 42, 0.1),  # MLPerf reference, TPU-v3-64 set
-    (16384, 25.0, 5, 90, 0.1),  # tensorflow/tpu lars_util.py @b13e6b6, <= 16,384 row; resnet_main.py 90 epochs
+    (16384, 25.0, 5, 91, 0.1),  # tensorflow/tpu lars_util.py @b13e6b6 L44-46; v3-128.yaml: 7,116 steps = 91.0 epochs
     (32768, 34.0, 12, 91, 0.1),  # Ying et al. 2018: the 32,768 row and v3-2048.yaml (3,558 steps)
     (65536, 35.0, 34, 90, 0.0),  # Jia et al. 2018 (90 epochs), the 65,536 row
 ])
@@ -86,23 +88,51 @@ def test_resnet50_lars_at_each_published_point(batch: int, lr: float, warmup: fl
     assert cfg.schedule.warmup_start_factor == 0.0 and list(cfg.recipe.warnings) == []
 
 
-def test_between_two_points_lr_and_warmup_are_interpolated_in_log2_batch() -> None:
-    cfg = _compose("model=resnet50", "global_batch_size=12288")  # above 8K: LARS by default
-    t = (math.log2(12288) - 12) / (14 - 12)  # between 4K (10.0, 5) and 16K (25.0, 5)
-    assert cfg.optimizer.name == "lars" and cfg.optimizer.lr == round(10.0 + t * 15.0, 2)
-    assert cfg.epochs == 90  # the nearer point's (16K): log2 distance 0.415 against 1.585
-    source = cfg.recipe.derived["optimizer.lr"]
-    assert "interpolated" in source and "4K" in source and "16K" in source
-    cfg = _compose("global_batch_size=49152")  # between 32K (34, 12) and 64K (35, 34)
-    t = math.log2(49152 / 32768)
-    assert cfg.optimizer.lr == round(34 + t, 2) and cfg.schedule.warmup_epochs == round(12 + t * 22, 2)
+# The references' rule between and past the points (issue 87): a lookup by batch range, one set per
+# range from one reference. (batch, optimizer) -> lr, warmup, (epochs, smoothing, eps, zero-init),
+# and whether a run at that batch was reported.
+_MLPERF_4K = (42, 0.1, 1e-7, False)  # README L224, L213; lars_optimizer.py L109; resnet_model.py L119
+_TPU_16K = (91, 0.1, 0.0, True)  # v3-128.yaml L2-3, L9; LARSOptimizer epsilon=0.0; init_zero=True
+_TPU_32K = (91, 0.1, 0.0, True)  # v3-2048.yaml L2-3, L9
 
 
-def test_a_batch_beyond_every_point_warns_naming_the_nearest() -> None:
+@pytest.mark.parametrize("batch, optimizer, lr, warmup, rest, published", [
+    (2048, "lars", 8.5, 5, (41, 0.1, 1e-7, False), True),  # MLPerf README's 2K set (L100, L132, L136)
+    (8192, "lars", 10.0, 5, _MLPERF_4K, False),  # MLPerf lars_util.py L77-79 (< 16384), tf/tpu @f59154b L48-50
+    (12288, None, 10.0, 5, _MLPERF_4K, False),  # the same row (was 21.89, interpolated, with 90 epochs)
+    (16384, None, 25.0, 5, _TPU_16K, True),  # tf/tpu @b13e6b6 L44-46 (<= 16384) and v3-128.yaml
+    (24576, None, 25.0, 5, _TPU_16K, False),  # tf/tpu @f59154b L51-53 (< 32768); MLPerf L80-82 agrees
+    (32768, None, 34.0, 12, _TPU_32K, True),  # Ying et al.: tf/tpu @b13e6b6 L47-49, v3-2048.yaml
+    (49152, None, 32.0, 14, _TPU_32K, False),  # tf/tpu @f59154b L54-56 (< 65536)
+    (65536, None, 35.0, 34, (90, 0.0, 0.0, True), True),  # Jia et al.'s 90 epochs, tf/tpu @b13e6b6 L50-52
+    (131072, None, 35.6, 40, (90, 0.0, 0.0, True), False),  # tf/tpu @f59154b L57-59 (>= 65536)
+])
+def test_between_and_past_the_points_the_references_lookup_by_batch_range(
+        batch: int, optimizer: str, lr: float, warmup: int, rest: tuple, published: bool) -> None:
+    cfg = _compose(f"global_batch_size={batch}", *([f"optimizer={optimizer}"] if optimizer else []))
+    assert cfg.optimizer.name == "lars" and _plain(cfg, "lr_scaling") == "none" and cfg.base_batch_size == batch
+    got = (cfg.optimizer.lr, cfg.schedule.warmup_epochs, cfg.epochs, cfg.label_smoothing, cfg.optimizer.eps,
+           cfg.model.zero_init_last_bn)
+    assert got == (lr, warmup, *rest)
+    notes = [w for w in cfg.recipe.warnings if "no published run at this batch" in w]
+    assert len(notes) == (0 if published else 1)
+    if not published:  # the note names the row it follows, with its file, commit and lines
+        assert "lars_util.py" in notes[0] and "@" in notes[0] and " L" in notes[0]
+
+
+def test_one_set_per_range_no_key_jumps_to_a_nearer_point() -> None:
+    def values(batch: int) -> dict:
+        cfg = _compose(f"global_batch_size={batch}", "optimizer=lars")
+        return {k: _plain(cfg, k) for k in cfg.recipe.derived if k != "base_batch_size"}
+
+    assert values(8192) == values(15360) and values(17408) == values(31744) and values(33792) == values(64512)
+
+
+def test_a_batch_beyond_every_point_follows_the_last_row_and_says_no_run_reached_it() -> None:
     cfg = _compose("global_batch_size=131072")
-    assert cfg.optimizer.lr == 35.0 and cfg.schedule.warmup_epochs == 34
+    assert cfg.optimizer.lr == 35.6 and cfg.schedule.warmup_epochs == 40  # tf/tpu @f59154b L57-59
     [warning] = cfg.recipe.warnings
-    assert "131072" in warning and "64K" in warning and "beyond every published point" in warning
+    assert "131072" in warning and "beyond every published point" in warning and "past 64K" in warning
     sgd = _compose("optimizer=sgd", "global_batch_size=16384")
     [warning] = sgd.recipe.warnings
     assert "8K" in warning and "optimizer=lars" in warning
@@ -266,3 +296,67 @@ def test_every_imagenet_command_of_the_docs_composes_a_published_recipe(capsys: 
         if not sane:
             bad.append((where, cfg["epochs"], cfg["schedule"]["warmup_epochs"], cfg["target_top1"]))
     assert bad == []
+
+
+# Each printed value's label names the file at a commit and its lines, or the paper's section, or says
+# "chosen" (issue 87). (global batch, optimizer, key) -> the value, its label, and what the cited
+# lines hold (read with git show <commit>:<path>; the label's commit and lines are those read).
+_LABELS = [
+    (2048, "lars", "optimizer.lr", 8.5, "mlcommons/training@3c81f6f retired_benchmarks/resnet-tf2/README.md L100",
+     "--base_learning_rate=8.5"),
+    (2048, "lars", "epochs", 41, "resnet-tf2/README.md L132", "--train_epochs=41"),
+    (4096, "lars", "epochs", 42, "resnet-tf2/README.md L224", "--train_epochs=42"),
+    (4096, "lars", "optimizer.eps", 1e-7, "tensorflow2/lars_optimizer.py L109",
+     "self.epsilon = epsilon or backend_config.epsilon()"),
+    (4096, "lars", "model.zero_init_last_bn", False, "tensorflow2/resnet_model.py L119", "layers.BatchNormalization("),
+    (12288, "lars", "optimizer.lr", 10.0, "resnet-tf2/tensorflow2/lars_util.py L77-79",
+     "if batch_size < 16384: self.initial_learning_rate = 10.0; warmup_epochs_ = 5"),
+    (12288, "lars", "epochs", 42, "resnet-tf2/README.md L224", "--train_epochs=42"),
+    (16384, "lars", "optimizer.lr", 25.0, "tensorflow/tpu@b13e6b6 models/official/resnet/lars_util.py L44-46",
+     "if FLAGS.train_batch_size <= 16384: plr = 25.0; w_epochs = 5"),
+    (16384, "lars", "epochs", 91, "tensorflow/tpu@8055210 models/official/resnet/configs/cloud/v3-128.yaml L2-3",
+     "train_steps: 7116; train_batch_size: 16384 (91.0 epochs)"),
+    (16384, "lars", "label_smoothing", 0.1, "configs/cloud/v3-128.yaml L9", "label_smoothing: 0.1"),
+    (16384, "lars", "optimizer.eps", 0.0, "tensorflow/tensorflow@5c8077a tensorflow/contrib/opt/python/training/"
+     "lars_optimizer.py L54", "epsilon=0.0,"),
+    (16384, "lars", "model.zero_init_last_bn", True, "models/official/resnet/resnet_model.py L168, L219",
+     "batch_norm_relu(inputs, is_training, relu=False, init_zero=True,"),
+    (24576, "lars", "optimizer.lr", 25.0, "tensorflow/tpu@f59154b models/official/resnet/lars_util.py L51-53",
+     "elif batch_size < 32768: plr = 25.0; w_epochs = 5"),
+    (32768, "lars", "optimizer.lr", 34.0, "tensorflow/tpu@b13e6b6 models/official/resnet/lars_util.py L47-49",
+     "elif FLAGS.train_batch_size == 32768: plr = 34.0; w_epochs = 12"),
+    (32768, "lars", "epochs", 91, "configs/cloud/v3-2048.yaml L2-3", "train_steps: 3558; train_batch_size: 32768"),
+    (49152, "lars", "schedule.warmup_epochs", 14, "tensorflow/tpu@f59154b models/official/resnet/lars_util.py L54-56",
+     "elif batch_size < 65536: plr = 32.0; w_epochs = 14"),
+    (65536, "lars", "optimizer.lr", 35.0, "tensorflow/tpu@b13e6b6 models/official/resnet/lars_util.py L50-52",
+     "elif FLAGS.train_batch_size == 65536: plr = 35.0; w_epochs = 34"),
+    (65536, "lars", "epochs", 90, "Jia et al. 2018 (arXiv 1807.11205), abstract", "90 epochs, 64K"),
+    (65536, "lars", "label_smoothing", 0.0, "chosen: jia2018_rn50_64k", None),
+    (131072, "lars", "optimizer.lr", 35.6, "tensorflow/tpu@f59154b models/official/resnet/lars_util.py L57-59",
+     "else: plr = 35.6; w_epochs = 40"),
+    (131072, "lars", "label_smoothing", 0.0, "tensorflow/tpu@f59154b models/official/resnet/configs/resnet_config.py "
+     "L38", "'label_smoothing': 0.0,"),
+    (8192, "sgd", "optimizer.exclude_bn_bias", True, "sec. 5.1 for BN gamma/beta; chosen for the fc bias", None),
+    (8192, "sgd", "label_smoothing", 0.0, "chosen:", None),
+    (8192, "sgd", "schedule.milestones", [30, 60, 80], "Goyal et al. 2017 (arXiv 1706.02677) sec. 5.1", None),
+]
+
+
+@pytest.mark.parametrize("batch, optimizer, key, value, label, holds", _LABELS)
+def test_each_label_names_where_its_value_is(batch: int, optimizer: str, key: str, value: Any, label: str,
+                                             holds: Any) -> None:
+    out = derive(model="resnet50", global_batch_size=batch, optimizer=optimizer, schedule=None, written=[])
+    shown, _, text = out.sources[key].partition(": ")
+    assert shown == _fmt(value) and label in text
+
+
+@pytest.mark.parametrize("batch", [256, 2048, 4096, 8192, 12288, 16384, 24576, 32768, 49152, 65536, 131072])
+def test_every_resnet50_label_cites_a_file_at_a_commit_or_a_section_or_says_chosen(batch: int) -> None:
+    import re
+
+    for optimizer in ("sgd", "lars"):
+        out = derive(model="resnet50", global_batch_size=batch, optimizer=optimizer, schedule=None, written=[])
+        for key, source in out.sources.items():
+            text = source.partition(": ")[2]
+            cited = re.search(r"@[0-9a-f]{7} \S+ L\d+", text) or re.search(r"(sec\.|abstract|Table \d|Fig\. \d)", text)
+            assert cited or text.startswith("chosen") or text == PEAK_AT_BATCH, (batch, optimizer, key, text)

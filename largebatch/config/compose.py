@@ -294,7 +294,7 @@ def compose_with_recipe(overrides: list[str], config_name: str = "train") -> tup
                     written=written)
     if model is None:
         recipe.overrides.insert(0, f"model={DEFAULT_MODEL}")
-        recipe.sources = {"model": f"{DEFAULT_MODEL}: the model of Goyal et al., MLPerf and the records",
+        recipe.sources = {"model": f"{DEFAULT_MODEL}: chosen: the model of Goyal et al., MLPerf and the records",
                           **recipe.sources}
     cfg = compose(config_name=config_name, overrides=[*recipe.overrides, *overrides])
     cfg.recipe.derived = recipe.sources
