@@ -27,9 +27,10 @@ are used (a LARS peak scaled down linearly); past the last point of a family wit
 there, the last point's, with a warning. SGD's rule is Goyal et al.'s linear one at every batch.
 
 Each value carries a label naming the file and commit (and line), or the paper's section, it
-comes from, or saying ``chosen``; :func:`describe` writes them as the block a run logs at start.
-``tests/test_imagenet_recipe.py`` holds the labels against a table of what each cited line
-holds, and the points against the presets in ``conf/experiment/``.
+comes from, or saying ``chosen``; :func:`describe` writes them as the block a run logs at start,
+each value as the override that reproduces it. ``tests/test_imagenet_recipe.py`` holds the
+labels against a table of what each cited line holds, and the points against the presets in
+``conf/experiment/``.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ from typing import Any, Mapping, Optional, Sequence
 
 from largebatch.errors import ConfigError
 
-__all__ = ["FAMILIES", "Derivation", "Family", "Point", "Range", "derive", "describe", "families_for"]
+__all__ = ["FAMILIES", "Derivation", "Family", "Point", "Range", "UserLr", "derive", "describe", "families_for"]
 
 MLPERF_TARGET = 75.9  # MLPerf Training ResNet-50: 75.90% top-1 (training_rules.adoc)
 DEFAULT_MODEL = "resnet50"  # the model of Goyal et al., MLPerf and the records: when no model is named
 DEFAULT_BATCH = 256  # Goyal et al. 2017's reference batch (kn = 256, sec. 5.1): when no batch is given
+# a user's own lr whose peak is this many times the family's largest published peak is refused
+REFUSE_ABOVE = 10.0
 
 Values = Mapping[str, tuple[Any, str]]  # config key -> (value, label: where it comes from, or "chosen: ...")
 
@@ -251,6 +254,15 @@ def families_for(model: str) -> list[Family]:
     return [f for f in FAMILIES if model in f.models]
 
 
+@dataclass(frozen=True)
+class UserLr:
+    """The lr rule as the user's command composed it: ``optimizer.lr`` per ``base_batch_size`` images."""
+
+    lr: float
+    base_batch_size: int
+    lr_scaling: str
+
+
 @dataclass
 class Derivation:
     """What the recipe sets: overrides to compose before the user's, and each value's source."""
@@ -295,12 +307,14 @@ def _family(model: str, optimizer: Optional[str], batch: int) -> Family:
 
 
 def derive(*, model: str, global_batch_size: Optional[int], optimizer: Optional[str],
-           schedule: Optional[str], written: Sequence[str]) -> Derivation:
+           schedule: Optional[str], written: Sequence[str], user_lr: Optional[UserLr] = None) -> Derivation:
     """The published recipe for ``model`` at ``global_batch_size``.
 
     ``optimizer`` and ``schedule`` are the group options the user chose (None: the recipe's);
     ``written`` the keys the user set (``optimizer.lr``, ``epochs``, ...), which the recipe
     leaves alone. ``global_batch_size`` None: the user did not set it (the recipe's default, 256).
+    ``user_lr``: the user's lr rule where they set ``optimizer.lr``; a warning says what peak it
+    becomes, and a peak over :data:`REFUSE_ABOVE` times every published peak is refused.
     """
     out = Derivation()
     if global_batch_size is None:
@@ -312,6 +326,8 @@ def derive(*, model: str, global_batch_size: Optional[int], optimizer: Optional[
     skip = _group_choices(out, fam, batch, optimizer=optimizer, schedule=schedule, written=written)
     values = _values_at(out, fam, batch)
     values.setdefault("target_top1", _TARGET)
+    if user_lr is not None:
+        out.warnings.append(_user_lr_line(fam, batch, user_lr, values))
     for key, (value, source) in sorted(values.items(), key=lambda kv: _order(kv[0])):
         if key in skip:
             continue
@@ -392,6 +408,46 @@ def _peak_rule(fam: Family, batch: int) -> dict[str, tuple[Any, str]]:
     return {"base_batch_size": (batch, PEAK_AT_BATCH)}
 
 
+def _peak(lr: float, batch: int, base_batch_size: int, rule: str) -> float:
+    """The lr at ``batch`` by ``lr_scaling``'s rule (``largebatch.lr.scaling.scale_lr``, which this
+    ground module may not import: ``largebatch.lr`` imports torch, and the config pages are built
+    without it)."""
+    ratio = batch / base_batch_size
+    return lr * {"linear": ratio, "sqrt": ratio ** 0.5, "none": 1.0}[rule]
+
+
+def _largest_peak(fam: Family) -> tuple[float, str]:
+    """The largest peak lr a published point or range row of ``fam`` gives, and where."""
+    peaks = []
+    for p in fam.points:
+        v = {**fam.common, **p.values}
+        lr = v["optimizer.lr"][0]
+        peak = _peak(lr, p.batch, v["base_batch_size"][0], "linear") if fam.linear_lr else lr
+        peaks.append((peak, f"at {_k(p.batch)}"))
+    peaks += [(r.values["optimizer.lr"][0], f"past {_k(r.low)}") for r in fam.ranges]
+    return max(peaks)
+
+
+def _user_lr_line(fam: Family, batch: int, user: UserLr, values: Mapping[str, tuple[Any, str]]) -> str:
+    """One line: the peak the user's lr becomes at ``batch`` against the recipe's; refused when far
+    above every published peak (a user who typed the block's peak without its lr rule)."""
+    peak = _peak(user.lr, batch, user.base_batch_size, user.lr_scaling)
+    lr, base, rule = (values[k][0] for k in LR_KEYS)
+    recipe = _peak(lr, batch, base, rule)
+    largest, where = _largest_peak(fam)
+    own = (f"optimizer.lr={_fmt(float(user.lr))} is per base_batch_size={user.base_batch_size} images, "
+           f"lr_scaling={user.lr_scaling}: a peak of {peak:.4g} at global batch {batch}")
+    theirs = (f"the recipe's peak here is {recipe:.4g} (optimizer.lr={_fmt(float(lr))} base_batch_size={base} "
+              f"lr_scaling={rule})")
+    if peak > REFUSE_ABOVE * largest:
+        raise ConfigError(
+            f"{own}, {peak / largest:.0f}x the largest published peak ({largest:.4g}, {where}); {theirs}: write "
+            f"those three, or set recipe.mode=off to train with yours")
+    if peak > largest:
+        return f"WARNING: {own}, above every published peak (at most {largest:.4g}, {where}); {theirs}"
+    return f"{own}; {theirs}"
+
+
 # the block's order: what a reader checks first
 _FIRST = ("optimizer.lr", "base_batch_size", "lr_scaling", "schedule.warmup_epochs", "epochs", "label_smoothing",
           "optimizer.weight_decay", "target_top1")
@@ -411,11 +467,27 @@ def _optimizer_reason(fam: Family) -> str:
 
 
 def describe(sources: Mapping[str, str], global_batch_size: int, model: str) -> list[str]:
-    """The start-up block: one line per derived value with its source."""
+    """The start-up block: one line per derived value, written as the override that reproduces it,
+    with its label. The lr's line holds the whole lr rule (optimizer.lr, base_batch_size,
+    lr_scaling) and the peak it gives at the batch."""
     if not sources:
         return []
-    width = max(len(k) for k in sources)
-    lines = [f"ImageNet recipe for {model} at global batch {global_batch_size} "
-             f"(recipe.mode=auto; a key you set wins, recipe.mode=off derives nothing):"]
-    lines += [f"  {key:<{width}}  {text}" for key, text in sources.items()]
+    parsed = {k: text.split(": ", 1) for k, text in sources.items()}
+    rows = []
+    for key, (value, label) in parsed.items():
+        if key in LR_KEYS[1:] and "optimizer.lr" in parsed:
+            continue  # on the lr's line
+        override = f"{key}={value}"
+        if key == "optimizer.lr" and all(k in parsed for k in LR_KEYS):
+            (base, _), (rule, _) = parsed["base_batch_size"], parsed["lr_scaling"]
+            peak = _peak(float(value), global_batch_size, int(base), rule)
+            override = f"optimizer.lr={value} base_batch_size={base} lr_scaling={rule}"
+            # the lr's label, and the rule's where it is a choice (a LARS peak scaled below its first point)
+            labels = [label] + [parsed[k][1] for k in LR_KEYS[1:] if parsed[k][1].startswith("chosen")]
+            label = f"peak {peak:.4g} at {global_batch_size}: " + "; ".join(labels)
+        rows.append((override, label))
+    width = max(len(o) for o, _ in rows)
+    lines = [f"ImageNet recipe for {model} at global batch {global_batch_size}, each value as the override "
+             f"that reproduces it (recipe.mode=auto; a key you set wins, recipe.mode=off derives nothing):"]
+    lines += [f"  {override:<{width}}  {label}" for override, label in rows]
     return lines

@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 
 from largebatch.cli import main
 from largebatch.config import compose_config
-from largebatch.imagenet_recipe import FAMILIES, PEAK_AT_BATCH, _fmt, derive
+from largebatch.imagenet_recipe import FAMILIES, PEAK_AT_BATCH, _fmt, derive, describe
 from largebatch.errors import ConfigError
 
 ROOT = "data.root=/data/imagenet"
@@ -360,3 +360,37 @@ def test_every_resnet50_label_cites_a_file_at_a_commit_or_a_section_or_says_chos
             text = source.partition(": ")[2]
             cited = re.search(r"@[0-9a-f]{7} \S+ L\d+", text) or re.search(r"(sec\.|abstract|Table \d|Fig\. \d)", text)
             assert cited or text.startswith("chosen") or text == PEAK_AT_BATCH, (batch, optimizer, key, text)
+
+
+def test_the_block_writes_each_value_as_the_override_that_reproduces_it() -> None:
+    cfg = _compose("global_batch_size=32768")
+    block = "\n".join(describe(cfg.recipe.derived, 32768, "resnet50"))
+    assert "optimizer.lr=34.0 base_batch_size=32768 lr_scaling=none  peak 34 at 32768: tensorflow/tpu@b13e6b6" in block
+    assert "\n  schedule.warmup_epochs=12 " in block and "\n  epochs=91 " in block
+    again = _compose("global_batch_size=32768", "optimizer.lr=34.0", "base_batch_size=32768", "lr_scaling=none")
+    assert (again.optimizer.lr, again.base_batch_size, _plain(again, "lr_scaling")) == (34.0, 32768, "none")
+
+
+def test_a_users_own_lr_gets_one_line_saying_the_peak_it_becomes() -> None:
+    cfg = _compose("global_batch_size=32768", "optimizer.lr=0.2")  # per 256, linear: 0.2 x 128
+    [line] = [w for w in cfg.recipe.warnings if w.startswith("optimizer.lr=")]
+    assert "a peak of 25.6 at global batch 32768" in line and "optimizer.lr=34.0 base_batch_size=32768" in line
+    loud = _compose("global_batch_size=8192", "optimizer.lr=0.5")  # SGD: 16.0 against Goyal's 3.2 at 8K
+    assert any(w.startswith("WARNING: ") and "above every published peak" in w for w in loud.recipe.warnings)
+
+
+def test_the_block_peak_typed_as_the_lr_is_refused_in_one_line_exit_2(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(ConfigError, match=r"a peak of 4352 at global batch 32768"):
+        _compose("global_batch_size=32768", "optimizer.lr=34.0")  # 34.0 per 256 images: 128x the peak
+    assert main(["--cfg", "job", "data=imagenet", ROOT, "global_batch_size=32768", "optimizer.lr=34.0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "optimizer.lr=34.0 base_batch_size=32768 lr_scaling=none" in err[0]
+
+
+@pytest.mark.parametrize("rule", ["linear", "sqrt", "none"])
+def test_the_recipes_peak_is_lr_scalings_rule(rule: str) -> None:
+    """The recipe (a ground module, no torch) writes lr_scaling's three rules again: held together here."""
+    from largebatch.imagenet_recipe import _peak
+    from largebatch.lr.scaling import scale_lr
+
+    assert _peak(0.1, 32768, 256, rule) == pytest.approx(scale_lr(0.1, 32768, 256, rule))

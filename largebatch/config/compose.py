@@ -275,7 +275,7 @@ def compose_with_recipe(overrides: list[str], config_name: str = "train") -> tup
     from hydra import compose
     from omegaconf import open_dict
 
-    from largebatch.imagenet_recipe import DEFAULT_MODEL, derive
+    from largebatch.imagenet_recipe import DEFAULT_MODEL, UserLr, derive
 
     cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
     choices = dict(cfg.hydra.runtime.choices)
@@ -289,9 +289,12 @@ def compose_with_recipe(overrides: list[str], config_name: str = "train") -> tup
         return cfg[group].name if group in written or f"{group}.name" in written else None
 
     model = chosen("model")
+    # the user's own lr rule, as composed: the recipe says what peak it becomes (or refuses it)
+    user_lr = (UserLr(lr=cfg.optimizer.lr, base_batch_size=cfg.base_batch_size, lr_scaling=cfg.lr_scaling.value)
+               if "optimizer.lr" in written else None)
     recipe = derive(model=model or DEFAULT_MODEL, optimizer=chosen("optimizer"), schedule=chosen("schedule"),
                     global_batch_size=cfg.global_batch_size if "global_batch_size" in written else None,
-                    written=written)
+                    written=written, user_lr=user_lr)
     if model is None:
         recipe.overrides.insert(0, f"model={DEFAULT_MODEL}")
         recipe.sources = {"model": f"{DEFAULT_MODEL}: chosen: the model of Goyal et al., MLPerf and the records",
