@@ -17,7 +17,9 @@ nothing above the ground. This module imports only ``largebatch.errors``.
   (:class:`largebatch.engine.loop.StepSettings`) and the schema's.
 * The crop defaults of the augmentation recipe (:mod:`largebatch.data.augment`), which
   ``LoaderSpec`` (:mod:`largebatch.data.contract`) takes as its own: ``TRAIN_CROP_SCALE``
-  (``data.crop_scale``), ``VAL_CROP_RATIO`` (``data.val_crop_ratio``) and its check.
+  (``data.crop_scale``), ``VAL_CROP_RATIO`` (``data.val_crop_ratio``) and its check; and the
+  recipe's fixed ``TRAIN_CROP_RATIO`` and ``TRAIN_FLIP``, which the batched crop drawing
+  (:mod:`largebatch.data.crop_boxes`) defaults to below the augmentation module.
 * The ``model.compile`` vocabulary: the modes of ``torch.compile`` and their config aliases,
   checked at compose time (``largebatch.config.checks``) and applied by
   :mod:`largebatch.engine.compile`.
@@ -42,7 +44,9 @@ __all__ = [
     "MAX_SKIPPED_STEPS",
     "MIN_IMAGE_SIZE",
     "SHUFFLE_BUFFER",
+    "TRAIN_CROP_RATIO",
     "TRAIN_CROP_SCALE",
+    "TRAIN_FLIP",
     "VAL_CROP_RATIO",
     "check_val_crop_ratio",
     "parse_compile_mode",
@@ -62,6 +66,8 @@ SHUFFLE_BUFFER = 4096
 
 # the augmentation's crops (timm's and torchvision's defaults)
 TRAIN_CROP_SCALE = (0.08, 1.0)  # area fraction of a training crop (data.crop_scale's default)
+TRAIN_CROP_RATIO = (3 / 4, 4 / 3)  # aspect ratio of a training crop (RandomResizedCrop's default)
+TRAIN_FLIP = 0.5  # probability of a training crop's horizontal flip (RandomHorizontalFlip's default)
 VAL_CROP_RATIO = 0.875  # evaluation: centre crop of the image resized to image_size / 0.875
 
 

@@ -14,7 +14,7 @@ import torchvision.io
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from largebatch.data.batched_resize import AxisPlan, resize_group
+from largebatch.data.augment import CropRecipe, augment_batch
 from largebatch.data.contract import LoaderSpec
 from largebatch.data.pipelines import nvjpeg as nv
 from tests.cuda_standin import CudaStandIn
@@ -118,11 +118,10 @@ def test_a_batch_assembled_on_cuda_pins_its_host_parts_and_equals_the_cpu_batch(
 def test_the_batched_resize_pins_its_plan_table_before_copying_it_to_the_device(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """On a device (``meta`` here: no values, a real non-CPU device) the few plan integers go
-    pinned and non-blocking; the CPU path never pins."""
-    spans = [torch.rand(3, 20, 16) * 255, torch.rand(3, 12, 30) * 255]
-    rows = [AxisPlan(0, 20, 8), AxisPlan(0, 12, 8, flip=True)]
-    cols = [AxisPlan(0, 16, 8), AxisPlan(0, 30, 8)]
+    """On a device (``meta`` here: no values, a real non-CPU device) the plan integers of the whole
+    batch (and the way back to batch order) go pinned and non-blocking, in one copy, whatever
+    the number of groups; the CPU path never pins."""
+    images = [torch.rand(3, 20, 16) * 255, torch.rand(3, 12, 30) * 255, torch.rand(3, 40, 40) * 255]
     cuda = CudaStandIn(monkeypatch)
     real_to = torch.Tensor.to
     copies: list[tuple[torch.device, bool, bool]] = []
@@ -133,12 +132,14 @@ def test_the_batched_resize_pins_its_plan_table_before_copying_it_to_the_device(
         return real_to(t, device, *args, non_blocking=non_blocking, **kw)
 
     monkeypatch.setattr(torch.Tensor, "to", to)
-    on_cpu = resize_group(spans, rows, cols, 8)
+    draw = lambda: torch.Generator().manual_seed(1)  # noqa: E731
+    on_cpu = augment_batch(images, CropRecipe(8), train=True, generator=draw(), max_pixels=2_000)
     assert cuda.calls("pin") == [] and copies == []
-    on_device = resize_group([s.to("meta") for s in spans], rows, cols, 8)
-    assert cuda.calls("pin") == [("pin", (2, 8))]
-    assert copies[-1] == (torch.device("meta"), True, True)
-    assert on_device.device.type == "meta" and on_device.shape == on_cpu.shape == (2, 3, 8, 8)
+    on_meta = [real_to(image, "meta") for image in images]
+    on_device = augment_batch(on_meta, CropRecipe(8), train=True, generator=draw(), max_pixels=2_000)
+    assert cuda.calls("pin") == [("pin", (3, 11))]  # 2 groups, one table
+    assert copies == [(torch.device("meta"), True, True)]
+    assert on_device.device.type == "meta" and on_device.shape == on_cpu.shape == (3, 3, 8, 8)
 
 
 # -- dali_device_id: DALI's GPU index -------------------------------------------------------------

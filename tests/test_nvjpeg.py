@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import logging
-import random
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +20,8 @@ from largebatch.data.contract import LoaderSpec
 from largebatch.data.pipelines.torchvision import build_loaders
 from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders, cpu_decode_reason, jpeg_frame
 from largebatch.data.synthetic import make_synthetic_imagenet
-from largebatch.data.augment import centre_crop_box, random_resized_crop_box, sample_rng
+from largebatch.data.augment import CropRecipe, centre_crop_box, centre_crop_boxes, crop_table
+from largebatch.data.crop_boxes import random_resized_crop_boxes
 from largebatch.errors import DataError
 
 SMALL = dict(num_classes=3, train_per_class=8, val_per_class=3, image_size=40)
@@ -72,27 +72,39 @@ def test_cpu_decode_reason() -> None:
 # -- augmentation geometry -------------------------------------------------------------
 
 
-def test_random_resized_crop_box_follows_scale_and_ratio() -> None:
-    for index in range(300):
-        rng = sample_rng(0, 0, index)
-        top, left, h, w = random_resized_crop_box(375, 500, (0.25, 1.0), (3 / 4, 4 / 3), rng)
-        assert 0 <= top <= 375 - h and 0 <= left <= 500 - w
-        assert 0.24 <= h * w / (375 * 500) <= 1.01
-        assert 3 / 4 - 0.05 <= w / h <= 4 / 3 + 0.05
+def test_random_resized_crops_of_images_of_many_sizes_follow_scale_and_ratio() -> None:
+    sizes = torch.tensor([[375, 500], [500, 375], [10, 1000], [64, 48]]).repeat(75, 1)
+    top, left, h, w = random_resized_crop_boxes(len(sizes), sizes[:, 0], sizes[:, 1], scale=(0.25, 1.0),
+                                                ratio=(3 / 4, 4 / 3), generator=torch.Generator().manual_seed(0)).T
+    assert ((top >= 0) & (top <= sizes[:, 0] - h) & (left >= 0) & (left <= sizes[:, 1] - w)).all()
+    fits = sizes[:, 0] != 10
+    area = (h * w / (sizes[:, 0] * sizes[:, 1]))[fits]
+    assert ((area >= 0.24) & (area <= 1.01)).all()
+    assert ((w / h)[fits] >= 3 / 4 - 0.05).all() and ((w / h)[fits] <= 4 / 3 + 0.05).all()
     # a 1000x10 strip never fits the ratio: the centre crop fallback at the widest ratio
-    assert random_resized_crop_box(10, 1000, (0.08, 1.0), (3 / 4, 4 / 3), random.Random(0)) == (0, 493, 10, 13)
+    assert (torch.stack([top, left, h, w], 1)[~fits] == torch.tensor([0, 493, 10, 13])).all()
 
 
-def test_sample_rng_is_keyed_by_seed_epoch_index() -> None:
-    draw = lambda *key: sample_rng(*key).random()  # noqa: E731
-    assert draw(0, 1, 2) == draw(0, 1, 2)
-    assert len({draw(0, 1, 2), draw(1, 1, 2), draw(0, 2, 2), draw(0, 1, 3)}) == 4
+def test_a_batch_of_crops_is_a_function_of_its_generator_seed() -> None:
+    sizes = torch.tensor([[375, 500], [500, 375], [30, 40]]).repeat(8, 1)
+    table = lambda seed: crop_table(sizes, CropRecipe(24), train=True,  # noqa: E731
+                                    generator=torch.Generator().manual_seed(seed))
+    assert torch.equal(table(3), table(3))
+    assert not torch.equal(table(3), table(4))
+    with pytest.raises(ValueError, match="generator"):
+        crop_table(sizes, CropRecipe(24), train=True)
 
 
 def test_centre_crop_box_is_torchvision_resize_then_centre_crop() -> None:
     # 500x375 landscape at 224 / 0.875: shorter side 256, longer int(256 * 500 / 375) = 341
     assert centre_crop_box(375, 500, 224, 0.875) == ((256, 341), 16, 58)
     assert centre_crop_box(500, 375, 224, 0.875) == ((341, 256), 58, 16)
+    # the batched form is the same arithmetic, size by size
+    sizes = [(375, 500), (500, 375), (1, 7), (333, 333), (17, 9), (600, 120), (479, 640)]
+    for size, ratio in ((224, 0.875), (24, 0.875), (160, 0.95)):
+        resized, offsets = centre_crop_boxes(torch.tensor(sizes), size, ratio)
+        assert [((r[0], r[1]), o[0], o[1]) for r, o in zip(resized.tolist(), offsets.tolist())] == [
+            centre_crop_box(h, w, size, ratio) for h, w in sizes]
 
 
 def test_constant_image_normalises_like_the_torchvision_transform(tmp_path: Path) -> None:
@@ -280,12 +292,26 @@ def test_missing_folders_and_bad_crop_ratio(tmp_path: Path, data_root: Path) -> 
 # -- background decode -----------------------------------------------------------------
 
 
-def test_background_decode_gives_the_same_batches(data_root: Path) -> None:
+@pytest.mark.parametrize("overlap", [True, False])
+def test_background_decode_gives_the_same_batches(data_root: Path, overlap: bool) -> None:
     inline = _epoch(build_nvjpeg_loaders(data_root, LOADER, prefetch_batches=0)[0], 2)
-    ahead = _epoch(build_nvjpeg_loaders(data_root, LOADER, prefetch_batches=2)[0], 2)
+    ahead = _epoch(build_nvjpeg_loaders(data_root, LOADER, prefetch_batches=2, overlap=overlap)[0], 2)
     assert len(inline) == len(ahead) == 6
     for (a, la), (b, lb) in zip(inline, ahead):
         assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_the_stage_times_say_where_each_batch_went(data_root: Path, overlap: bool) -> None:
+    """Per batch: the stream wait, the decode, the augmentation (host), the producer's time ahead
+    and the consumer's wait; each non-negative, the decode and augmentation not zero."""
+    train = build_nvjpeg_loaders(data_root, LOADER, prefetch_batches=2, overlap=overlap)[0]
+    assert len(_epoch(train, 0)) == 6 and train.stage_times.batches == 6
+    times = train.stage_times.per_batch_ms()
+    assert {"device_wait", "decode", "augment", "ahead", "data_wait"} <= set(times)
+    assert all(ms >= 0 for ms in times.values()) and times["decode"] > 0 and times["augment"] > 0
+    train.stage_times.reset()
+    assert train.stage_times.per_batch_ms() == {}
 
 
 def test_leaving_an_epoch_early_stops_the_decode_thread(data_root: Path) -> None:
@@ -295,9 +321,10 @@ def test_leaving_an_epoch_early_stops_the_decode_thread(data_root: Path) -> None
     train.set_epoch(0)
     batches = iter(train)
     next(batches)
-    assert any(t.name == "nvjpeg-decode" for t in threading.enumerate())
+    names = {"nvjpeg-decode", "nvjpeg-augment"}
+    assert names <= {t.name for t in threading.enumerate()}  # decode and augmentation overlap
     batches.close()  # what dropping the iterator does (the loop stopping at max_steps)
-    assert not any(t.name == "nvjpeg-decode" for t in threading.enumerate())
+    assert not names & {t.name for t in threading.enumerate()}
 
 
 def test_an_error_in_the_decode_thread_reaches_the_consumer() -> None:
@@ -325,7 +352,7 @@ def test_a_new_epoch_ends_the_unfinished_one(data_root: Path, workers: int) -> N
     next(old)
     train.set_epoch(1)
     new = list(train)
-    assert sum(t.name == "nvjpeg-decode" for t in threading.enumerate()) == 0
+    assert not {"nvjpeg-decode", "nvjpeg-augment"} & {t.name for t in threading.enumerate()}
     assert len(new) == len(reference)
     for (a, la), (b, lb) in zip(new, reference):
         assert torch.equal(a, b) and torch.equal(la, lb)

@@ -13,28 +13,26 @@ are in :mod:`largebatch.defaults` (re-exported here):
 :func:`build_train_transform` / :func:`build_val_transform` apply it to PIL images in loader
 workers (``data.loader=torchvision``); :func:`augment_batch` and :func:`normalise` to decoded
 uint8 ``(3, H, W)`` tensors of different sizes where they lie (a GPU after nvJPEG), with the
-geometry of a :class:`CropRecipe`. There the
-crop and flip are drawn on the host from :func:`sample_rng` ``(seed, epoch, index)``, so a
-batch does not depend on how many workers made it or where a run was stopped; the pixels are
-cut and resized on the images' device. DALI builds the same recipe as a graph of its own
+geometry of a :class:`CropRecipe`. There the crops and flips of a whole batch are drawn on the
+host at once (:func:`crop_table`) from a generator the loader keys by ``(seed, epoch, batch)``,
+so a batch does not depend on how many workers made it or where a run was stopped; the pixels
+are cut and resized on the images' device. DALI builds the same recipe as a graph of its own
 operators (``largebatch.data.pipelines.dali_graph``) from these constants.
 """
 
 from __future__ import annotations
 
 import functools
-import math
-import random
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torchvision.transforms import v2
 
-from largebatch.data.batched_resize import AxisPlan, group_by_area, resize_group
-from largebatch.data.samplers import sample_seed
-from largebatch.defaults import TRAIN_CROP_SCALE, VAL_CROP_RATIO, check_val_crop_ratio
+from largebatch.data.batched_resize import AxisPlan, group_by_area, resize_group, resize_weights, to_device
+from largebatch.data.crop_boxes import draw_flips, random_resized_crop_boxes
+from largebatch.defaults import TRAIN_CROP_RATIO, TRAIN_CROP_SCALE, TRAIN_FLIP, VAL_CROP_RATIO, check_val_crop_ratio
 
 __all__ = [
     "IMAGENET_DEFAULT_MEAN",
@@ -45,31 +43,34 @@ __all__ = [
     "VAL_CROP_RATIO",
     "CropRecipe",
     "ResizeCovering",
+    "PLAN_COLUMNS",
+    "AxisPlan",
     "augment_batch",
     "augment_each",
     "build_train_transform",
     "build_val_transform",
     "centre_crop_box",
+    "centre_crop_boxes",
     "check_val_crop_ratio",
-    "crop_plans",
+    "crop_table",
+    "image_sizes",
     "normalise",
     "normalise_cast",
-    "random_resized_crop_box",
-    "sample_rng",
 ]
 
 # The same values as timm.data.IMAGENET_DEFAULT_MEAN/STD (not imported: timm is heavy).
 IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
-TRAIN_CROP_RATIO = (3 / 4, 4 / 3)  # aspect ratio of a training crop (RandomResizedCrop's default)
-TRAIN_FLIP = 0.5  # probability of a training crop's horizontal flip (RandomHorizontalFlip's default)
 # padded pixels per batched resize group (x 3 channels x 4 bytes: 192 MiB of float32)
 GROUP_PIXELS = 2**24
+# resize-weight elements (images x side x (height + width)) built for a whole batch at once (256 MiB
+# of float32, a few times that while they are built); past it, each group's at its own sides
+WEIGHT_ELEMENTS = 2**26
 
 
 @dataclass(frozen=True)
 class CropRecipe:
-    """The crop geometry at one image size, for the tensor path (:func:`crop_plans`):
+    """The crop geometry at one image size, for the tensor path (:func:`crop_table`):
     training's random-resized crop (area ``crop_scale``, aspect ``crop_ratio``) and flip (with
     probability ``hflip``), evaluation's centre ``size`` crop of the image resized to
     ``size / val_crop_ratio``. The defaults are the recipe's constants above."""
@@ -156,34 +157,9 @@ class ResizeCovering:
 
 
 
-def sample_rng(seed: int, epoch: int, index: int) -> random.Random:
-    """The generator of one sample's augmentation in one epoch, seeded by the same per-sample
-    hash as the torchvision path (:func:`largebatch.data.samplers.sample_seed`)."""
-    return random.Random(sample_seed(seed, epoch, index))
-
-
-def random_resized_crop_box(
-    height: int, width: int, scale: Sequence[float], ratio: Sequence[float], rng: random.Random
-) -> tuple[int, int, int, int]:
-    """``(top, left, h, w)`` of a random crop: torchvision's ``RandomResizedCrop.get_params`` rule
-    (10 tries of area in ``scale`` and log-uniform aspect ratio in ``ratio``, then a centre crop)."""
-    area = height * width
-    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-    for _ in range(10):
-        target_area = area * rng.uniform(scale[0], scale[1])
-        aspect = math.exp(rng.uniform(*log_ratio))
-        w = int(round(math.sqrt(target_area * aspect)))
-        h = int(round(math.sqrt(target_area / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            return rng.randint(0, height - h), rng.randint(0, width - w), h, w
-    in_ratio = width / height
-    if in_ratio < min(ratio):
-        w, h = width, int(round(width / min(ratio)))
-    elif in_ratio > max(ratio):
-        h, w = height, int(round(height * max(ratio)))
-    else:
-        h, w = height, width
-    return (height - h) // 2, (width - w) // 2, h, w
+# the columns of a crop table (crop_table): per axis, the AxisPlan fields; rows, then columns
+PLAN_COLUMNS = ("row_start", "row_length", "row_virtual", "row_offset", "row_flip",
+                "col_start", "col_length", "col_virtual", "col_offset", "col_flip")
 
 
 def centre_crop_box(height: int, width: int, size: int, crop_ratio: float) -> tuple[tuple[int, int], int, int]:
@@ -197,97 +173,130 @@ def centre_crop_box(height: int, width: int, size: int, crop_ratio: float) -> tu
     return resized, int(round((resized[0] - size) / 2.0)), int(round((resized[1] - size) / 2.0))
 
 
+def centre_crop_boxes(sizes: torch.Tensor, size: int, crop_ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`centre_crop_box` for every ``(h, w)`` row of ``sizes`` (int64 ``(N, 2)``) at once, in
+    the same float64 arithmetic: ``(resized, offsets)``, two int64 ``(N, 2)`` tensors."""
+    short = round(size / crop_ratio)
+    h, w = sizes.to(torch.float64).unbind(1)
+    # int(short * w / h): the exact product, one correctly rounded division, truncated (as Python)
+    long_side = torch.where(h <= w, short * w / h, short * h / w).trunc()
+    resized = torch.stack([torch.where(h <= w, float(short), long_side),
+                           torch.where(h <= w, long_side, float(short))], dim=1)
+    return resized.to(torch.int64), torch.round((resized - size) / 2.0).to(torch.int64)
+
+
 def _resize(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """uint8/float ``(3, h, w)`` -> float32 ``(1, 3, *size)``, bilinear with antialiasing (as PIL)."""
     return F.interpolate(image.unsqueeze(0).float(), size=size, mode="bilinear", antialias=True, align_corners=False)
 
 
-def crop_plans(
-    sizes: Sequence[tuple[int, int]],
-    indices: Sequence[int],
+def image_sizes(images: Sequence[torch.Tensor]) -> torch.Tensor:
+    """int64 ``(N, 2)`` ``(h, w)`` of ``(3, h, w)`` images (read from their shapes: no device access)."""
+    return torch.tensor([image.shape[-2:] for image in images], dtype=torch.int64).view(-1, 2)
+
+
+def crop_table(
+    sizes: torch.Tensor,
     recipe: CropRecipe,
     *,
     train: bool,
-    epoch: int = 0,
-    seed: int = 0,
-) -> list[tuple[AxisPlan, AxisPlan]]:
-    """Each sample's ``(rows, columns)`` plan for images of ``sizes`` ``(h, w)``, drawn on the host.
+    generator: Optional[torch.Generator] = None,
+) -> torch.Tensor:
+    """Every sample's crop, drawn on the host for the whole batch: int64 ``(N, 10)``, one row per
+    image of ``sizes`` ``(h, w)``, the :data:`PLAN_COLUMNS` (an :class:`AxisPlan` for the rows,
+    then one for the columns).
 
-    ``train``: the recipe's random-resized crop, then its flip, both from
-    ``sample_rng(seed, epoch, indices[i])`` in that order. Else the evaluation crop: shorter
+    ``train``: the recipe's random-resized crop (:func:`largebatch.data.crop_boxes.random_resized_crop_boxes`,
+    torchvision's rule, all samples' tries at once), then its flip (:func:`~largebatch.data.crop_boxes.draw_flips`),
+    both from ``generator`` in that order: a batch's crops are a function of the generator's seed,
+    which the loader keys by ``(seed, epoch, batch)``. Else the evaluation crop (no draw): shorter
     side to ``size / val_crop_ratio``, centre ``size``.
     """
-    r, size = recipe, recipe.size
-    plans = []
-    for index, (h, w) in zip(indices, sizes):
-        if train:
-            rng = sample_rng(seed, epoch, index)
-            top, left, ch, cw = random_resized_crop_box(h, w, r.crop_scale, r.crop_ratio, rng)
-            flip = rng.random() < r.hflip
-            plans.append((AxisPlan(top, ch, size), AxisPlan(left, cw, size, 0, flip)))
-        else:
-            (rh, rw), top, left = centre_crop_box(h, w, size, r.val_crop_ratio)
-            plans.append((AxisPlan(0, h, rh, top), AxisPlan(0, w, rw, left)))
-    return plans
+    r, size, n = recipe, recipe.size, len(sizes)
+    zeros, sides = torch.zeros(n, dtype=torch.int64), torch.full((n,), size, dtype=torch.int64)
+    if train:
+        if generator is None:
+            raise ValueError("a training crop table needs the generator its crops are drawn from")
+        top, left, ch, cw = random_resized_crop_boxes(n, sizes[:, 0], sizes[:, 1], generator=generator,
+                                                      scale=r.crop_scale, ratio=r.crop_ratio).unbind(1)
+        flips = draw_flips(n, generator=generator, probability=r.hflip).to(torch.int64)
+        columns = (top, ch, sides, zeros, zeros, left, cw, sides, zeros, flips)
+    else:
+        resized, offsets = centre_crop_boxes(sizes, size, r.val_crop_ratio)
+        columns = (zeros, sizes[:, 0], resized[:, 0], offsets[:, 0], zeros,
+                   zeros, sizes[:, 1], resized[:, 1], offsets[:, 1], zeros)
+    return torch.stack(columns, dim=1)
 
 
 def augment_batch(
     images: Sequence[torch.Tensor],
-    indices: Sequence[int],
     recipe: CropRecipe,
     *,
     train: bool,
-    epoch: int = 0,
-    seed: int = 0,
+    generator: Optional[torch.Generator] = None,
     max_pixels: int = GROUP_PIXELS,
 ) -> torch.Tensor:
     """Crop and resize each image to the recipe's ``size``: float32 ``(N, 3, size, size)``, 0..255.
 
-    The geometry of :func:`crop_plans`; the pixels are cut, resized (antialiased bilinear, as
-    PIL) and flipped for a whole group of images at once (:mod:`largebatch.data.batched_resize`:
-    two batched matrix multiplies per group of at most ``max_pixels`` padded pixels). Equal to
-    :func:`augment_each` up to float rounding.
+    The geometry of :func:`crop_table` (``generator``: the training crops' draws); the pixels are
+    cut, resized (antialiased bilinear, as PIL) and flipped for a whole group of images at once
+    (:mod:`largebatch.data.batched_resize`: two batched matrix multiplies per group of at most
+    ``max_pixels`` padded pixels). Equal to :func:`augment_each` up to float rounding.
+
+    No Python-level work per image but a view for the copy: the weights of the whole batch are
+    built once (one copy of its crop table to the device), each group's images are copied into
+    its padded tensor by one ``torch._foreach_copy_``, and the groups are put back in batch order
+    by one ``index_select``; so the host time per batch stays a few milliseconds at 256 images.
     """
-    plans = crop_plans([tuple(image.shape[-2:]) for image in images], indices, recipe, train=train, epoch=epoch,
-                       seed=seed)
-    size = recipe.size
-    spans = [image[:, r.start : r.start + r.length, c.start : c.start + c.length]
-             for image, (r, c) in zip(images, plans)]
-    groups = group_by_area([tuple(s.shape[-2:]) for s in spans], max_pixels)
-    if len(groups) == 1:  # the whole batch in one group: already in batch order
-        return resize_group(spans, [r for r, _ in plans], [c for _, c in plans], size)
-    out = torch.empty(len(images), 3, size, size, dtype=torch.float32, device=images[0].device)
+    sizes = image_sizes(images)
+    groups = group_by_area(sizes.tolist(), max_pixels)
+    if len(groups) == 1:  # the whole batch in one group: in batch order, nothing to put back
+        groups = [list(range(len(images)))]
+    order = [k for group in groups for k in group]
+    table = crop_table(sizes, recipe, train=train, generator=generator)
+    inverse = torch.empty(len(order), dtype=torch.int64)
+    inverse[torch.tensor(order, dtype=torch.int64)] = torch.arange(len(order))
+    # the plans in group order and the way back, in one small host-to-device copy (no host read back)
+    plans = to_device(torch.cat([table[order], inverse[:, None]], dim=1), images[0].device)
+    size, (height, width) = recipe.size, sizes.max(dim=0).values.tolist()
+    whole = len(order) * size * (height + width) <= WEIGHT_ELEMENTS
+    if whole:  # the weights of every image at once, at the batch's largest sides (group order)
+        wy_all, wx_all = resize_weights(plans[:, 0:5], size, height), resize_weights(plans[:, 5:10], size, width)
+    resized, first = [], 0
     for group in groups:
-        resized = resize_group([spans[k] for k in group], [plans[k][0] for k in group],
-                               [plans[k][1] for k in group], size)
-        for row, k in enumerate(group):  # contiguous slices, not an index tensor: no host copy
-            out[k] = resized[row]
-    return out
+        last = first + len(group)
+        if whole:
+            wy, wx = wy_all[first:last], wx_all[first:last]
+        else:  # an outsized image: each group's weights at its own sides
+            gh, gw = (max(sizes[k, axis] for k in group).item() for axis in (0, 1))
+            wy, wx = resize_weights(plans[first:last, 0:5], size, gh), resize_weights(plans[first:last, 5:10], size, gw)
+        resized.append(resize_group([images[k] for k in group], wy, wx))
+        first = last
+    if len(groups) == 1:
+        return resized[0]
+    return torch.cat(resized).index_select(0, plans[:, 10])
 
 
 def augment_each(
     images: Sequence[torch.Tensor],
-    indices: Sequence[int],
     recipe: CropRecipe,
     *,
     train: bool,
-    epoch: int = 0,
-    seed: int = 0,
+    generator: Optional[torch.Generator] = None,
 ) -> torch.Tensor:
     """:func:`augment_batch` image by image with ``F.interpolate`` (the reference it is tested
-    against, and the "before" of benchmarks/augment.py): a few kernels and some Python
-    per image."""
-    plans = crop_plans([tuple(image.shape[-2:]) for image in images], indices, recipe, train=train, epoch=epoch,
-                       seed=seed)
+    against, the CPU device's path, and the "before" of benchmarks/augment.py): a few kernels
+    and some Python per image."""
+    plans = crop_table(image_sizes(images), recipe, train=train, generator=generator).tolist()
     size = recipe.size
     out = []
-    for image, (r, c) in zip(images, plans):
+    for image, (top, height, virtual_h, offset_h, _, left, width, virtual_w, offset_w, flip) in zip(images, plans):
         if train:
-            crop = _resize(image[:, r.start : r.start + r.length, c.start : c.start + c.length], (size, size))
-            if c.flip:
+            crop = _resize(image[:, top : top + height, left : left + width], (size, size))
+            if flip:
                 crop = crop.flip(-1)
         else:
-            crop = _resize(image, (r.virtual, c.virtual))[..., r.offset : r.offset + size, c.offset : c.offset + size]
+            crop = _resize(image, (virtual_h, virtual_w))[..., offset_h : offset_h + size, offset_w : offset_w + size]
         out.append(crop)
     return torch.cat(out)
 
@@ -297,13 +306,17 @@ def _normalise_constants(device: torch.device, mean: tuple[float, ...],
                          std: tuple[float, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """The per-channel scale and shift on ``device``, built once per device and statistics.
 
-    ``torch.tensor(values, device=cuda)`` is a copy from pageable host memory, which waits for
-    the device: made every batch it would keep the decode thread from running ahead of the
-    step. The cached tensors are only ever read, so any stream may use them.
+    Made on the device by one fill per channel (a kernel with the value as its argument), not
+    copied from the host: ``torch.tensor(values).to(cuda)`` is a copy from pageable host memory,
+    which waits for the device, in whichever thread builds them first (the decode thread). The
+    cached tensors are only ever read, so any stream may use them.
     """
-    scale = torch.tensor([1 / (255 * s) for s in std]).view(1, -1, 1, 1)
-    shift = torch.tensor([-m / s for m, s in zip(mean, std)]).view(1, -1, 1, 1)
-    return scale.to(device), shift.to(device)
+    scale = torch.empty(1, len(std), 1, 1, device=device)
+    shift = torch.empty(1, len(std), 1, 1, device=device)
+    for channel, (m, s) in enumerate(zip(mean, std)):
+        scale[:, channel].fill_(1 / (255 * s))
+        shift[:, channel].fill_(-m / s)
+    return scale, shift
 
 
 def normalise(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:

@@ -8,9 +8,12 @@ import functools
 import os
 import queue
 import threading
+import time
 from typing import Any, Callable, Generator, Iterator, Optional, TypeVar
 
 import torch
+
+from largebatch.data.stage_times import StageTimes
 
 __all__ = ["cuda_device_index", "in_background", "one_intraop_thread_here"]
 
@@ -82,8 +85,10 @@ class _Producer:
     CUDA ``device``) and puts ``(item, ready event, error)`` on a queue of ``depth`` until told to
     stop; the end is ``(_DONE, None, None)``, an error ``(None, None, error)``."""
 
-    def __init__(self, produce: Callable[[], Iterator[Any]], depth: int, device: Optional[torch.device]) -> None:
+    def __init__(self, produce: Callable[[], Iterator[Any]], depth: int, device: Optional[torch.device],
+                 times: Optional[StageTimes] = None) -> None:
         self.produce = produce
+        self.times = times
         self.items: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self.stop = threading.Event()
         self.cuda = device is not None and torch.device(device).type == "cuda"
@@ -94,13 +99,18 @@ class _Producer:
 
     def put(self, item: Any) -> bool:
         """Queue ``item``, waiting while the queue is full; False once told to stop."""
-        while not self.stop.is_set():
-            try:
-                self.items.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
+        start = time.perf_counter()
+        try:
+            while not self.stop.is_set():
+                try:
+                    self.items.put(item, timeout=0.05)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+        finally:
+            if self.times is not None:
+                self.times.add("ahead", time.perf_counter() - start)
 
     def run(self) -> None:
         # Everything the thread does is inside the try, its start-up included: an error that
@@ -135,7 +145,7 @@ def _handed_over(item: T, ready: Any, device: Optional[torch.device]) -> T:
 
 
 def in_background(produce: Callable[[], Iterator[T]], depth: int, *, device: Optional[torch.device] = None,
-                  name: str = "background-iterator") -> Generator[T, None, None]:
+                  name: str = "background-iterator", times: Optional[StageTimes] = None) -> Generator[T, None, None]:
     """Iterate ``produce()`` in a thread that runs up to ``depth`` items ahead of the consumer.
 
     Why: torchvision's GPU decode blocks the calling thread until nvJPEG has finished (it
@@ -150,13 +160,20 @@ def in_background(produce: Callable[[], Iterator[T]], depth: int, *, device: Opt
     producer before the consumer's queued kernels have read it. Blocks the training stream
     frees are never given to the producer's stream (the caching allocator keeps them per
     stream), which is what nvJPEG's own stream needs (see ``nvjpeg.decode_images``).
+
+    ``times``: where the thread's time blocked on a full queue goes (``ahead``) and the
+    consumer's blocked on an empty one (``data_wait``), see :mod:`largebatch.data.stage_times`.
     """
-    producer = _Producer(produce, depth, device)
+    producer = _Producer(produce, depth, device, times)
     thread = threading.Thread(target=producer.run, name=name, daemon=True)
     thread.start()
     try:
         while True:
-            item, ready, err = producer.items.get()
+            if times is None:
+                item, ready, err = producer.items.get()
+            else:
+                with times.timing("data_wait"):
+                    item, ready, err = producer.items.get()
             if err is not None:
                 raise err
             if item is _DONE:

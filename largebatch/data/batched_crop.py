@@ -6,13 +6,14 @@ host with few cores per accelerator is where an epoch goes. Images that all have
 decoded store holds every image at one stored side, :mod:`largebatch.data.decoded_store`) can
 be augmented a batch at a time instead:
 
-* **boxes**: :func:`random_resized_crop_boxes` draws every sample's crop with the rule of
-  torchvision's ``RandomResizedCrop.get_params`` (area fraction uniform in ``scale``, log aspect
-  ratio uniform in ``log(ratio)``, the first of 10 tries that fits, else the centre crop of the
-  nearest allowed aspect ratio), vectorised over the batch: the same distribution, not the same
-  stream of numbers (tests/test_batched_crop.py holds the two equal by two-sample KS tests). It
-  draws from a ``torch.Generator`` the caller passes, always the same amount per batch, so a
-  batch is a function of the generator's state (what a resumable sampler needs);
+* **boxes**: :func:`random_resized_crop_boxes` (:mod:`largebatch.data.crop_boxes`, re-exported
+  here) draws every sample's crop with the rule of torchvision's ``RandomResizedCrop.get_params``
+  (area fraction uniform in ``scale``, log aspect ratio uniform in ``log(ratio)``, the first of 10
+  tries that fits, else the centre crop of the nearest allowed aspect ratio), vectorised over the
+  batch: the same distribution, not the same stream of numbers (tests/test_batched_crop.py holds
+  the two equal by two-sample KS tests). It draws from a ``torch.Generator`` the caller passes,
+  always the same amount per batch, so a batch is a function of the generator's state (what a
+  resumable sampler needs);
 * **pixels**: :func:`resized_crops`, one ``torchvision.ops.roi_align`` call for the whole batch
   (``aligned=True``: pixel ``k`` covers ``[k, k + 1)``, so a box is the crop's own edges);
 * **flip**: the drawn half of the batch reversed along the width, by index;
@@ -54,80 +55,13 @@ import torch
 import torch.nn.functional as F
 from torchvision.ops import roi_align
 
-from largebatch.data.augment import (
-    IMAGENET_DEFAULT_MEAN,
-    IMAGENET_DEFAULT_STD,
-    TRAIN_CROP_RATIO,
-    TRAIN_CROP_SCALE,
-    TRAIN_FLIP,
-    CropRecipe,
-    normalise_cast,
-)
+from largebatch.data.augment import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, CropRecipe, normalise_cast
+from largebatch.data.crop_boxes import TRIES, draw_flips, random_resized_crop_boxes
 
 __all__ = ["SAMPLING_RATIO", "TRIES", "augment_same_size", "draw_flips", "flip_rows",
            "random_resized_crop_boxes", "resized_crops", "resized_crops_each"]
 
-TRIES = 10  # RandomResizedCrop.get_params's tries before its centre-crop fallback
 SAMPLING_RATIO = 1  # roi_align samples per output pixel and axis: bilinear, no antialiasing (see above)
-
-
-def _fallback_box(height: int, width: int, ratio: Sequence[float]) -> tuple[int, int]:
-    """``(h, w)`` of get_params's fallback: the whole image cut to the nearest allowed aspect ratio."""
-    in_ratio = width / height
-    if in_ratio < min(ratio):
-        return int(round(width / min(ratio))), width
-    if in_ratio > max(ratio):
-        return height, int(round(height * max(ratio)))
-    return height, width
-
-
-def random_resized_crop_boxes(
-    count: int,
-    height: int,
-    width: int,
-    *,
-    generator: torch.Generator,
-    scale: Sequence[float] = TRAIN_CROP_SCALE,
-    ratio: Sequence[float] = TRAIN_CROP_RATIO,
-) -> torch.Tensor:
-    """``(count, 4)`` int64 ``(top, left, h, w)`` crops of a ``height x width`` image, drawn by
-    ``RandomResizedCrop.get_params``'s rule for all ``count`` samples at once.
-
-    Per sample and try: area ``height * width * U(scale)``, aspect ``exp(U(log ratio))``, ``w =
-    round(sqrt(area * aspect))``, ``h = round(sqrt(area / aspect))``; the first try with ``0 < w
-    <= width`` and ``0 < h <= height`` is kept, its top-left uniform over the positions that fit;
-    a sample whose 10 tries all fail gets :func:`_fallback_box`, centred. The draws are made in
-    get_params's precision (float32 uniforms, float64 arithmetic); every call consumes the same
-    amount of ``generator`` whatever is accepted.
-    """
-    if count < 0 or height < 1 or width < 1:
-        raise ValueError(f"need count >= 0 and a non-empty image, got count={count}, {height}x{width}")
-    if not 0 < scale[0] <= scale[1] or not 0 < ratio[0] <= ratio[1]:
-        raise ValueError(f"scale and ratio must be increasing positive ranges, got scale={scale}, ratio={ratio}")
-    area = float(height * width)
-    log_ratio = torch.log(torch.tensor([float(ratio[0]), float(ratio[1])]))  # float32, as get_params
-    fraction = torch.empty(count, TRIES).uniform_(float(scale[0]), float(scale[1]), generator=generator)
-    log_aspect = torch.empty(count, TRIES).uniform_(float(log_ratio[0]), float(log_ratio[1]), generator=generator)
-    target = area * fraction.double()
-    aspect = torch.exp(log_aspect).double()
-    w = torch.round(torch.sqrt(target * aspect))  # round half to even, as Python's round
-    h = torch.round(torch.sqrt(target / aspect))
-    fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
-    first = fits.to(torch.uint8).argmax(dim=1, keepdim=True)  # the first try that fits (0 if none)
-    accepted = fits.any(dim=1)
-    fallback_h, fallback_w = _fallback_box(height, width, ratio)
-    h = torch.where(accepted, h.gather(1, first).squeeze(1), float(fallback_h))
-    w = torch.where(accepted, w.gather(1, first).squeeze(1), float(fallback_w))
-    # top-left: uniform over the integers 0..room (torch.randint(0, room + 1)); centred in the fallback
-    room = torch.stack([height - h, width - w], dim=1)
-    offset = torch.floor(torch.rand(count, 2, dtype=torch.float64, generator=generator) * (room + 1))
-    offset = torch.where(accepted[:, None], torch.minimum(offset, room), torch.div(room, 2, rounding_mode="floor"))
-    return torch.stack([offset[:, 0], offset[:, 1], h, w], dim=1).to(torch.int64)
-
-
-def draw_flips(count: int, *, generator: torch.Generator, probability: float = TRAIN_FLIP) -> torch.Tensor:
-    """``(count,)`` bool: which samples are flipped (each with ``probability``, one uniform each)."""
-    return torch.rand(count, generator=generator) < probability
 
 
 def resized_crops(images: torch.Tensor, boxes: torch.Tensor, side: int,

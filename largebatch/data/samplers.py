@@ -45,11 +45,12 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
     """Seed of one training sample's augmentation: a hash of (seed, epoch, index), < 2**63.
 
     SplitMix64 chained over the three (a few microseconds; numpy's SeedSequence costs ~60).
-    The torchvision and nvjpeg loaders key each sample's augmentation on it (the torchvision
-    data set seeds torch's CPU generator with it, the nvjpeg path a :class:`random.Random`,
-    ``augment.sample_rng``), so their crops depend on no worker or stop. DALI does not: its
-    operators draw from one generator per pipeline (seeded per rank and epoch,
-    ``dali_graph._aug_seed``), so its crops differ from the other two loaders'.
+    The torchvision loader keys each sample's augmentation on it (its data set seeds torch's CPU
+    generator with it); the nvjpeg and decoded loaders key each batch's (``index`` = the batch's
+    place among all ranks' batches of the epoch, one generator for the batch's crops and flips);
+    so their crops depend on no worker or stop. DALI does not: its operators draw from one
+    generator per pipeline (seeded per rank and epoch, ``dali_graph._aug_seed``), so its crops
+    differ from the other loaders'.
     """
     h = _splitmix64(seed & _MASK64)
     h = _splitmix64(h ^ (epoch & _MASK64))

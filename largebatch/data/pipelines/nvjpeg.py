@@ -11,15 +11,18 @@ Augmentation (:mod:`largebatch.data.augment`, tensor ops) is the recipe of
 :mod:`largebatch.data.pipelines.torchvision`: training takes a random-resized crop (area ``crop_scale``,
 aspect ratio 3/4..4/3, torchvision's sampling rule), a horizontal flip with probability 1/2
 and the ImageNet mean/std; evaluation resizes the shorter side to ``image_size /
-val_crop_ratio`` and takes the centre crop. Each sample's crop and flip come from a generator
-keyed by ``(seed, epoch, sample index)``: the batches do not depend on the number of workers,
-and a run resumed mid-epoch gets the very crops the uninterrupted run would have got.
+val_crop_ratio`` and takes the centre crop. A batch's crops and flips are drawn at once from a
+generator keyed by ``(seed, epoch, the batch's place among all ranks' batches)``: the batches do
+not depend on the number of workers, and a run resumed mid-epoch gets the very crops the
+uninterrupted run would have got.
 Progressive resizing: a training batch is cut to its epoch's side
 (``LoaderSpec.train_size_at``, its crop area range ``LoaderSpec.crop_scale_at``), an evaluation
 batch to ``LoaderSpec.val_size_at`` the epoch its ``set_epoch`` named; the side is chosen where
 the batch is assembled, from the epoch the pass was started with, so the workers (which only
-read bytes) need no rebuild. The next batch is decoded and augmented in a
-background thread (:func:`largebatch.data.background.in_background`).
+read bytes) need no rebuild. The next batches are decoded in one background thread and
+augmented in another (:func:`largebatch.data.background.in_background`), so the decode of batch
+k + 1 overlaps the augmentation of batch k; :attr:`NvjpegLoader.stage_times` says where each
+batch's time goes.
 
 Batch contract (that of :func:`largebatch.data.pipelines.torchvision.build_loaders`, on the device):
 
@@ -71,7 +74,8 @@ from largebatch.data.images import (
     split_folder,
 )
 from largebatch.data.loader_view import LoaderView, UnreadableTally
-from largebatch.data.samplers import ExactShardSampler, ShardedSampler
+from largebatch.data.samplers import ExactShardSampler, ShardedSampler, sample_seed
+from largebatch.data.stage_times import StageTimes
 from largebatch.data.worker_signals import ignoring_stop_signals
 from largebatch.errors import DataError
 
@@ -348,7 +352,8 @@ class NvjpegLoader(LoaderView):
     skip_batches)`` selects the epoch's shuffle and augmentation and skips batches (resume).
     """
 
-    def __init__(self, loader: DataLoader, spec: LoaderSpec, *, train: bool, prefetch_batches: int = 2) -> None:
+    def __init__(self, loader: DataLoader, spec: LoaderSpec, *, train: bool, prefetch_batches: int = 2,
+                 overlap: bool = True) -> None:
         self.loader = loader
         self.prefetch_batches = prefetch_batches
         self.train = train
@@ -369,6 +374,10 @@ class NvjpegLoader(LoaderView):
         self._cpu_decoded: set[int] = set()
         self._reported: set[str] = set()
         self._active: Optional[weakref.ref[Generator[tuple[torch.Tensor, torch.Tensor], None, None]]] = None
+        self.rank, self.world_size = spec.rank, spec.world_size
+        self.first_batch = 0  # the number of this pass's first batch (set_epoch's skip)
+        self.overlap = overlap
+        self.stage_times = StageTimes()  # where each batch's time goes (benchmarks read it)
 
     @property
     def skipped(self) -> int:
@@ -383,6 +392,7 @@ class NvjpegLoader(LoaderView):
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
         """Use epoch ``epoch``'s shuffle, crops and side; skip its first ``skip_batches`` batches."""
         self.epoch = epoch
+        self.first_batch = skip_batches
         super().set_epoch(epoch, skip_batches)
 
     def side_at(self, epoch: int) -> int:
@@ -393,22 +403,44 @@ class NvjpegLoader(LoaderView):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This epoch's batches. A new pass ends the previous one first: with persistent
         workers both would share one DataLoader iterator (and the old pass's thread could
-        still be reading from it)."""
+        still be reading from it).
+
+        With ``prefetch_batches`` > 0 and ``overlap`` (the default), two threads: one decodes
+        batch k + 1 (on a CUDA stream nothing else uses) while the other augments batch k (on a
+        stream of its own) and hands it to the consumer; each hand-over is an event the next
+        stream waits on, no host wait. Without ``overlap``, one thread decodes and augments
+        each batch in turn (the arrangement the benchmarks compare against)."""
         previous = self._active() if self._active is not None else None
         if previous is not None:
             previous.close()
-        epoch = self.epoch
+        epoch, first = self.epoch, self.first_batch
 
-        def batches() -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
-            for samples in self._loader_pass():
-                batch = self.assemble(samples, epoch)
-                if batch is not None:
-                    yield batch
+        def decoded() -> Generator[tuple[int, EncodedBatch, list[tuple[int, int, torch.Tensor]]], None, None]:
+            for number, batch in enumerate(self._loader_pass(), start=first):
+                yield number, batch, self._decode(batch)
 
-        if self.prefetch_batches <= 0:
-            active = batches()
+        def batches(source: Iterator[tuple[int, EncodedBatch, list[tuple[int, int, torch.Tensor]]]]
+                    ) -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
+            try:
+                for number, batch, good in source:
+                    with self.stage_times.timing("augment"):
+                        out = self._augment(batch, good, epoch, number)
+                    self.stage_times.count_batch()
+                    if out is not None:
+                        yield out
+            finally:
+                getattr(source, "close", lambda: None)()  # a decode thread ends with the pass
+
+        device, depth, times = self.device, self.prefetch_batches, self.stage_times
+        if depth <= 0:
+            active = batches(decoded())
+        elif self.overlap:
+            active = in_background(
+                lambda: batches(in_background(decoded, 1, device=device, name="nvjpeg-decode", times=None)),
+                depth, device=device, name="nvjpeg-augment", times=times)
         else:
-            active = in_background(batches, self.prefetch_batches, device=self.device, name="nvjpeg-decode")
+            active = in_background(lambda: batches(decoded()), depth, device=device, name="nvjpeg-decode",
+                                   times=times)
         # weak: a pass its consumer dropped must close (and stop its thread) at once
         self._active = weakref.ref(active)
         return active
@@ -422,7 +454,10 @@ class NvjpegLoader(LoaderView):
     def _decode(self, batch: EncodedBatch) -> list[tuple[int, int, torch.Tensor]]:
         """``(position in the batch, dataset index, image on the device)`` of each readable sample."""
         encoded = batch.encoded()
-        decoded = dict(zip(batch.on_device, decode_images(encoded, self.device)))
+        with self.stage_times.timing("device_wait"):
+            _finish_stream(self.device)  # decode_images finishes it again: then nothing is left to wait for
+        with self.stage_times.timing("decode"):
+            decoded = dict(zip(batch.on_device, decode_images(encoded, self.device)))
         payloads = dict(zip(batch.on_device, encoded))
         out = []
         for k, s in enumerate(batch.samples):
@@ -448,9 +483,15 @@ class NvjpegLoader(LoaderView):
             out.append((k, s.dataset_index, image))
         return out
 
-    def assemble(self, batch: EncodedBatch, epoch: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
-        """Decode and augment one batch of the loader; None for a val batch left empty."""
-        good = self._decode(batch)
+    def assemble(self, batch: EncodedBatch, epoch: int, number: int = 0) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """Decode and augment one batch of the loader, batch ``number`` of this rank's epoch
+        ``epoch``; None for a val batch left empty."""
+        return self._augment(batch, self._decode(batch), epoch, number)
+
+    def _augment(self, batch: EncodedBatch, good: list[tuple[int, int, torch.Tensor]], epoch: int,
+                 number: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """Augment one decoded batch (``good``: :meth:`_decode`'s), batch ``number`` of this rank's
+        epoch ``epoch``; None for a val batch left empty."""
         if not good:
             if self.train:
                 raise DataError(f"all {len(batch)} images of a training batch are unreadable: "
@@ -465,8 +506,10 @@ class NvjpegLoader(LoaderView):
         side, scale = self.side_at(epoch), self._crop_scale_at(epoch)
         recipe = self.recipe if (side, scale) == (self.recipe.size, self.recipe.crop_scale) else replace(
             self.recipe, size=side, crop_scale=scale)
-        images = augment([image for _, _, image in good], [index for _, index, _ in good], recipe,
-                         train=self.train, epoch=epoch, seed=self.seed)
+        # keyed by the batch's place among all ranks' batches of the epoch (as the decoded loader's):
+        # the crops depend on no worker count or stop, and no two ranks draw alike
+        generator = torch.Generator().manual_seed(sample_seed(self.seed, epoch, number * self.world_size + self.rank))
+        images = augment([image for _, _, image in good], recipe, train=self.train, generator=generator)
         images = normalise_cast(images, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, self.dtype, self.channels_last)
         positions = [k for k, _, _ in good]
         labels = batch.labels
@@ -479,7 +522,7 @@ class NvjpegLoader(LoaderView):
 
 
 def build_nvjpeg_loaders(
-    root: str | os.PathLike, spec: LoaderSpec, *, prefetch_batches: int = 2
+    root: str | os.PathLike, spec: LoaderSpec, *, prefetch_batches: int = 2, overlap: bool = True
 ) -> tuple[NvjpegLoader, NvjpegLoader, int]:
     """Train and val loaders of ``root/train`` and ``root/val`` decoding on ``spec.device``.
 
@@ -490,8 +533,10 @@ def build_nvjpeg_loaders(
             libjpeg, for tests, slower than the torchvision loader's worker decode), ``dtype``
             (of the images yielded: the compute dtype, bf16/fp16 halve the copy) and
             ``channels_last`` (NHWC-strided images, the layout of a channels_last model).
-        prefetch_batches: batches decoded ahead in a background thread (0: decode in the
-            consumer's thread when it asks for the batch).
+        prefetch_batches: batches decoded and augmented ahead in background threads (0: decode
+            and augment in the consumer's thread when it asks for the batch).
+        overlap: decode batch k + 1 in one thread while another augments batch k (default);
+            False: one thread does both in turn.
 
     ``spec.workers`` DataLoader processes per rank read the files (and decode on the CPU the
     few nvJPEG cannot) and join each batch's bytes into one :class:`EncodedBatch`, each worker
@@ -521,5 +566,6 @@ def build_nvjpeg_loaders(
         batch_size=spec.val_batch, drop_last=False,
         sampler=ExactShardSampler(len(val_set), rank=rank, world_size=world_size), **common,
     )
-    return (NvjpegLoader(train, spec, train=True, prefetch_batches=prefetch_batches),
-            NvjpegLoader(val, spec, train=False, prefetch_batches=prefetch_batches), len(train_set.classes))
+    return (NvjpegLoader(train, spec, train=True, prefetch_batches=prefetch_batches, overlap=overlap),
+            NvjpegLoader(val, spec, train=False, prefetch_batches=prefetch_batches, overlap=overlap),
+            len(train_set.classes))
