@@ -394,3 +394,12 @@ def test_the_recipes_peak_is_lr_scalings_rule(rule: str) -> None:
     from largebatch.lr.scaling import scale_lr
 
     assert _peak(0.1, 32768, 256, rule) == pytest.approx(scale_lr(0.1, 32768, 256, rule))
+
+
+def test_cfg_job_shows_the_derived_values_and_warnings_the_run_gets(capsys: pytest.CaptureFixture) -> None:
+    import yaml
+
+    assert main(["--cfg", "job", "data=imagenet", ROOT, "global_batch_size=49152"]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)["recipe"]
+    assert shown["derived"]["optimizer.lr"].startswith("32.0: tensorflow/tpu@f59154b")
+    assert len(shown["warnings"]) == 1 and "no published run at this batch" in shown["warnings"][0]

@@ -112,8 +112,41 @@ def multirun_overrides(overrides: Sequence[str]) -> list[str]:
     return list(overrides)
 
 
+def _show_cfg(hydra: Any, *, overrides: list[str], opts: Any, recipe: dict[str, Any]) -> None:
+    """Hydra's ``show_cfg`` (hydra/_internal/hydra.py, 1.3), with ``recipe.derived`` and
+    ``recipe.warnings`` as the run gets them: Hydra composes from the overrides alone, which
+    leaves them empty (the run writes them after composing)."""
+    import sys
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import Container, OmegaConf
+
+    cfg = hydra.compose_config(config_name="train", overrides=overrides, run_mode=RunMode.RUN,
+                               with_log_configuration=False)
+    HydraConfig.instance().set_config(cfg)
+    OmegaConf.set_readonly(cfg.hydra, None)
+    cfg.recipe.derived = recipe["derived"]
+    cfg.recipe.warnings = recipe["warnings"]
+    cfg = hydra.get_sanitized_cfg(cfg, opts.cfg)
+    package = None if opts.package == "_global_" else opts.package
+    shown = cfg if package is None else OmegaConf.select(cfg, package)
+    if shown is None:
+        sys.stderr.write(f"package '{package}' not found in config\n")
+        sys.exit(1)
+    if not isinstance(shown, Container):
+        print(shown)
+        return
+    if package is not None:
+        print(f"# @package {package}")
+    if opts.resolve:
+        OmegaConf.resolve(shown)
+    sys.stdout.write(OmegaConf.to_yaml(shown))
+
+
 def show(opts: Any) -> None:
-    """``--help``, ``--hydra-help``, ``--cfg``, ``--info``: Hydra's own output for conf/train.yaml."""
+    """``--help``, ``--hydra-help``, ``--cfg``, ``--info``: Hydra's own output for conf/train.yaml (``--cfg``
+    with the ImageNet recipe's ``recipe.derived`` and ``recipe.warnings`` filled in, :func:`_show_cfg`)."""
     import sys
 
     from largebatch.config import check_composed, check_overrides, compose_with_recipe, hydra_errors, hydra_session
@@ -121,6 +154,7 @@ def show(opts: Any) -> None:
 
     overrides = list(opts.overrides)
     check_overrides(overrides)
+    recorded: dict[str, Any] = {"derived": {}, "warnings": []}
     if opts.cfg or opts.info:
         job = [o for o in overrides if not _key(o).startswith(("hydra.", "hydra/"))]
         with hydra_errors(), hydra_session():
@@ -129,6 +163,7 @@ def show(opts: Any) -> None:
         # the ImageNet recipe's overrides go first, so that --cfg shows what a run composes; its
         # sources go to stderr, the config to stdout
         overrides = [*recipe, *overrides]
+        recorded = {"derived": dict(cfg.recipe.derived), "warnings": list(cfg.recipe.warnings)}
         for line in [*describe(cfg.recipe.derived, cfg.global_batch_size, cfg.model.name), *cfg.recipe.warnings]:
             print(line, file=sys.stderr)
     with hydra_errors(), hydra_session() as hydra:
@@ -137,7 +172,6 @@ def show(opts: Any) -> None:
         elif opts.hydra_help:
             hydra.hydra_help(config_name="train", args_parser=opts.parser, args=opts)
         elif opts.cfg:
-            hydra.show_cfg(config_name="train", overrides=overrides, cfg_type=opts.cfg, package=opts.package,
-                           resolve=opts.resolve)
+            _show_cfg(hydra, overrides=overrides, opts=opts, recipe=recorded)
         else:
             hydra.show_info(opts.info, config_name="train", overrides=overrides)
