@@ -15,11 +15,21 @@ Two implementations of the same update, chosen by ``foreach``:
 
 No host reads and no Python branch on a tensor value inside ``step()``: the trust ratio uses
 ``torch.where`` on the device, so the step runs unchanged on XLA.
+
+The step count is a 0-dim tensor per parameter, but the bias corrections are one 0-dim tensor per group
+whenever its counts are equal (always, unless some tensors skipped steps or a checkpoint says otherwise):
+torch's multi-tensor fast path needs every list of a ``torch._foreach_*`` call to match the tensors
+position by position (ATen/native/ForeachUtils.h ``check_fast_path_restrictions``), so a list of 0-dim
+tensors beside full-size ones runs one kernel per tensor, while a single 0-dim tensor (the ``.Tensor``
+overloads) keeps one launch per call: on resnet50's 161 tensors a step makes 101 launches against 421
+with lists (tests/test_foreach_launches.py). Whether the counts are equal is kept on the host
+(:class:`_StepCohorts`), where they are known: when state is created, when a step leaves tensors out, when
+a checkpoint is loaded.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Mapping, Optional, Union
 
 import torch
 from torch import Tensor
@@ -29,6 +39,9 @@ from .layerwise import LayerwiseOptimizer, sq_norm, stacked, use_foreach
 from .timm_names import LAMB_TIMM_NAMES
 
 __all__ = ["LAMB", "lamb"]
+
+# a bias-correction term: one 0-dim tensor for the whole group (its step counts are equal) or one per tensor
+_Correction = Union[Tensor, list[Tensor]]
 
 
 class LAMB(LayerwiseOptimizer):
@@ -95,6 +108,7 @@ class LAMB(LayerwiseOptimizer):
             foreach=foreach,
         )
         super().__init__(params, defaults)
+        self._cohorts = _StepCohorts()
 
     @staticmethod
     def check_group(group: dict[str, Any], where: str) -> None:
@@ -106,15 +120,21 @@ class LAMB(LayerwiseOptimizer):
             raise UsageError(f"{where}: invalid eps {group['eps']!r}, must be > 0")
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        """As torch's (``load_state_dict`` and unpickling come here), then the step counts are made
+        tensors on their parameters' devices and read once, to know which are equal (see
+        :class:`_StepCohorts`): a host read at load time, none in ``step()``."""
         super().__setstate__(state)
+        steps = {}
         for p, state in self.state.items():
             step = state.get("step")
             if step is not None:  # a Python int before the step count became a tensor
-                state["step"] = _step_tensor(p, step)
+                state["step"] = steps[p] = _step_tensor(p, step)
+        self._cohorts = _StepCohorts.of_counts(steps)
 
     def update_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> None:
         tensors: list[tuple[Tensor, ...]] = []  # (w, g, m, v) per parameter
         steps: list[Tensor] = []
+        new: list[Tensor] = []
         for p, g in zip(params, grads):
             state = self.state[p]
             if not state:
@@ -124,12 +144,16 @@ class LAMB(LayerwiseOptimizer):
                 state["step"] = _step_tensor(p, 0)
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                new.append(p)
             four = (p, g, state["exp_avg"], state["exp_avg_sq"])
             if torch.is_complex(p):
                 # as torch's Adam: real and imaginary parts are two coordinates (g * g would be complex)
                 four = tuple(torch.view_as_real(t) for t in four)
             tensors.append(four)
             steps.append(state["step"])
+        if new:
+            self._cohorts.start(new)
+        steps_equal = self._cohorts.step(params)
         torch._foreach_add_(steps, 1)
         ws, gs, exp_avgs, exp_avg_sqs = (list(column) for column in zip(*tensors))
         beta1, beta2 = group["betas"]
@@ -147,7 +171,71 @@ class LAMB(LayerwiseOptimizer):
             trust_clip=group["trust_clip"],
             exclude=group["lars_exclude"],
             foreach=group["foreach"],
+            steps_equal=steps_equal,
         )
+
+
+class _StepCohorts:
+    """Which parameters' step counts are equal, known on the host so that ``step()`` reads no tensor.
+
+    Each parameter with state carries a cohort label, and parameters with one label have one count.
+    Labels are made where the counts are known: when state is created (count 0, one label for the tensors
+    that start together), when a checkpoint is loaded (one label per count read), and when a step leaves
+    some of a cohort out (no gradient): the stepped ones then count one more, and get a label of their
+    own. A label never changes as the counts go up, so a compiled ``step()`` that reads them is not
+    recompiled step after step. A parameter whose state came another way (written into ``state`` by
+    hand) has no label: it is taken as a cohort of its own, the safe side.
+    """
+
+    def __init__(self) -> None:
+        self._label: dict[Tensor, int] = {}
+        self._size: dict[int, int] = {}  # how many parameters carry each label
+        self._made = 0
+
+    @classmethod
+    def of_counts(cls, steps: Mapping[Tensor, Tensor]) -> _StepCohorts:
+        """Cohorts of loaded state, one per distinct count: one host read per device and dtype."""
+        cohorts = cls()
+        kinds: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
+        for p, step in steps.items():
+            kinds.setdefault((step.device, step.dtype), []).append(p)
+        by_count: dict[float, list[Tensor]] = {}
+        for params in kinds.values():
+            for p, count in zip(params, torch.stack([steps[p] for p in params]).tolist()):
+                by_count.setdefault(count, []).append(p)
+        for members in by_count.values():
+            cohorts.start(members)
+        return cohorts
+
+    def start(self, params: list[Tensor]) -> None:
+        """``params`` have new state (count 0): one cohort."""
+        self._assign(params, self._new_label())
+
+    def step(self, params: list[Tensor]) -> bool:
+        """Record that ``params`` take a step together; whether their counts were (and stay) all equal."""
+        stepped: dict[int, list[Tensor]] = {}  # label -> its members stepped now
+        for p in params:
+            if p not in self._label:  # state this class has not seen made: a cohort of its own
+                self.start([p])
+            stepped.setdefault(self._label[p], []).append(p)
+        for label, members in stepped.items():
+            if len(members) != self._size[label]:  # some of the cohort stayed behind
+                self._assign(members, self._new_label())
+        return len(stepped) == 1
+
+    def _new_label(self) -> int:
+        self._made += 1
+        return self._made
+
+    def _assign(self, params: list[Tensor], label: int) -> None:
+        for p in params:
+            old = self._label.get(p)
+            if old is not None:
+                self._size[old] -= 1
+                if not self._size[old]:
+                    del self._size[old]
+            self._label[p] = label
+        self._size[label] = self._size.get(label, 0) + len(params)
 
 
 def lamb(
@@ -165,12 +253,18 @@ def lamb(
     exclude: bool,
     trust_clip: bool = False,
     foreach: Optional[bool] = None,
+    steps_equal: bool = False,
 ) -> None:
     """Functional LAMB update of one parameter group, in place; see :class:`LAMB` for the rule.
 
     ``steps`` holds each tensor's step number as a 0-dim floating tensor on its device, already counting
     this step. Gradients are not modified. Tensors are real: pass a complex parameter and its state as
     ``torch.view_as_real`` views.
+
+    ``steps_equal=True`` says the step numbers are all equal (the caller knows it on the host; nothing here
+    reads them): the bias corrections are then computed once, from ``steps[0]``, and the multi-tensor path
+    applies them as one 0-dim tensor, which keeps torch's foreach fast path (one launch per call instead of
+    one per tensor). With False they are computed per tensor.
     """
     func = _multi_tensor_lamb if use_foreach(foreach, params) else _single_tensor_lamb
     func(
@@ -186,6 +280,7 @@ def lamb(
         weight_decay=weight_decay,
         trust_clip=trust_clip,
         exclude=exclude,
+        steps_equal=steps_equal,
     )
 
 
@@ -200,10 +295,10 @@ def _step_tensor(p: Tensor, step: Any) -> Tensor:
 
 
 def _bias_corrections(
-    steps: list[Tensor], beta1: float, beta2: float, eps: float, lr: float
-) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
-    """Per tensor, 0-dim (scale, eps', -lr * scale), where m_hat / (sqrt(v_hat) + eps) equals
-    scale * m / (sqrt(v) + eps').
+    steps: list[Tensor], beta1: float, beta2: float, eps: float, lr: float, steps_equal: bool
+) -> tuple[_Correction, _Correction, _Correction]:
+    """0-dim (scale, eps', -lr * scale), where m_hat / (sqrt(v_hat) + eps) equals scale * m / (sqrt(v) + eps'):
+    one of each for the group where its steps are equal (and of one dtype and device), else one per tensor.
 
     Folding the bias corrections into scalars saves two passes over every tensor; they are computed on the
     device from the step tensors, a handful of ops per group.
@@ -214,8 +309,17 @@ def _bias_corrections(
         scale = bc2_sqrt / (1.0 - beta1**t)
         return [scale, eps * bc2_sqrt, -lr * scale]
 
+    first = steps[0]
+    if steps_equal and all(t.dtype == first.dtype and t.device == first.device for t in steps):
+        scale, eps_t, neg_step = fn(first)
+        return scale, eps_t, neg_step
     scales, eps_ts, neg_steps = stacked(fn, steps)
     return scales, eps_ts, neg_steps
+
+
+def _per_tensor(value: _Correction, n: int) -> list[Tensor]:
+    """``value`` for each of ``n`` tensors."""
+    return [value] * n if isinstance(value, Tensor) else value
 
 
 def _lamb_step_size(w_sq: Tensor, u_sq: Tensor, lr: float, unit: float | Tensor, trust_clip: bool) -> Tensor:
@@ -245,8 +349,10 @@ def _single_tensor_lamb(
     weight_decay: float,
     exclude: bool,
     trust_clip: bool,
+    steps_equal: bool,
 ) -> None:
-    scales, eps_ts, neg_steps = _bias_corrections(steps, beta1, beta2, eps, lr)
+    corrections = _bias_corrections(steps, beta1, beta2, eps, lr, steps_equal)
+    scales, eps_ts, neg_steps = (_per_tensor(c, len(params)) for c in corrections)
     for p, g, m, v, scale, eps_t, neg_step in zip(params, grads, exp_avgs, exp_avg_sqs, scales, eps_ts, neg_steps):
         m.lerp_(g, 1.0 - beta1)
         v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
@@ -281,13 +387,17 @@ def _multi_tensor_lamb(
     weight_decay: float,
     exclude: bool,
     trust_clip: bool,
+    steps_equal: bool,
 ) -> None:
-    scales, eps_ts, neg_steps = _bias_corrections(steps, beta1, beta2, eps, lr)
+    # each correction a 0-dim tensor (foreach's .Tensor overloads: one launch) or a list of them (one per tensor)
+    scales, eps_ts, neg_steps = _bias_corrections(steps, beta1, beta2, eps, lr, steps_equal)
     torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
     torch._foreach_mul_(exp_avg_sqs, beta2)
     torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
     denoms = torch._foreach_sqrt(exp_avg_sqs)
-    torch._foreach_add_(denoms, eps_ts)
+    # alpha= picks the .Tensor overload for one 0-dim tensor: without it torch's argument parser binds a
+    # 0-dim tensor to the .Scalar overload, a host read (a sync on CUDA) every step
+    torch._foreach_add_(denoms, eps_ts, alpha=1)
     if exclude:
         updates = torch._foreach_div(exp_avgs, denoms)
         torch._foreach_mul_(updates, neg_steps)
