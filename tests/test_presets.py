@@ -127,8 +127,8 @@ REFERENCES = {
                                           drop_rate=0.3, bn_group_size=4, **_EFFNET),
     "wongpanich2020_effnet_b5": Reference(65536, 0.1 * 65536 / 256, model="efficientnet_b5", image_size=456,
                                           drop_rate=0.4, bn_group_size=2, **_EFFNET),
-    # Mikami et al. 2018 (Sony): only the batches (34,816 for five epochs, then 69,632), fp16 and label
-    # smoothing are public (see MIKAMI_PUBLIC); everything else is the Jia preset's LARS recipe, chosen,
+    # Mikami et al. 2018 (Sony): only the batches (34,816 for five epochs, then 69,632) and fp16 are
+    # public (see MIKAMI_PUBLIC); everything else is the Jia preset's LARS recipe, chosen,
     # peak 35 and 34 warmup epochs over samples (lr held across the batch change, lr_scaling none), so
     # the curve at the first phase's batch is the curve of the whole run. Label smoothing 0.1: chosen (Ying).
     "mikami2018_rn50_68k": Reference(34816, 35.0, 34, weight_decay=2e-4, epochs=90, eps=0.0, label_smoothing=0.1,
@@ -353,8 +353,10 @@ def test_plain_lars_keeps_torchs_momentum_form(optimizer: str) -> None:
 # release (ITmedia, 2018-11-13) 34,816 = 2,176 x 16 and 69,632 = 2,176 x 32; InfoQ (2018-11) a low
 # batch for the first five epochs, fp16; the v2 abstract, label smoothing. Keyed by the preset's
 # dotted key (a config group by its name in ``defaults``); any other key is the project's choice.
+# label smoothing is public for the v2 run (54K, 122 s) only, not the v1 run whose batches and
+# 75.03% the preset takes: chosen (issue 87)
 MIKAMI_PUBLIC = {"model": "resnet50", "data": "imagenet", "precision": "fp16", "global_batch_size": 34816,
-                 "batch_schedule.steps": [[5, 69632]], "label_smoothing": 0.1, "target_top1": 75.03}
+                 "batch_schedule.steps": [[5, 69632]], "target_top1": 75.03}
 
 
 def _commented_keys(path) -> dict[str, tuple[str, str]]:
@@ -389,7 +391,6 @@ def test_mikami2018_public_values_and_every_other_keys_source() -> None:
     assert [batches.batch_at(e) for e in (0, 4, 5, 89)] == [34816, 34816, 69632, 69632]
     assert 34816 == 2176 * 16 and 69632 == 2176 * 32 and cfg.batch_schedule.steps == [[5, 69632]]
     assert (cfg.precision.name, cfg.model.name, cfg.target_top1) == ("fp16", "resnet50", 75.03)
-    assert cfg.label_smoothing > 0
 
     presets = Path(__file__).resolve().parents[1] / "conf" / "experiment"
     keys = _commented_keys(presets / "mikami2018_rn50_68k.yaml")
