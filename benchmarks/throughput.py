@@ -8,17 +8,25 @@ One run measures, on the same files and the same card:
 * ``loader`` rows: each pipeline's batches (decode + augment + copy), no model: the input
   ceiling, the most img/s that pipeline could feed a step;
 * ``train`` rows, for each model x precision x compile mode x layout x optimizer:
-  ``synthetic`` (one batch already on the GPU: the model-only ceiling), then ``torchvision``
-  (DataLoader workers decode with Pillow, pinned copies), ``nvjpeg`` (workers read bytes, the
-  GPU decodes and augments: ``largebatch.data.pipelines.nvjpeg``), ``dali`` (``mixed`` decode, if
-  installed; at least 50 timed steps), ``decoded`` (batches cut from a store decoded once:
-  ``largebatch.data.pipelines.decoded``; the CPU input of a CPU host, on ``--device cpu``). Columns: img/s; MFU twice (see below); input stall =
-  ``1 - img/s / synthetic img/s`` of the same model, precision, layout, compile mode and
-  optimizer (the share of the model's rate the input costs; the host's time in ``next()``
-  is not it: a saturated GPU makes the host wait there too); GPU idle per step = time no
-  kernel or copy ran on the GPU, from the profiler's CUDA activity over 10 more steps; GPU
-  memory peak. Each configuration builds and compiles its model once and is measured on every
-  data kind in turn (synthetic first).
+  ``synthetic`` (one batch already on the GPU, in the dtype the loaders give: the model-only
+  ceiling), then ``torchvision`` (DataLoader workers decode with Pillow, pinned copies),
+  ``nvjpeg`` (workers read bytes, the GPU decodes and augments, decode and augmentation in two
+  threads: ``largebatch.data.pipelines.nvjpeg``), ``nvjpeg-serial`` (the same, one thread doing
+  both in turn: ``overlap=False``), ``dali`` (``mixed`` decode, if installed; at least 50 timed
+  steps), ``decoded`` (batches cut from a store decoded once: ``largebatch.data.pipelines.decoded``;
+  the CPU input of a CPU host, on ``--device cpu``).
+
+Columns: img/s; MFU twice (see below); throughput loss = ``1 - img/s / synthetic img/s`` of the
+same model, precision, layout, compile mode and optimizer (what the input costs the model's
+rate); data wait = the share of the timed steps' wall time the training thread spent waiting
+for its next batch (in ``next()``: the step's own wait; a loader that keeps up leaves ~0); the
+nvJPEG loaders' time per batch by stage (``NvjpegLoader.stage_times``: its stream wait, the
+decode, the augmentation's host time, and the time its producer was ahead of the step); GPU
+memory peak. Every figure comes from the same timed steps. Each configuration builds and
+compiles its model once and is measured on every data kind in turn (synthetic first). A row
+whose timed steps crossed an epoch boundary (a new loader pass, nothing prefetched) says so: make
+the data set hold warm-up + timed steps (``--files``; ``--distinct`` writes fewer JPEGs and
+hard-links them up to ``--files``).
 
 ``--budget-s S`` starts no row after S seconds and lists the rows it left out, so a run inside a
 time-limited lease prints every finished row and says what is missing
@@ -84,7 +92,8 @@ class Row:
     mfu_measured: Optional[float] = None
     mfu_spec: Optional[float] = None
     stall: Optional[float] = None
-    gpu_idle_ms: Optional[float] = None
+    data_wait: Optional[float] = None  # share of the timed steps' wall time spent in next()
+    stages: Optional[dict[str, float]] = None  # the loader's ms per batch per stage
     mem_gib: Optional[float] = None
 
 
@@ -102,16 +111,6 @@ def card_variant(name: str) -> Optional[str]:
             form = "NVL" if "NVL" in name else "PCIe" if "PCIE" in name.upper() else "SXM"
             return f"{chip} {form}"
     return None
-
-
-def busy_union_us(intervals: list[tuple[float, float]]) -> float:
-    """Total time covered by ``(start, end)`` intervals (overlapping kernels counted once)."""
-    busy, reach = 0.0, float("-inf")
-    for start, end in sorted(intervals):
-        if end > reach:
-            busy += end - max(start, reach)
-            reach = end
-    return busy
 
 
 def input_stall(img_per_s: float, synthetic_img_per_s: Optional[float]) -> Optional[float]:
@@ -140,15 +139,25 @@ def _write_class(job: tuple[str, int, int, int]) -> int:
     return per_class + 1
 
 
-def make_data(root: Path, files: int, classes: int, workers: int) -> None:
-    """``files`` train JPEGs over ``classes`` class folders (and one val JPEG per class)."""
+def make_data(root: Path, files: int, classes: int, workers: int, distinct: Optional[int] = None) -> None:
+    """``files`` train JPEGs over ``classes`` class folders (and one val JPEG per class); with
+    ``distinct``, only that many are written and the rest are hard links to them (each decodes
+    as its original: the same work, written in a fraction of the time)."""
     per_class = -(-files // classes)
+    unique = min(per_class, -(-distinct // classes)) if distinct else per_class
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        written = sum(pool.map(_write_class, [(str(root), c, per_class, 0) for c in range(classes)]))
+        written = sum(pool.map(_write_class, [(str(root), c, unique, 0) for c in range(classes)]))
     size = sum(p.stat().st_size for p in root.rglob("*.JPEG"))
+    links = 0
+    for c in range(classes):
+        folder = root / "train" / class_folder_name(c)
+        for i in range(unique, per_class):
+            os.link(folder / f"{c:04d}_{i % unique:05d}.JPEG", folder / f"{c:04d}_{i:05d}.JPEG")
+            links += 1
     print(f"wrote {written:,} JPEGs ({size / written / 1024:.0f} KB mean) to {root} in "
-          f"{time.perf_counter() - t0:.0f} s with {workers} processes")
+          f"{time.perf_counter() - t0:.0f} s with {workers} processes"
+          + (f"; {links:,} more train files hard-linked to them" if links else ""))
 
 
 def train_files(root: Path, n: int) -> list[Path]:
@@ -252,16 +261,30 @@ def train_flops_per_image(model_name: str, image_size: int) -> float:
     return 3.0 * counter.get_total_flops()
 
 
-def synthetic_batches(batch: int, size: int, device: torch.device, channels_last: bool) -> Iterator:
-    images = torch.randn(batch, 3, size, size, device=device)
+def synthetic_batches(batch: int, size: int, device: torch.device, channels_last: bool,
+                      dtype: Optional[torch.dtype] = None) -> Iterator:
+    """One batch, forever, in the dtype the loaders give (the compute dtype: the same graph)."""
+    images = torch.randn(batch, 3, size, size, device=device, dtype=dtype or torch.float32)
     if channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
     labels = torch.randint(0, 1000, (batch,), device=device)
     return itertools.repeat((images, labels))
 
 
+class LoaderProbe:
+    """What a row reads of the loader behind its batches: the loader (its ``stage_times``, where
+    it has them) and the epochs started."""
+
+    def __init__(self) -> None:
+        self.loader: Any = None
+        self.epochs = 0
+
+    def stage_times(self) -> Any:
+        return getattr(self.loader, "stage_times", None)
+
+
 def loader_batches(kind: str, args: argparse.Namespace, device: torch.device, channels_last: bool,
-                   dtype: Optional[torch.dtype]) -> Iterator:
+                   dtype: Optional[torch.dtype], probe: Optional[LoaderProbe] = None) -> Iterator:
     """Endless training batches on the device from the ``kind`` pipeline on ``args.root``."""
     from largebatch.data.contract import LoaderSpec
 
@@ -272,10 +295,10 @@ def loader_batches(kind: str, args: argparse.Namespace, device: torch.device, ch
         from largebatch.data.pipelines.dali_files import build_dali_loaders
 
         train, _, _ = build_dali_loaders(args.root, spec)
-    elif kind == "nvjpeg":
+    elif kind in ("nvjpeg", "nvjpeg-serial"):
         from largebatch.data.pipelines.nvjpeg import build_nvjpeg_loaders
 
-        train, _, _ = build_nvjpeg_loaders(args.root, spec)
+        train, _, _ = build_nvjpeg_loaders(args.root, spec, overlap=kind == "nvjpeg")
     elif kind == "decoded":
         from largebatch.data.pipelines.decoded import build_decoded_loaders
 
@@ -284,7 +307,10 @@ def loader_batches(kind: str, args: argparse.Namespace, device: torch.device, ch
         from largebatch.data.pipelines.torchvision import build_loaders
 
         train, _, _ = build_loaders(args.root, spec)
+    probe = probe or LoaderProbe()
+    probe.loader = train
     for epoch in itertools.count():
+        probe.epochs = epoch + 1
         train.set_epoch(epoch)
         for images, labels, *_ in train:  # already on the device for dali/nvjpeg: .to is a no-op
             images = images.to(device, non_blocking=True)
@@ -321,11 +347,12 @@ def run_configs(model_name: str, datas: list[str], precision: str, channels_last
         opt.zero_grad(set_to_none=True)
 
     for data in datas:
-        batches = (synthetic_batches(args.batch, args.image_size, device, channels_last) if data == "synthetic"
-                   else loader_batches(data, args, device, channels_last, dtype))
+        probe = LoaderProbe()
+        batches = (synthetic_batches(args.batch, args.image_size, device, channels_last, dtype) if data == "synthetic"
+                   else loader_batches(data, args, device, channels_last, dtype, probe))
         yield measure(step, batches, data, args, device,
                       config_name(model_name, data, precision, channels_last, compile_mode, optimizer, args),
-                      args.flops[model_name])
+                      args.flops[model_name], probe)
         del batches
         gc.collect()  # stop this loader's worker processes before the next row
 
@@ -334,7 +361,7 @@ def config_name(model_name: str, data: str, precision: str, channels_last: bool,
                 optimizer: str, args: argparse.Namespace) -> str:
     name = f"{model_name} {data} {precision} {'NHWC' if channels_last else 'NCHW'} "
     name += f"{'eager' if compile_mode == 'none' else 'compile=' + compile_mode} {optimizer}"
-    if data in ("torchvision", "nvjpeg", "dali", "decoded"):
+    if data != "synthetic":
         name += f" ({args.workers} {_workers_word(data)})"
     return name
 
@@ -345,8 +372,11 @@ def _workers_word(data: str) -> str:
 
 
 def measure(step: Callable[[torch.Tensor, torch.Tensor], None], batches: Iterator, data: str,
-            args: argparse.Namespace, device: torch.device, name: str, flops_per_image: float) -> Row:
-    """Warm-up steps (compilation, cuDNN autotuning, loader start), timed steps, then the profiled ones."""
+            args: argparse.Namespace, device: torch.device, name: str, flops_per_image: float,
+            probe: Optional[LoaderProbe] = None) -> Row:
+    """Warm-up steps (compilation, cuDNN autotuning, loader start), then the timed steps, each
+    figure of the row from them: img/s, the training thread's wait in ``next()``, the loader's
+    stages per batch, the memory peak."""
     cuda = device.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     for _ in range(args.warmup):  # includes compilation and cuDNN autotuning
@@ -354,64 +384,60 @@ def measure(step: Callable[[torch.Tensor, torch.Tensor], None], batches: Iterato
     sync()
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    steps = timed_steps(data, args.steps)
+    times = probe.stage_times() if probe is not None else None
+    if times is not None:
+        times.reset()
+    epochs = probe.epochs if probe is not None else 0
+    steps, waited = timed_steps(data, args.steps), 0.0
     t0 = time.perf_counter()
     for _ in range(steps):
-        step(*next(batches))
+        before = time.perf_counter()
+        batch = next(batches)
+        waited += time.perf_counter() - before
+        step(*batch)
     sync()
-    ips = steps * args.batch / (time.perf_counter() - t0)
-    idle = gpu_idle_ms_per_step(lambda: step(*next(batches)), min(steps, PROFILED_STEPS), device)
+    window = time.perf_counter() - t0
+    ips = steps * args.batch / window
     mem = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
     flops = ips * flops_per_image
+    if probe is not None and probe.epochs != epochs:
+        name += " [an epoch boundary fell in the timed steps]"
     return Row("train", name, ips, flops / args.peak if args.peak else None,
-               flops / args.spec_peak if args.spec_peak else None, None, idle, mem)
+               flops / args.spec_peak if args.spec_peak else None, None, waited / window,
+               times.per_batch_ms() if times is not None else None, mem)
 
 
 def timed_steps(data: str, steps: int) -> int:
     return max(steps, DALI_MIN_ITERS) if data == "dali" else steps
 
 
-PROFILED_STEPS = 10  # steps run under the profiler, after the timed ones (it slows them)
-
-
-def gpu_idle_ms_per_step(run: Callable[[], None], steps: int, device: torch.device) -> Optional[float]:
-    """Mean time per step during which no kernel or copy ran on ``device``, from the CUDA
-    activity the profiler records over ``steps`` more steps (None off CUDA or without events)."""
-    if device.type != "cuda" or steps <= 0:
-        return None
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize(device)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            run()
-        torch.cuda.synchronize(device)
-    spans = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
-    if not spans:
-        return None
-    window = max(end for _, end in spans) - min(start for start, _ in spans)
-    return (window - busy_union_us(spans)) / steps / 1e3
-
-
 def loader_row(data: str, precision: str, channels_last: bool, args: argparse.Namespace,
                device: torch.device) -> Row:
-    """Decode + augment only, no model: the rate the pipeline could feed (the input ceiling)."""
-    batches = loader_batches(data, args, device, channels_last, DTYPES[precision])
+    """Decode + augment only, no model: the rate the pipeline could feed (the input ceiling), and
+    where a batch's time goes (the nvJPEG loaders' stages)."""
+    probe = LoaderProbe()
+    batches = loader_batches(data, args, device, channels_last, DTYPES[precision], probe)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     for _ in range(args.warmup):
         next(batches)
     sync()
-    steps = timed_steps(data, args.steps)
+    times = probe.stage_times()
+    if times is not None:
+        times.reset()
+    steps, epochs = timed_steps(data, args.steps), probe.epochs
     t0 = time.perf_counter()
     for _ in range(steps):
         next(batches)
     sync()
     ips = steps * args.batch / (time.perf_counter() - t0)
+    stages = times.per_batch_ms() if times is not None else None
+    crossed = probe.epochs != epochs
     del batches
     gc.collect()
     workers = f"{args.workers} {_workers_word(data)}"
-    return Row("loader", f"{data} {precision} {'NHWC' if channels_last else 'NCHW'}, no model ({workers})", ips)
+    name = f"{data} {precision} {'NHWC' if channels_last else 'NCHW'}, no model ({workers})"
+    return Row("loader", name + (" [an epoch boundary fell in the timed steps]" if crossed else ""), ips,
+               stages=stages)
 
 
 # ---------------------------------------------------------------------------------------
@@ -467,6 +493,17 @@ def environment(device: torch.device) -> str:
             f"DALI {dali}, Python {platform.python_version()}\ncommand: python {' '.join(sys.argv)}")
 
 
+STAGES = ("device_wait", "decode", "augment", "ahead")
+
+
+def stages_text(stages: Optional[dict[str, float]]) -> str:
+    """``1.2 / 17.0 / 5.1 / 3.0``: the loader's ms per batch in :data:`STAGES` order; n/a for a
+    loader without stage times."""
+    if not stages:
+        return "n/a"
+    return " / ".join(f"{stages.get(stage, 0.0):.1f}" for stage in STAGES)
+
+
 def _fmt(value: Optional[float], spec: str) -> str:
     return "n/a" if value is None else spec.format(value)
 
@@ -476,11 +513,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--make-data", type=Path, default=None, help="write the JPEG set here first (then --root)")
     p.add_argument("--files", type=int, default=20480, help="train JPEGs to write with --make-data")
+    p.add_argument("--distinct", type=int, default=None,
+                   help="with --make-data: write this many distinct JPEGs, hard-link the rest up to --files")
     p.add_argument("--classes", type=int, default=1000)
     p.add_argument("--root", type=Path, default=None, help="ImageFolder root with train/ and val/")
     p.add_argument("--model", nargs="+", default=["resnet50"])
     p.add_argument("--data", nargs="+", default=["synthetic", "torchvision", "nvjpeg", "dali"],
-                   choices=["synthetic", "torchvision", "nvjpeg", "dali", "decoded"])
+                   choices=["synthetic", "torchvision", "nvjpeg", "nvjpeg-serial", "dali", "decoded"])
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                    help="DataLoader workers / DALI threads / decode processes (default: every core)")
     p.add_argument("--precisions", nargs="+", default=["bf16", "fp16"], choices=list(DTYPES))
@@ -504,7 +543,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args.compile = [{"eager": "none", "compiled": "default"}.get(c, c) for c in args.compile]
     device = torch.device(args.device)
     if args.make_data is not None:
-        make_data(args.make_data, args.files, args.classes, args.workers)
+        make_data(args.make_data, args.files, args.classes, args.workers, args.distinct)
         args.root = args.root or args.make_data
         if args.data_only:
             return 0
@@ -539,17 +578,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     for m, f in args.flops.items():
         print(f"{m} @ {args.image_size}px: {f / 1e9:.2f} GFLOPs per training image")
     print(f"batch {args.batch} per GPU, {args.steps} timed steps after {args.warmup} warm-up steps "
-          f"(DALI rows: at least {DALI_MIN_ITERS}); GPU idle from {PROFILED_STEPS} more steps under the profiler")
-    print("input stall = 1 - img/s / synthetic img/s at the same model, precision, layout, compile mode and "
-          "optimizer\n")
-    print(f"| kind | configuration | img/s | MFU ({measured}) | MFU ({spec}) | input stall "
-          f"| GPU idle per step (ms) | GPU mem peak (GiB) |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+          f"(DALI rows: at least {DALI_MIN_ITERS}); every column from the timed steps")
+    print("throughput loss = 1 - img/s / synthetic img/s at the same model, precision, layout, compile mode and "
+          "optimizer; data wait = share of the timed steps' wall time the training thread waited for a batch; "
+          "loader ms per batch: the nvJPEG loader's stream wait / decode / augmentation (host) / time ahead\n")
+    print(f"| kind | configuration | img/s | MFU ({measured}) | MFU ({spec}) | throughput loss "
+          f"| data wait | loader ms per batch: wait / decode / augment / ahead | GPU mem peak (GiB) |")
+    print("|---|---|---:|---:|---:|---:|---:|---|---:|")
 
     def show(r: Row) -> None:
         print(f"| {r.kind} | {r.config} | {r.img_per_s:,.0f} | {_fmt(r.mfu_measured, '{:.1%}')} "
-              f"| {_fmt(r.mfu_spec, '{:.1%}')} | {_fmt(r.stall, '{:.1%}')} | {_fmt(r.gpu_idle_ms, '{:.2f}')} "
-              f"| {_fmt(r.mem_gib, '{:.1f}')} |", flush=True)
+              f"| {_fmt(r.mfu_spec, '{:.1%}')} | {_fmt(r.stall, '{:.1%}')} | {_fmt(r.data_wait, '{:.1%}')} "
+              f"| {stages_text(r.stages)} | {_fmt(r.mem_gib, '{:.1f}')} |", flush=True)
 
     if args.root and not args.no_decode:
         for row in decode_rows(args.root, device, args.batch, args.workers):

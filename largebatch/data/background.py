@@ -169,11 +169,10 @@ def in_background(produce: Callable[[], Iterator[T]], depth: int, *, device: Opt
     thread.start()
     try:
         while True:
-            if times is None:
-                item, ready, err = producer.items.get()
-            else:
-                with times.timing("data_wait"):
-                    item, ready, err = producer.items.get()
+            start = time.perf_counter()
+            item, ready, err = producer.items.get()
+            if times is not None and err is None and item is not _DONE:
+                times.add("data_wait", time.perf_counter() - start)
             if err is not None:
                 raise err
             if item is _DONE:

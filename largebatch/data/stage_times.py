@@ -3,8 +3,10 @@
 A loader whose batches are made in background threads (:func:`largebatch.data.background.in_background`)
 can be slower than the step for reasons no img/s figure shows: its thread waits for the device,
 blocks in a decoder, or spends its time in Python. :class:`StageTimes` sums, per stage name,
-the wall seconds the loader's threads spent in it and counts the batches, so a benchmark prints
-milliseconds per batch per stage next to img/s. The names the loaders use:
+the wall seconds the loader's threads spent in it and how many times (once per batch), so a
+benchmark prints milliseconds per batch per stage next to img/s. Each stage's mean is over the
+batches that went through it since the last :meth:`StageTimes.reset`: threads that run ahead of
+each other need not have handled the same batches in a window. The names the loaders use:
 
 * ``device_wait``: the decode thread waiting (on the host) for its own stream to drain before
   nvJPEG may write into memory it allocates (``nvjpeg._finish_stream``);
@@ -31,16 +33,19 @@ __all__ = ["StageTimes"]
 
 
 class StageTimes:
-    """Seconds per stage and batches counted, summed since the last :meth:`reset` (thread-safe)."""
+    """Seconds per stage and the batches that went through it, summed since the last :meth:`reset`
+    (thread-safe)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.seconds: dict[str, float] = {}
-        self.batches = 0
+        self.counts: dict[str, int] = {}
 
     def add(self, stage: str, seconds: float) -> None:
+        """One batch's ``seconds`` in ``stage``."""
         with self._lock:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+            self.counts[stage] = self.counts.get(stage, 0) + 1
 
     @contextlib.contextmanager
     def timing(self, stage: str) -> Iterator[None]:
@@ -51,17 +56,11 @@ class StageTimes:
         finally:
             self.add(stage, time.perf_counter() - start)
 
-    def count_batch(self) -> None:
-        with self._lock:
-            self.batches += 1
-
     def reset(self) -> None:
         with self._lock:
-            self.seconds, self.batches = {}, 0
+            self.seconds, self.counts = {}, {}
 
     def per_batch_ms(self) -> dict[str, float]:
-        """Milliseconds per batch of each stage (empty before the first batch)."""
+        """Milliseconds per batch of each stage a batch went through since the last reset."""
         with self._lock:
-            if not self.batches:
-                return {}
-            return {stage: 1e3 * seconds / self.batches for stage, seconds in self.seconds.items()}
+            return {stage: 1e3 * seconds / self.counts[stage] for stage, seconds in self.seconds.items()}

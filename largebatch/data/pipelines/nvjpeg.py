@@ -425,7 +425,6 @@ class NvjpegLoader(LoaderView):
                 for number, batch, good in source:
                     with self.stage_times.timing("augment"):
                         out = self._augment(batch, good, epoch, number)
-                    self.stage_times.count_batch()
                     if out is not None:
                         yield out
             finally:
