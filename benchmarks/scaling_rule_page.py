@@ -266,15 +266,46 @@ def setup_values(rows: dict, args: argparse.Namespace) -> dict[str, str]:
     return out
 
 
-def convergence_values(rows: dict, args: argparse.Namespace) -> tuple[dict[str, str], dict[str, bool]]:
+def gain_against_deficits(gain: float, cs: dict[str, dict[str, Any]], k: int) -> str:
+    """The base batch's gain from longer training against the mean losses of the k-fold batch's
+    points (every recipe and lr choice against the base batch): as large as them, or smaller or
+    larger than all of them, with their range."""
+    against_base = [c["verdict"] for cid, c in cs.items()
+                    if cid.endswith(f"_k{k}") and not cid.startswith(("lin_", "warmup_gain_"))]
+    losses = sorted(-v["diff"] for v in against_base if "diff" in v and v["diff"] < 0)
+    if not losses:
+        return f"the {k}x deficits below are pending"
+    span = f"the {k}x deficits below ({losses[0]:.2f} to {losses[-1]:.2f})"
+    if gain < losses[0]:
+        return f"smaller than {span}, though {gain / losses[0]:.0%} of the smallest"
+    if gain > losses[-1]:
+        return f"larger than {span}"
+    return f"as large as {span}"
+
+
+def losses_against_margin(cs: dict[str, dict[str, Any]], ids: list[str], margin: float) -> str:
+    """Where the mean losses of ``ids`` and their corrected intervals lie against the TOST margin."""
+    means = [-cs[i]["verdict"]["diff"] for i in ids]
+    reach = [-cs[i]["verdict"]["lo"] for i in ids]
+    text = (f"the mean losses ({and_list([f2(x) for x in means])}) are "
+            + ("under" if max(means) < margin else "not all under") + f" the {margin:g}-point margin")
+    past = max(reach) > margin
+    text += (f", {'but' if past else 'and'} their corrected intervals reach {and_list([f2(x) for x in reach])}, "
+             + ("past it, so TOST cannot put them within it" if past else "inside it"))
+    return text
+
+
+def convergence_values(rows: dict, args: argparse.Namespace,
+                       cs: dict[str, dict[str, Any]]) -> tuple[dict[str, str], dict[str, bool]]:
     checks = study.base_convergence(rows, args)
     epochs, check = checks[0]
     if check is None:
         return {"conv_epochs": str(epochs)}, {}
     (tb, ta, tv), vv = check["test"], check["val"][2]
+    k_top = args.batches[-1] // args.base_batch
     out = {"conv_epochs": str(epochs), "conv_test": signed(tv), "conv_test_tost": f"[{tv['tost_lo']:+.2f}, "
            f"{tv['tost_hi']:+.2f}]", "conv_from": f"{statistics.mean(tb):.1f}", "conv_to": f"{statistics.mean(ta):.1f}",
-           "conv_val": signed(vv),
+           "conv_val": signed(vv), "conv_against_deficits": gain_against_deficits(tv["diff"], cs, k_top),
            "conv_verdict": "not converged" if vv["verdict"] == "better" else study.converged_word(vv, args.margin)}
     premises = {"the base batch's test gain is within the margin by TOST and significant":
                 tv["verdict"] == "no loss" and tv["lo"] > 0,
@@ -409,7 +440,7 @@ def bend_on_imagenet(fit: dict[str, Any] | None, args: argparse.Namespace, recip
 def lars_against_sgd(rows: dict, args: argparse.Namespace) -> tuple[str, dict[str, bool]]:
     """LARS's steps over SGD+warmup's per batch (ratio of geometric means, 95% Welch interval on log
     steps): where its larger B_crit comes from, in words the rows give, and the premises of the
-    prose around them (LARS slower at the smallest batch, no faster at the upper half's)."""
+    prose around them (LARS slower at the smallest batch, not shown faster at the upper half's)."""
 
     ratios = {}
     for b in args.batches:
@@ -431,14 +462,14 @@ def lars_against_sgd(rows: dict, args: argparse.Namespace) -> tuple[str, dict[st
             f"{args.batches[-1]} (ratios of geometric means, 95% Welch intervals on log steps; "
             + ", ".join(f"{b}: {ratios[b][0]:.2f}" for b in args.batches[1:-1]) + "). ")
     if slower and no_faster:
-        text += (f"So LARS's bend is further out because it is slower at small batches, and it is no faster than "
-                 f"SGD+warmup at {upper[0]}-{upper[-1]}: not the way Zhang et al. find preconditioning moves the "
-                 "bend.")
+        text += (f"So LARS's bend is further out because it is slower at small batches, and it is not shown faster "
+                 f"than SGD+warmup at {upper[0]}-{upper[-1]} (each interval reaches above 1): not the way Zhang "
+                 "et al. find preconditioning moves the bend.")
     else:
         text += ("LARS " + ("is" if slower else "is not shown to be") + f" slower at {small} and "
-                 + ("no faster" if no_faster else "faster at some batch") + f" at {upper[0]}-{upper[-1]}.")
+                 + ("not shown faster" if no_faster else "faster at some batch") + f" at {upper[0]}-{upper[-1]}.")
     return text, {"LARS is slower than SGD+warmup at the smallest batch": slower,
-                  "LARS is no faster than SGD+warmup at the upper half's batches": no_faster}
+                  "LARS is not shown faster than SGD+warmup at the upper half's batches": no_faster}
 
 
 def steps_to_target_values() -> tuple[dict[str, str], dict[str, bool]]:
@@ -500,7 +531,7 @@ def values(args: argparse.Namespace, rows: dict) -> tuple[dict[str, str], list[s
     """Every placeholder's text, and the premises of the prose the rows no longer give."""
     cs = judged(rows, args)
     first, first_premises, first_lrs = first_setup_values()
-    conv, conv_premises = convergence_values(rows, args)
+    conv, conv_premises = convergence_values(rows, args, cs)
     lrs, lr_premises = lr_values(rows, args)
     out = {**setup_values(rows, args), **comparison_values(cs), **arm_values(rows, args), **conv,
            **resolution_values(rows, args), **lrs, **target_values(rows, args), **first,
@@ -511,6 +542,9 @@ def values(args: argparse.Namespace, rows: dict) -> tuple[dict[str, str], list[s
     out["largest_check"] = "\n".join(study.largest_check_section(rows, args)).strip()
     out["warm_k4_k8_under"] = under_range(cs, ["warm_linear_k4", "warm_tuned_k4", "warm_linear_k8"])
     out["k2_under"] = under_range(cs, ["warm_linear_k2", "sgd_tuned_k2", "sgd_none_k2"])
+    k_top = args.batches[-1] // args.base_batch
+    out["top_losses_against_margin"] = losses_against_margin(
+        cs, [f"warm_tuned_k{k_top}", f"lars_tuned_k{k_top}"], args.margin)
     lrs_here = {b: study.chosen_lr(rows, "sgd", b, args) for b in args.batches}
     first_batches = [int(b) for b in FIRST_SETUP[FIRST_SETUP.index("--batches") + 1:]]
     premises = {f"{cid}: {want}": cs[cid]["verdict"]["verdict"] == want for cid, want in PROSE_PREMISES.items()}

@@ -175,7 +175,7 @@ def test_the_imagenet_mapping_is_checked_against_the_measured_bend(modules: tupl
 
 def test_lars_against_sgd_is_worded_from_its_ratios_and_flags_its_premises(modules: tuple[ModuleType, ModuleType]
                                                                           ) -> None:
-    """Where LARS's larger B_crit comes from: slower at the smallest batch, no faster at the upper
+    """Where LARS's larger B_crit comes from: slower at the smallest batch, not shown faster at the upper
     half's; rows where LARS is as fast at the smallest batch flip the words and break the premise."""
     page = modules[1]
     stt = _load("steps_to_target")
@@ -188,10 +188,34 @@ def test_lars_against_sgd_is_worded_from_its_ratios_and_flags_its_premises(modul
     text, premises = page.lars_against_sgd(fast, args)
     assert "further out" not in text and "is not shown to be slower at 32" in text, text
     assert premises == {"LARS is slower than SGD+warmup at the smallest batch": False,
-                        "LARS is no faster than SGD+warmup at the upper half's batches": True}
+                        "LARS is not shown faster than SGD+warmup at the upper half's batches": True}
 
 
 def test_the_probes_an_epoch_name_the_batches_that_take_more(modules: tuple[ModuleType, ModuleType]) -> None:
     page = modules[1]
     stt = _load("steps_to_target")
     assert page.probes_words(stt.parse(["--render"]), stt) == "8 probes an epoch, 10 at batches 512 and 1024"
+
+
+def test_the_sentences_about_the_margin_and_the_deficits_are_worded_from_their_numbers(
+        modules: tuple[ModuleType, ModuleType]) -> None:
+    """Issue 87: "as large as the 16x deficits" (a gain of 0.63 against 0.77-1.95) and "the losses are
+    under the 1-point margin" (intervals reaching 1.51 and 1.41) said more than the rows; both are
+    now generated from the numbers they compare."""
+    page = modules[1]
+
+    def cs(**diffs: tuple[float, float]) -> dict:
+        return {cid: {"verdict": {"diff": d, "lo": lo}} for cid, (d, lo) in diffs.items()}
+
+    top = cs(sgd_none_k16=(-1.95, -2.9), lars_tuned_k16=(-0.77, -1.41), lin_tuned_k16=(-0.1, -1.0),
+             warmup_gain_k16=(-3.0, -4.0), warm_tuned_k8=(-2.5, -3.0))
+    assert page.gain_against_deficits(0.63, top, 16) == ("smaller than the 16x deficits below (0.77 to 1.95), "
+                                                         "though 82% of the smallest")
+    assert page.gain_against_deficits(1.0, top, 16).startswith("as large as the 16x deficits below (0.77 to 1.95)")
+    assert page.gain_against_deficits(2.0, top, 16).startswith("larger than")
+    past = cs(warm_tuned_k16=(-0.94, -1.51), lars_tuned_k16=(-0.77, -1.41))
+    assert page.losses_against_margin(past, list(past), 1.0) == (
+        "the mean losses (0.94 and 0.77) are under the 1-point margin, but their corrected intervals reach 1.51 "
+        "and 1.41, past it, so TOST cannot put them within it")
+    inside = cs(warm_tuned_k16=(-0.4, -0.8), lars_tuned_k16=(-0.3, -0.9))
+    assert page.losses_against_margin(inside, list(inside), 1.0).endswith("reach 0.80 and 0.90, inside it")
