@@ -106,6 +106,7 @@ def _run_job(cfg: TrainConfig, raw_cfg: Optional[DictConfig], backend: Backend) 
 def _trainer(cfg: TrainConfig, raw_cfg: Optional[DictConfig], backend: Backend, plan: BatchPlan,
              precision: PrecisionPolicy, data: RunData, run_dir: Path, channels_last: bool) -> tuple[Trainer, RunHooks]:
     """The model, optimizer, schedules and hooks, resumed when asked, as the loop that trains them."""
+    from largebatch.data.build import pipeline_of
     from largebatch.engine.assemble import OptionalHooks
     from largebatch.engine.checkpoint_format import RunIdentity
     from largebatch.engine.loop import Trainer, TrainState
@@ -124,13 +125,14 @@ def _trainer(cfg: TrainConfig, raw_cfg: Optional[DictConfig], backend: Backend, 
     scaler = backend.grad_scaler(precision.loss_scaling, cfg.precision.init_scale, cfg.precision.growth_interval)
     state = TrainState()
     config = config_of(raw_cfg)
+    loader = pipeline_of(data.train)
     resume_of(cfg, backend, plan, run_dir, steps_per_epoch=steps_per_epoch, num_classes=data.num_classes,
-              config=config, parts=RunParts(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+              config=config, loader=loader, parts=RunParts(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                                             state=state, ema=ema.ema if ema is not None else None,
                                             noise_scale=noise_scale.tracker if noise_scale is not None else None))
     resolved = resolved_of(cfg, backend, plan, lr=lr, steps_per_epoch=steps_per_epoch, precision=precision.name,
                            batches=batches, num_classes=data.num_classes, data_root=data.root, run_dir=run_dir,
-                           channels_last=channels_last)
+                           channels_last=channels_last, loader=loader)
     if backend.is_main:
         announce(resolved, run_dir, raw_cfg, cfg.epochs)
     identity = RunIdentity(model_name=cfg.model.name, config=config, resolved=resolved)

@@ -257,3 +257,50 @@ def test_resume_continues_the_noise_scale_averages(tmp_path: Path) -> None:
     _assert_identical(want["model"], got["model"])
     summaries = [json.loads((r / "summary.json").read_text()) for r in (straight, run)]
     assert summaries[0]["noise_scale_final"] == summaries[1]["noise_scale_final"]
+
+
+def test_a_resume_where_auto_would_read_with_another_loader_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Issue 90 case 1: 4 steps read with data.loader=torchvision, then resume=auto without the
+    override: auto reads with the decoded store on a CPU host, whose crops differ; before, the run
+    went on silently (116 of 130 tensors differed from the straight run). Now one line, exit 2,
+    naming both loaders and the override; with it, the run ends bit for bit as a straight one."""
+    torchvision = [*EXACT, "data.loader=torchvision"]
+    assert main([*torchvision, f"run_dir={tmp_path / 'straight'}"]) == 0
+    straight = _final_weights(tmp_path / "straight", expected_step=8)
+    run = tmp_path / "run"
+    assert main([*torchvision, f"run_dir={run}", "max_steps=4"]) == 0
+    assert load_checkpoint(list_checkpoints(run / "checkpoints")[-1])["resolved"]["loader"] == "torchvision"
+    capsys.readouterr()
+    assert main([*EXACT, f"run_dir={run}", "resume=auto", "max_steps=null"]) == 2
+    line = _one_error_line(capsys)
+    assert ("trained reading with the torchvision loader, but data.loader=auto now reads with decoded" in line
+            and "resume with data.loader=torchvision to continue the run exactly" in line), line
+    assert main([*torchvision, f"run_dir={run}", "resume=auto", "max_steps=null"]) == 0
+    _assert_identical(straight, _final_weights(run, expected_step=8))
+    assert json.loads((run / "summary.json").read_text())["loader"] == "torchvision"
+
+
+def test_a_loader_named_at_the_resume_is_taken_and_said(tmp_path: Path) -> None:
+    """A pipeline the user names at the resume is their choice: the run goes on, and says in one
+    line that it is no longer bit-identical to a run that kept the first loader."""
+    run = tmp_path / "run"
+    assert main([*EXACT, f"run_dir={run}", "max_steps=4", "data.loader=torchvision"]) == 0
+    assert main([*EXACT, f"run_dir={run}", "resume=auto", "max_steps=5", "data.loader=decoded"]) == 0
+    log = (run / "train.log").read_text()
+    assert "resuming with data.loader=decoded, not the torchvision loader checkpoint" in log
+    assert "not bit-identical" in log
+
+
+def test_a_checkpoint_that_records_no_loader_is_named_with_this_runs_loader(caplog: pytest.LogCaptureFixture) -> None:
+    """An earlier version's checkpoint does not say which loader read its data: the resume names the one
+    this run reads with and how to pin another (it cannot tell whether they differ)."""
+    from largebatch.engine.resume import ResumeCheck, check_same_loader
+
+    check = ResumeCheck("resnet10t", "sgd", 8, 8, 4, loader="decoded", requested_loader="auto")
+    with caplog.at_level("WARNING", logger="largebatch"):
+        check_same_loader(None, check, Path("old.pt"))
+        check_same_loader("decoded", check, Path("same.pt"))
+    assert len(caplog.records) == 1
+    assert "old.pt does not record which loader" in caplog.text and "reads with decoded (data.loader=auto)" in caplog.text

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from largebatch.data.decoded_store import DecodedStore
 
 __all__ = ["SIDE_ABOVE_IMAGES", "DaliDecision", "build_run_loaders", "cache_write_error", "dali_decision",
-           "ensure_checked", "make_decoded_stores", "resolve_data_root", "warn_side_above_images"]
+           "ensure_checked", "make_decoded_stores", "pipeline_of", "resolve_data_root", "warn_side_above_images"]
 
 log = logging.getLogger(__name__)
 
@@ -311,6 +311,20 @@ def build_run_loaders(
     if fallback == "nvjpeg":
         return _nvjpeg_loaders(root, spec, loader=loader, backend=backend)
     return _torchvision_loaders(root, spec, loader=loader, backend=backend)
+
+
+def pipeline_of(loader: object) -> str:
+    """The ``data.loader`` value naming the pipeline that built ``loader`` (``torchvision``,
+    ``nvjpeg``, ``decoded`` or ``dali``): what ``auto`` resolved to, which a checkpoint records
+    (the crops a run trained on depend on it). Each pipeline is the module of that name under
+    ``largebatch.data.pipelines`` (DALI's two readers both ``dali``); another loader is named
+    by its class."""
+    module = type(loader).__module__
+    prefix = "largebatch.data.pipelines."
+    if not module.startswith(prefix):
+        return type(loader).__name__
+    name = module[len(prefix):]
+    return "dali" if name.startswith("dali") else name
 
 
 def _decode(spec: LoaderSpec) -> str:

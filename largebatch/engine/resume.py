@@ -20,6 +20,10 @@ continue another run under this one's name (a continued sweep whose values were 
 another order did). Keys that only say how or where it runs (paths, workers, logging,
 checkpoint cadence, precision, backend) may change.
 
+The pipeline that read the checkpoint's data (``resolved["loader"]``) must be this run's
+(:func:`check_same_loader`): each draws its own crops, so ``data.loader=auto`` answering
+otherwise at the resume is refused with the override that continues exactly.
+
 A resume whose config changes the learning-rate schedule (``epochs``, ``schedule.*``,
 ``optimizer.lr``, ``base_batch_size``, ``lr_scaling``: the usual one is raising ``epochs`` to
 train a finished run longer) continues on the new schedule from the step reached, with the
@@ -59,8 +63,8 @@ from largebatch.engine.rng_state import restore_rng_state
 if TYPE_CHECKING:
     from largebatch.backends.base import Backend
 
-__all__ = ["RUN_KEYS", "SCHEDULE_KEYS", "ResumeCheck", "RunParts", "check_fits", "check_same_run", "find_checkpoint",
-           "load_latest", "resume_run", "schedule_changes", "set_aside_abandoned"]
+__all__ = ["RUN_KEYS", "SCHEDULE_KEYS", "ResumeCheck", "RunParts", "check_fits", "check_same_loader", "check_same_run",
+           "find_checkpoint", "load_latest", "resume_run", "schedule_changes", "set_aside_abandoned"]
 
 # config keys (or key prefixes) the learning-rate schedule is computed from
 SCHEDULE_KEYS = ("epochs", "schedule.", "optimizer.lr", "base_batch_size", "lr_scaling")
@@ -91,6 +95,8 @@ class ResumeCheck:
     steps_per_epoch: int
     num_classes: Optional[int] = None
     config: Optional[dict[str, Any]] = None
+    loader: Optional[str] = None  # the pipeline that reads this run's data (None: not checked)
+    requested_loader: Optional[str] = None  # data.loader as given (auto, or a pipeline)
 
 
 @dataclass(frozen=True)
@@ -287,6 +293,7 @@ def check_fits(ckpt: RunCheckpoint, path: Path, check: ResumeCheck, world_size: 
             f"checkpoint {path} was trained on {saved_classes} classes, but this run's data set has "
             f"{check.num_classes}; resume with the data set it was trained on (data.root), or start a new run_dir"
         )
+    check_same_loader(ckpt.identity.resolved.get("loader"), check, path)
     saved_steps = ckpt.steps_per_epoch
     if saved_steps is not None and saved_steps != check.steps_per_epoch:
         raise CheckpointError(
@@ -295,6 +302,31 @@ def check_fits(ckpt: RunCheckpoint, path: Path, check: ResumeCheck, world_size: 
             f"drops a different tail of the data); resume at world size "
             f"{ckpt.world_size} or with a global_batch_size that divides the data evenly"
         )
+
+
+def check_same_loader(saved: Optional[str], check: ResumeCheck, path: Path) -> None:
+    """The pipeline that read the checkpoint's data against this run's: each draws its own crops,
+    so a switch makes the rest of the run another run's. ``data.loader=auto`` answering otherwise
+    than the checkpoint's run did (a store built or deleted since, another cache, another
+    version's default) is refused with the override that continues exactly; a pipeline named on
+    the command line is the user's choice, said in one line; a checkpoint that does not record
+    its pipeline (an earlier version's) gets a line naming this run's and how to pin another."""
+    now = check.loader
+    if now is None or saved == now:
+        return
+    if saved is None:
+        log.warning("checkpoint %s does not record which loader read its data (written by an earlier version); "
+                    "this run reads with %s (data.loader=%s): if the run trained with another, resume with "
+                    "data.loader=<that one> to continue it exactly", path, now, check.requested_loader)
+        return
+    if check.requested_loader == "auto":
+        raise CheckpointError(
+            f"checkpoint {path} was trained reading with the {saved} loader, but data.loader=auto now reads with "
+            f"{now}, whose crops differ: resume with data.loader={saved} to continue the run exactly, or "
+            f"data.loader={now} to go on with {now}'s crops"
+        )
+    log.warning("resuming with data.loader=%s, not the %s loader checkpoint %s was trained with: the crops from "
+                "here on differ, so the run is not bit-identical to one that kept %s", now, saved, path, saved)
 
 
 def _load_parts(ckpt: RunCheckpoint, path: Path, parts: RunParts, backend: Backend) -> None:

@@ -50,8 +50,9 @@ def config_of(raw_cfg: Optional[DictConfig]) -> Optional[dict[str, Any]]:
 
 def resolved_of(cfg: TrainConfig, backend: Backend, plan: BatchPlan, *, lr: float, steps_per_epoch: int,
                 precision: str, batches: Optional[BatchSchedule], num_classes: int, data_root: Path, run_dir: Path,
-                channels_last: bool) -> dict[str, Any]:
-    """What the run resolved (summary.json, checkpoints): sizes, lr, precision, paths."""
+                channels_last: bool, loader: str) -> dict[str, Any]:
+    """What the run resolved (summary.json, checkpoints): sizes, lr, precision, the loader that
+    read the data (``data.loader=auto``'s answer), paths."""
     return {
         "version": __version__,
         "backend": backend.describe(),
@@ -78,6 +79,7 @@ def resolved_of(cfg: TrainConfig, backend: Backend, plan: BatchPlan, *, lr: floa
         "ema_decay": cfg.ema.decay if cfg.ema.enabled else None,
         "top1_of": cfg.ema.target,  # raw | ema: the weights best_top1 and time_to_target_s measure
         "data_root": str(data_root),
+        "loader": loader,
         "run_dir": str(run_dir),
         # the ImageNet recipe's derived values, each with its source (recipe.mode=auto), or null
         "recipe": dict(cfg.recipe.derived) or None,

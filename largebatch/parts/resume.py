@@ -30,9 +30,10 @@ def resume_setting(resume: Optional[str]) -> Optional[str]:
 
 
 def resume_of(cfg: TrainConfig, backend: Backend, plan: BatchPlan, run_dir: Path, *, steps_per_epoch: int,
-              num_classes: int, config: Optional[dict[str, Any]], parts: RunParts) -> None:
+              num_classes: int, config: Optional[dict[str, Any]], parts: RunParts, loader: Optional[str] = None) -> None:
     """Load the checkpoint ``resume`` names (:func:`resume_setting`) into ``parts``, once it is
-    checked against this run's model, optimizer, batch, epoch length, classes and ``config``
+    checked against this run's model, optimizer, batch, epoch length, classes, ``config`` and
+    ``loader`` (the pipeline that reads: ``largebatch.data.build.pipeline_of``)
     (``largebatch.engine.resume.resume_run``); nothing without ``resume``."""
     resume = resume_setting(cfg.resume)
     if not resume:
@@ -43,6 +44,7 @@ def resume_of(cfg: TrainConfig, backend: Backend, plan: BatchPlan, run_dir: Path
         resume, run_dir / "checkpoints", backend=backend,
         check=ResumeCheck(model_name=cfg.model.name, optimizer_name=cfg.optimizer.name,
                           global_batch_size=plan.global_batch_size, per_device=plan.per_device,
-                          steps_per_epoch=steps_per_epoch, num_classes=num_classes, config=config),
+                          steps_per_epoch=steps_per_epoch, num_classes=num_classes, config=config,
+                          loader=loader, requested_loader=cfg.data.loader),
         parts=parts,
     )
