@@ -107,8 +107,9 @@ def test_a_cache_it_cannot_write_is_one_line_exit_74(root: Path, tmp_path: Path,
     backend = SimpleNamespace(name="cpu", is_main=True, barrier=lambda: None)
     with pytest.raises(WriteError) as err:
         build_run_loaders(root, SPEC, loader="decoded", shards=None, backend=backend)
-    assert str(err.value).startswith(f"cannot write the decoded store to {tmp_path / 'file'}: [Errno 17] File exists; ")
-    assert str(err.value).endswith("set LARGEBATCH_CACHE to a writable folder with room for it")
+    assert str(err.value).startswith(f"cannot write the decoded store {tmp_path / 'file'}/decoded-")
+    assert str(err.value).endswith(f"[Errno 17 EEXIST] File exists ({tmp_path / 'file'} is a file); set "
+                                   "LARGEBATCH_CACHE to a writable folder")
     assert "\n" not in str(err.value) and exit_code(err.value) == 74
 
 

@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return _make(args.overrides, args.plan)
-    except Exception as err:  # noqa: BLE001  (mapped to one line; an unknown one is a bug and raises)
+    except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001  (one line; an unknown one is a bug and raises)
         code = exit_code(err)
         if code is None:
             raise

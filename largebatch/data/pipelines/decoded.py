@@ -68,12 +68,13 @@ from largebatch.data.decoded_store import (
     DecodedStore,
     build_decoded_store,
     open_decoded_store,
+    size_text,
     store_bytes,
 )
 from largebatch.data.images import check_same_classes, largest_sampled_side, list_classes, list_split, split_folder
 from largebatch.data.loader_view import UnreadableTally
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler, sample_seed
-from largebatch.errors import DataError
+from largebatch.errors import DataError, WriteError
 
 __all__ = ["AUTO_SHARE_OF_FREE", "TRAIN_SIDE_CAP", "AutoChoice", "DecodedLoader", "PlannedStore", "StoreSides",
            "auto_choice", "build_decoded_loaders", "cache_free_space", "decoded_cache_root", "ensure_decoded_stores",
@@ -124,7 +125,7 @@ def _open_or_build(root: str, split: str, side: int, folder: Path, workers: int,
     if not (folder / HEADER_NAME).is_file():
         try:
             return build_decoded_store(root, folder, split, side=side, workers=workers), True
-        except (DataError, OSError):
+        except (DataError, OSError, WriteError):
             if not (folder / HEADER_NAME).is_file():  # not another rank's store that just landed
                 raise
     return open_decoded_store(folder, source=root if check_source else None, side=side, fix=fix), False
@@ -236,14 +237,6 @@ def ensure_decoded_stores(root: str | os.PathLike, spec: LoaderSpec, *, cache: O
                else "decoded by an earlier run")
         log.info("decoded store: %s on disk in %s (%s)", cost, cache, how)
     return stores
-
-
-def size_text(count: int) -> str:
-    """Bytes as people read them: ``55.3 kB``, ``35.9 MB``, ``98.4 GB``."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if count >= scale:
-            return f"{count / scale:,.1f} {unit}"
-    return f"{count} B"
 
 
 class DecodedLoader:
