@@ -7,6 +7,12 @@ machine slows every entry alike and each optimizer's peer is measured beside it.
 the ratios the optimizers are held to: our LARS (both momentum forms) against the faster ``torch.optim.SGD``
 (momentum + weight decay, its fastest path), our LAMB against the fastest ``torch.optim.AdamW``, ours against timm's ``Lars`` / ``Lamb``.
 
+``LAMB e1b6366 layout`` is our LAMB with one bias-correction 0-dim tensor per parameter, the layout of
+commit e1b6366 that took its foreach step off torch's multi-tensor path (issue 86: 421 launches a step
+instead of 101): LAMB's own per-tensor fallback (the one it takes where a group's step counts differ),
+forced for every group as ``tests/test_foreach_launches.py`` forces it, so the old and new layouts are
+timed in one run.
+
 Run:
     python benchmarks/optimizer_step.py                  # CPU
     python benchmarks/optimizer_step.py --device cuda    # synchronises around every timed step
@@ -31,6 +37,14 @@ def _foreach(cls: type, foreach: bool) -> dict[str, bool]:
     return {"foreach": foreach} if "foreach" in inspect.signature(cls).parameters else {}
 
 
+def lamb_e1b6366_layout(groups: list[dict], foreach: bool) -> LAMB:
+    """Our LAMB on its per-tensor bias corrections for every group: its cohort tracker (which says
+    whether a group's step counts are equal) answers no, so each step takes the fallback path."""
+    opt = LAMB(groups, lr=1e-3, foreach=foreach)
+    opt._cohorts.step = lambda params: False  # type: ignore[method-assign]
+    return opt
+
+
 # name -> (family, factory(groups, foreach)); one hyper-parameter set per family, as in the recipes
 CANDIDATES: dict[str, tuple[str, Callable[[list[dict], bool], torch.optim.Optimizer]]] = {
     "torch SGD": ("sgd", lambda g, fe: torch.optim.SGD(g, lr=0.1, momentum=0.9, foreach=fe)),
@@ -42,6 +56,7 @@ CANDIDATES: dict[str, tuple[str, Callable[[list[dict], bool], torch.optim.Optimi
     "timm Lars": ("lars", lambda g, fe: timm.optim.Lars(g, lr=10.0, momentum=0.9, **_foreach(timm.optim.Lars, fe))),
     "torch AdamW": ("adam", lambda g, fe: torch.optim.AdamW(g, lr=1e-3, foreach=fe)),
     "largebatch LAMB": ("lamb", lambda g, fe: LAMB(g, lr=1e-3, foreach=fe)),
+    "LAMB e1b6366 layout": ("lamb", lamb_e1b6366_layout),
     # max_grad_norm=None: timm clips inside Lamb by default, ours does not; compare the same algorithm
     "timm Lamb": ("lamb", lambda g, fe: timm.optim.Lamb(g, lr=1e-3, max_grad_norm=None, **_foreach(timm.optim.Lamb, fe))),
 }
@@ -60,10 +75,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(device: torch.device, rounds: int, warmup: int) -> dict[tuple[str, str], float]:
+def measure(device: torch.device, rounds: int, warmup: int, model_name: str = "resnet50") -> dict[tuple[str, str], float]:
     """Median step time in ms of every (optimizer, path) pair, measured round-robin in one run:
     path is ``foreach``, ``per-tensor`` or (torch SGD and AdamW on CUDA) ``fused``."""
-    model = timm.create_model("resnet50").to(device)
+    model = timm.create_model(model_name).to(device)
     params = list(model.parameters())
     gen = torch.Generator(device="cpu").manual_seed(0)
     for p in params:
@@ -88,10 +103,11 @@ def measure(device: torch.device, rounds: int, warmup: int) -> dict[tuple[str, s
     return {key: statistics.median(ts) * 1e3 for key, ts in times.items()}
 
 
-def report(ms: dict[tuple[str, str], float], device: torch.device, n_tensors: int, n_params: int) -> None:
+def report(ms: dict[tuple[str, str], float], device: torch.device, n_tensors: int, n_params: int,
+           model_name: str = "resnet50") -> None:
     """One markdown table (a column per path) and the ratios the optimizers are held to."""
     print(
-        f"optimizer step, timm resnet50 ({n_tensors} tensors, {n_params / 1e6:.2f} M params), "
+        f"optimizer step, timm {model_name} ({n_tensors} tensors, {n_params / 1e6:.2f} M params), "
         f"device={device}, torch {torch.__version__}, timm {timm.__version__}, threads={torch.get_num_threads()}"
     )
     default_path = "per-tensor" if device.type == "cpu" else "foreach"  # what foreach=None picks here
@@ -113,10 +129,11 @@ def report(ms: dict[tuple[str, str], float], device: torch.device, n_tensors: in
         ("largebatch LAMB", "torch AdamW", 1.3),
         ("largebatch LARS", "timm Lars", 1.0),
         ("largebatch LAMB", "timm Lamb", 1.0),
+        ("largebatch LAMB", "LAMB e1b6366 layout", 1.0),
     ):
         ratio = ours(mine) / best(other)
         verdict = "ok" if ratio <= target else "OVER"
-        print(f"  {mine:<19} / {other:<12} = {ratio:5.2f}x   (target <= {target:.1f}x: {verdict})")
+        print(f"  {mine:<19} / {other:<19} = {ratio:5.2f}x   (target <= {target:.1f}x: {verdict})")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -124,18 +141,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default: 30 CPU, 200 CUDA)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default: 3)")
+    parser.add_argument("--model", default="resnet50", help="timm model whose parameters step (default: resnet50)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     rounds = args.rounds or (30 if device.type == "cpu" else 200)
-    model = timm.create_model("resnet50")
+    model = timm.create_model(args.model)
     n_tensors = sum(1 for _ in model.parameters())
     n_params = sum(p.numel() for p in model.parameters())
     del model
-    ms = measure(device, rounds, args.warmup)
-    report(ms, device, n_tensors, n_params)
+    ms = measure(device, rounds, args.warmup, args.model)
+    report(ms, device, n_tensors, n_params, args.model)
 
 
 if __name__ == "__main__":
