@@ -93,7 +93,7 @@ def _run_job(cfg: TrainConfig, raw_cfg: Optional[DictConfig], backend: Backend) 
         # The data before the run directory: a data set the batch cannot fill (or a missing
         # data folder) is one line before anything is written.
         data = data_of(cfg, backend, plan, precision.autocast_dtype, channels_last)
-        run_dir = run_dir_of(cfg, backend)
+        run_dir = run_dir_of(cfg, backend, config_of(raw_cfg))
         trainer, hooks = _trainer(cfg, raw_cfg, backend, plan, precision, data, run_dir.path, channels_last)
         return _train(cfg, plan, trainer, hooks, run_dir.path, data)
     finally:

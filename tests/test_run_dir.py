@@ -78,15 +78,33 @@ def test_orphaned_checkpoint_temp_files_are_removed_at_start(tmp_path: Path) -> 
     assert "removed 5 temporary file(s) (5.0 MiB) of interrupted checkpoint writes" in (run / "train.log").read_text()
 
 
-def test_resume_auto_without_run_dir_names_the_newest_run(tmp_path: Path) -> None:
+def test_a_bare_resume_auto_continues_the_newest_unfinished_run_of_this_config(tmp_path: Path) -> None:
+    """Issue 90 case 2: a run stopped early in runs/rn50 (a name the docs suggest) beside an older
+    finished one: a bare resume=auto continued neither before (a new run, naming the finished one
+    by its folder-name pattern); now it continues runs/rn50 and says so in one line."""
+    import json
+
+    from largebatch.engine.checkpoint import checkpoint_step, list_checkpoints
+
     out = tmp_path / "runs"
-    assert main([*FAST, f"output_root={out}"]) == 0
-    (first,) = list(out.iterdir())
-    assert main([*FAST, f"output_root={out}", "resume=auto"]) == 0
-    (second,) = [p for p in out.iterdir() if p != first]
-    log = (second / "train.log").read_text()
-    assert f"resume=auto without run_dir=: this is a new run in {second}" in log
-    assert f"the newest run of resnet10t under {out} is {first}: add run_dir={first}" in log
+    assert main([*FAST, f"output_root={out}", "max_steps=null"]) == 0  # finished: <time>-resnet10t
+    (finished,) = list(out.iterdir())
+    assert main([*FAST, f"output_root={out}", "seed=1", f"run_dir={out / 'other'}", "max_steps=1"]) == 0
+    assert main([*FAST, f"output_root={out}", f"run_dir={out / 'rn50'}", "max_steps=2"]) == 0  # stopped early
+    before = {p.name for p in out.iterdir()}
+    assert main([*FAST, f"output_root={out}", "resume=auto", "max_steps=null"]) == 0
+    assert {p.name for p in out.iterdir()} == before  # no new run directory
+    log = (out / "rn50" / "train.log").read_text()
+    assert f"resume=auto: continuing {(out / 'rn50').resolve()}, the newest unfinished run of this configuration" in log
+    assert "resumed from" in log and json.loads((out / "rn50" / "summary.json").read_text())["stop_reason"] is None
+    assert checkpoint_step(list_checkpoints(out / "rn50" / "checkpoints")[-1]) > 2
+    assert "resume=auto" not in (finished / "train.log").read_text()
+    # now every run of this config is finished: a new run, and the line says one of another config waits
+    assert main([*FAST, f"output_root={out}", "resume=auto", "max_steps=null"]) == 0
+    (new,) = [p for p in out.iterdir() if p.name not in before]
+    log = (new / "train.log").read_text()
+    assert f"resume=auto: no unfinished run of this configuration under {out}: a new run in {new.resolve()}" in log
+    assert "1 unfinished run(s) there have another configuration" in log
 
 
 class _OneRank:

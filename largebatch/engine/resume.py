@@ -64,7 +64,8 @@ if TYPE_CHECKING:
     from largebatch.backends.base import Backend
 
 __all__ = ["RUN_KEYS", "SCHEDULE_KEYS", "ResumeCheck", "RunParts", "check_fits", "check_same_loader", "check_same_run",
-           "find_checkpoint", "load_latest", "resume_run", "schedule_changes", "set_aside_abandoned"]
+           "find_checkpoint", "load_latest", "resume_run", "run_key_differences", "schedule_changes",
+           "set_aside_abandoned"]
 
 # config keys (or key prefixes) the learning-rate schedule is computed from
 SCHEDULE_KEYS = ("epochs", "schedule.", "optimizer.lr", "base_batch_size", "lr_scaling")
@@ -237,10 +238,17 @@ def schedule_changes(saved: Optional[dict[str, Any]], current: Optional[dict[str
     return [f"{k} {a} -> {b}" for k, a, b in _differences(with_absent_keys(saved, current), current, SCHEDULE_KEYS)]
 
 
+def run_key_differences(saved: Optional[dict[str, Any]], current: Optional[dict[str, Any]],
+                        extra: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
+    """``(key, saved value, current value)`` for each :data:`RUN_KEYS` key (and ``extra``) where two
+    configs (plain dicts) differ: another run's, not this one's; nothing when either is missing."""
+    saved = with_absent_keys(saved, current)  # keys added since: what the run did without them
+    return _differences(saved, current, RUN_KEYS + extra, skip=SCHEDULE_KEYS + _HOW_KEYS)
+
+
 def check_same_run(saved: Optional[dict[str, Any]], current: Optional[dict[str, Any]], path: Path) -> None:
     """Refuse a checkpoint whose config differs from this run's in a :data:`RUN_KEYS` key."""
-    saved = with_absent_keys(saved, current)  # keys added since: what the run did without them
-    differ = _differences(saved, current, RUN_KEYS, skip=SCHEDULE_KEYS + _HOW_KEYS)
+    differ = run_key_differences(saved, current)
     if differ:
         was = ", ".join(f"{k}={a}" for k, a, _ in differ)
         now = ", ".join(f"{k}={b}" for k, _, b in differ)

@@ -8,6 +8,12 @@ line naming the owner instead of interleaving checkpoints and logs. The ranks of
 job share rank 0's lock. The kernel drops the lock when its process dies, so the lock of a
 killed run (a torchrun restart, a SIGKILL) is taken over, with a log line naming the old owner.
 With the lock held, the temporary files of killed checkpoint writes are removed.
+
+``resume=auto`` without ``run_dir=`` continues the newest unfinished run under ``output_root``
+whose configuration is this one's (:func:`unfinished_run`: any folder name, so ``runs/rn50`` or
+``runs/slurm-<jobid>`` as much as ``<time>-<model>``), as Lightning's ``ckpt_path="last"`` and the
+HF Trainer's ``resume_from_checkpoint=True`` do, and says which in one line; with none it starts
+a new run and says so.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from largebatch.errors import RunDirError, os_error_text
 if TYPE_CHECKING:
     from largebatch.backends.base import Backend
 
-__all__ = ["RunDir", "RunDirError", "RunDirLock", "elastic_run_id", "live_owner", "make_run_dir", "newest_run_dir"]
+__all__ = ["RunDir", "RunDirError", "RunDirLock", "elastic_run_id", "live_owner", "make_run_dir", "unfinished_run"]
 
 LOCK_NAME = ".lock"
 
@@ -129,18 +135,51 @@ class RunDir:
             self.lock = None
 
 
-def newest_run_dir(output_root: Path, model_name: str, *, exclude: Optional[Path] = None) -> Optional[Path]:
-    """The most recently modified run directory of ``model_name`` under ``output_root``."""
-    if not output_root.is_dir():
+def _finished(run: Path, newest_checkpoint: Path) -> bool:
+    """A run ended its plan: its summary.json, written after its newest checkpoint, names no stop
+    reason (a preempted, stopped or ``max_steps`` run does; a killed one wrote none since)."""
+    summary = run / "summary.json"
+    try:
+        if summary.stat().st_mtime < newest_checkpoint.stat().st_mtime:
+            return False
+        return json.loads(summary.read_text(encoding="utf-8")).get("stop_reason") is None
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _run_config(run: Path) -> Optional[dict[str, Any]]:
+    """A run directory's config.yaml as a plain, resolved dict; None when it cannot be read."""
+    from omegaconf import OmegaConf
+
+    try:
+        config = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"), resolve=True)
+    except Exception:  # noqa: BLE001 - any unreadable config: not a run this one can continue
         return None
-    runs = [
-        p for p in output_root.iterdir()
-        if p.is_dir() and (p.name.endswith(f"-{model_name}") or f"-{model_name}-" in p.name
-                           or p.name.startswith(f"{model_name}-"))
-        and (exclude is None or p.resolve() != exclude.resolve())
-        and (p / "checkpoints").is_dir()
-    ]
-    return max(runs, key=lambda p: p.stat().st_mtime) if runs else None
+    return config if isinstance(config, dict) else None
+
+
+def unfinished_run(output_root: Path, config: Optional[dict[str, Any]]) -> tuple[Optional[Path], int]:
+    """The run directory a bare ``resume=auto`` continues: among the folders of ``output_root``
+    (any name) with a checkpoint, not finished (:func:`_finished`), not in use by a live run,
+    and whose config.yaml is ``config`` in every key its result depends on (``RUN_KEYS`` and the
+    global batch, as a resume checks), the one whose newest checkpoint is newest. Returns it
+    (None: none) and how many unfinished runs there have another configuration."""
+    from largebatch.engine.checkpoint import list_checkpoints
+    from largebatch.engine.resume import run_key_differences
+
+    if config is None or not output_root.is_dir():
+        return None, 0
+    matching: list[tuple[float, Path]] = []
+    others = 0
+    for run in output_root.iterdir():
+        checkpoints = list_checkpoints(run / "checkpoints") if run.is_dir() else []
+        if not checkpoints or _finished(run, checkpoints[-1]) or live_owner(run) is not None:
+            continue
+        if run_key_differences(_run_config(run) or {"config.yaml": "unreadable"}, config, ("global_batch_size",)):
+            others += 1
+            continue
+        matching.append((checkpoints[-1].stat().st_mtime, run))
+    return (max(matching)[1] if matching else None), others
 
 
 def _choose(run_dir: Optional[str], output_root: str, model_name: str) -> Path:
@@ -158,6 +197,16 @@ def _choose(run_dir: Optional[str], output_root: str, model_name: str) -> Path:
     return path
 
 
+def _bare_auto_note(found: Optional[Path], chosen: Path, others: int, output_root: str) -> str:
+    """The one line a bare ``resume=auto`` logs: the run it continues, or that there was none."""
+    if found is not None:
+        return (f"resume=auto: continuing {chosen}, the newest unfinished run of this configuration under "
+                f"{output_root} (run_dir= names another)")
+    other = (f"; {others} unfinished run(s) there have another configuration: add run_dir=<one of them> to "
+             f"continue it with its own values") if others else ""
+    return f"resume=auto: no unfinished run of this configuration under {output_root}: a new run in {chosen}{other}"
+
+
 def _permission_hint(e: OSError) -> str:
     """What a permission error on the run directory most often means: a folder mounted into a
     container that Docker created for the mount, owned by root, while the job runs as a user."""
@@ -170,9 +219,12 @@ def _permission_hint(e: OSError) -> str:
 
 def make_run_dir(
     *, run_dir: Optional[str], output_root: str, model_name: str, resume: Optional[str], backend: Backend,
+    config: Optional[dict[str, Any]] = None,
 ) -> RunDir:
     """Rank 0 creates and locks the run directory and removes orphaned checkpoint temp files;
-    every rank gets the same path. Raises :class:`RunDirError` (unwritable, or locked)."""
+    every rank gets the same path. ``resume=auto`` without ``run_dir`` takes the newest
+    unfinished run of ``config`` (the run's composed config as a plain dict) under
+    ``output_root`` (:func:`unfinished_run`). Raises :class:`RunDirError` (unwritable, or locked)."""
     # imported here: largebatch-report reads the lock (live_owner) without loading torch
     from largebatch.engine.checkpoint_retention import remove_orphaned_temp_files
 
@@ -183,7 +235,9 @@ def make_run_dir(
     if backend.is_main:
         target = Path(run_dir or output_root)  # the file or folder being written, for the message
         try:
-            chosen = target = _choose(run_dir, output_root, model_name)
+            bare_auto = resume == "auto" and not run_dir and not elastic_run_id()
+            found, others = unfinished_run(Path(output_root), config) if bare_auto else (None, 0)
+            chosen = target = found or _choose(run_dir, output_root, model_name)
             chosen.mkdir(parents=True, exist_ok=True)
             probe = target = chosen / ".write-test"
             probe.write_text("ok")
@@ -198,12 +252,8 @@ def make_run_dir(
             if files:
                 notes.append(f"removed {files} temporary file(s) ({size / 2**20:.1f} MiB) of "
                              f"interrupted checkpoint writes from {chosen / 'checkpoints'}")
-            if resume == "auto" and not run_dir and not elastic_run_id():
-                newest = newest_run_dir(Path(output_root), model_name, exclude=chosen)
-                hint = (f"; the newest run of {model_name} under {output_root} is {newest}: "
-                        f"add run_dir={newest} to continue it") if newest else (
-                        f"; no earlier run of {model_name} under {output_root}")
-                notes.append(f"resume=auto without run_dir=: this is a new run in {chosen}{hint}")
+            if bare_auto:
+                notes.append(_bare_auto_note(found, chosen, others, output_root))
             path = str(chosen.resolve())
         except RunDirError as e:
             error = str(e)

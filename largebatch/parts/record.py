@@ -24,15 +24,16 @@ __all__ = ["announce", "config_of", "resolved_of", "run_dir_of"]
 log = logging.getLogger("largebatch")
 
 
-def run_dir_of(cfg: TrainConfig, backend: Backend) -> RunDir:
-    """The run directory (``run_dir``, else a new one under ``output_root``; rank 0 chooses and
-    locks it, every rank gets its path), the log written into it, and rank 0's notes about it
-    logged there (``largebatch.engine.run_dir.make_run_dir``)."""
+def run_dir_of(cfg: TrainConfig, backend: Backend, config: Optional[dict[str, Any]] = None) -> RunDir:
+    """The run directory (``run_dir``; a bare ``resume=auto``: the newest unfinished run of
+    ``config``, the composed config as a plain dict, under ``output_root``; else a new one there;
+    rank 0 chooses and locks it, every rank gets its path), the log written into it, and rank 0's
+    notes about it logged there (``largebatch.engine.run_dir.make_run_dir``)."""
     from largebatch.engine.run_dir import make_run_dir
     from largebatch.engine.run_log import log_into_run_dir
 
     run_dir = make_run_dir(run_dir=cfg.run_dir, output_root=cfg.output_root, model_name=cfg.model.name,
-                           resume=cfg.resume, backend=backend)
+                           resume=cfg.resume, backend=backend, config=config)
     log_into_run_dir(run_dir.path)
     for note in run_dir.notes:
         log.warning("%s", note)
