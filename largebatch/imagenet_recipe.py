@@ -40,7 +40,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 from largebatch.errors import ConfigError
 
-__all__ = ["FAMILIES", "Derivation", "Family", "Point", "Range", "UserLr", "derive", "describe", "families_for"]
+__all__ = ["CARDS", "FAMILIES", "MEASURED_MEMORY", "Derivation", "Family", "MemoryFigure", "Point", "Range", "UserLr",
+           "bn_batch_of", "derive", "describe", "device_lines", "families_for", "memory_figure"]
 
 MLPERF_TARGET = 75.9  # MLPerf Training ResNet-50: 75.90% top-1 (training_rules.adoc)
 DEFAULT_MODEL = "resnet50"  # the model of Goyal et al., MLPerf and the records: when no model is named
@@ -87,6 +88,8 @@ class Family:
     linear_lr: bool
     ranges: tuple[Range, ...] = ()  # the references' rule between and past the points
     beyond: str = ""  # what the sources say past the last point (the warning's second half)
+    # the images each BN normalises over in the published runs, with its source; None: not published
+    bn_batch: Optional[tuple[int, str]] = None
 
 
 # --- ResNet-50, SGD: Goyal et al. 2017 ------------------------------------------------------------
@@ -103,6 +106,7 @@ _RN50_SGD = Family(
         "schedule.milestones": ([30, 60, 80], f"{_GOYAL} sec. 5.1"), "schedule.gamma": (0.1, f"{_GOYAL} sec. 5.1"),
         "epochs": (90, f"{_GOYAL} sec. 5.1"), "label_smoothing": (0.0, f"chosen: {_GOYAL} name none"),
         "model.zero_init_last_bn": (True, f"{_GOYAL} sec. 5.1"),
+        "bn.group_size": (1, f"{_GOYAL} sec. 2.3, 5.1: BN over each worker's own n = 32 images"),
     },
     points=(
         Point(256, {}, "Goyal et al. 2017 at 256 (Table 1)", 76.4),
@@ -110,6 +114,7 @@ _RN50_SGD = Family(
     ),
     linear_lr=True,
     beyond="Goyal et al. 2017 Fig. 1: the error rises past 8K with SGD; optimizer=lars follows the LARS points to 64K",
+    bn_batch=(32, f"{_GOYAL} sec. 2.3, 5.1: n = 32 images per worker"),
 )
 
 # --- ResNet-50, LARS: the MLPerf reference and tensorflow/tpu --------------------------------------
@@ -354,6 +359,8 @@ def _group_choices(out: Derivation, fam: Family, batch: int, *, optimizer: Optio
         out.sources["schedule"] = f"{fam.schedule}: {fam.schedule_source}"
         schedule = fam.schedule
     skip = set(written) | ({k for k in LR_KEYS} if lr_written else set())
+    if "bn" in written:  # bn=global: the user's group, whose group_size a value override would replace
+        skip.add("bn.group_size")
     for other, keys in _SCHEDULE_ONLY.items():
         if other != schedule:
             skip.update(keys)
@@ -490,4 +497,130 @@ def describe(sources: Mapping[str, str], global_batch_size: int, model: str) -> 
     lines = [f"ImageNet recipe for {model} at global batch {global_batch_size}, each value as the override "
              f"that reproduces it (recipe.mode=auto; a key you set wins, recipe.mode=off derives nothing):"]
     lines += [f"  {override:<{width}}  {label}" for override, label in rows]
+    return lines
+
+
+# --- The batch on each device, its BN batch and its memory -----------------------------------------
+# The one measured memory figure: ResNet-50 at 224 px, bf16 (fp16 the same), channels-last, 256
+# images per H100, a peak of 11.0 GiB allocated (torch.cuda.max_memory_allocated;
+# benchmarks/README.md, "Training throughput", shown on docs/results.md). No second batch was measured, so its split is
+# derived, not measured: a fixed part, the fp32 weights, gradients and momentum (3 x 102.2 MB, the
+# gradient size in benchmarks/README.md's all-reduce table), and the rest, activations, taken as
+# linear in the images per device (per micro-batch: accumulation does not keep them).
+@dataclass(frozen=True)
+class MemoryFigure:
+    """A measured peak of device memory, split into a fixed part and a part per image."""
+
+    model: str
+    image_size: int
+    precisions: tuple[str, ...]  # the measured precisions (auto: bf16 on every card of CARDS)
+    batch: int  # images per device when measured
+    peak_gib: float
+    fixed_gib: float  # weights, gradients, optimizer state: not per image
+    basis: str  # what was measured and where, and how it is split
+
+    @property
+    def per_image_gib(self) -> float:
+        return (self.peak_gib - self.fixed_gib) / self.batch
+
+    def estimate(self, images: int) -> float:
+        return self.fixed_gib + self.per_image_gib * images
+
+
+_RN50_FIXED_GIB = 3 * 102.2e6 / 2 ** 30
+MEASURED_MEMORY: tuple[MemoryFigure, ...] = (
+    MemoryFigure("resnet50", 224, ("bf16", "fp16", "auto"), 256, 11.0, _RN50_FIXED_GIB,
+                 "estimate from resnet50 bf16 NHWC 224 px at 256 per H100, a peak of 11.0 GiB allocated "
+                 f"(docs/results.md, its H100 throughput table): {_RN50_FIXED_GIB:.2f} GiB of fp32 weights, "
+                 "gradients and momentum "
+                 "(3 x 102.2 MB) plus the rest taken as linear in the images per device, "
+                 f"{(11.0 - _RN50_FIXED_GIB) / 256 * 1024:.1f} MiB an image; the CUDA context and the "
+                 "allocator's cache come on top"),
+)
+# Known cards and their memory, nominal GB (10^9 bytes, NVIDIA's data sheets), compared in GiB
+CARDS: tuple[tuple[str, float], ...] = (("A100 40GB", 40.0), ("A100 80GB", 80.0), ("H100 80GB", 80.0),
+                                         ("H200 141GB", 141.0))
+# world sizes the block shows where the run's is not known yet (--cfg job): one node of 8 GPUs,
+# and the README's and docs/scaling-out.md's sbatch --nodes=8 --gpus-per-node=8
+EXAMPLE_WORLDS: tuple[tuple[int, str], ...] = ((8, "1 node x 8 GPUs"), (64, "8 nodes x 8 GPUs, the README's sbatch"))
+
+
+def memory_figure(model: str, image_size: int, precision: str) -> Optional[MemoryFigure]:
+    for m in MEASURED_MEMORY:
+        if (m.model, m.image_size) == (model, image_size) and precision in m.precisions:
+            return m
+    return None
+
+
+def bn_batch_of(model: str, optimizer: str) -> Optional[tuple[int, str]]:
+    """The images each BN normalises over in the published runs of ``model`` with ``optimizer``,
+    with its source (Goyal et al.'s 32 per worker for ResNet-50 with SGD), or None."""
+    for f in families_for(model):
+        if f.optimizer == optimizer:
+            return f.bn_batch
+    return None
+
+
+def _fits(gib: float) -> str:
+    short = [f"{name} ({gb * 1e9 / 2 ** 30:.1f} GiB)" for name, gb in CARDS if gib > gb * 1e9 / 2 ** 30]
+    if not short:
+        return ""
+    return "; WARNING: does not fit " + (" or ".join(short) if len(short) < len(CARDS) else "any known card")
+
+
+def _device_row(*, global_batch_size: int, world_size: int, accumulation_steps: int, bn_group_size: int,
+                figure: Optional[MemoryFigure], bn_batch: Optional[tuple[int, str]]) -> str:
+    """One line: the images per device at this world size, the BN batch, the memory estimate and
+    the cards it does not fit, and the accumulation that keeps the published BN batch."""
+    parts = world_size * accumulation_steps
+    if global_batch_size % parts:
+        return (f"{global_batch_size} is not a multiple of {world_size} devices x accumulation_steps "
+                f"{accumulation_steps}: the run refuses it")
+    per = global_batch_size // parts
+    group = world_size if bn_group_size == -1 else min(bn_group_size, world_size)
+    text = (f"{per} images per device x {world_size} devices x accumulation_steps {accumulation_steps}; BN over "
+            f"{per * group} (bn.group_size={bn_group_size})")
+    if figure is not None:
+        gib = figure.estimate(per)
+        text += f"; ~{gib:.1f} GiB a device{_fits(gib)}"
+    if bn_batch is not None and per * group != bn_batch[0]:
+        n = bn_batch[0]
+        if n % group == 0 and global_batch_size % (world_size * (n // group)) == 0:
+            keep = global_batch_size // (world_size * (n // group))
+            text += (f"; accumulation_steps={keep} keeps BN over {n}"
+                     + (f" (~{figure.estimate(n // group):.1f} GiB)" if figure is not None else ""))
+        else:
+            text += f"; no accumulation_steps gives BN over {n} at this world size"
+    return text
+
+
+def device_lines(*, model: str, optimizer: str, global_batch_size: int, world_size: Optional[int],
+                 accumulation_steps: int, bn_group_size: int, precision: str, image_size: int) -> list[str]:
+    """The per-device part of the start-up block: the images each device takes (global batch /
+    (world size x accumulation_steps)), the images each BN normalises over, the accumulation that
+    keeps the published runs' BN batch, and the memory a device needs, estimated from
+    :data:`MEASURED_MEMORY`, with a warning for each card of :data:`CARDS` it does not fit.
+    ``world_size`` None (``--cfg job``: the run's is known only when it starts): a line per
+    :data:`EXAMPLE_WORLDS`."""
+    figure = memory_figure(model, image_size, precision)
+    bn_batch = bn_batch_of(model, optimizer)
+
+    def row(world: int) -> str:
+        return _device_row(global_batch_size=global_batch_size, world_size=world, accumulation_steps=accumulation_steps,
+                           bn_group_size=bn_group_size, figure=figure, bn_batch=bn_batch)
+
+    head = "per device"
+    if bn_batch is not None:
+        head += f" (the published BN batch: {bn_batch[0]}, {bn_batch[1]})"
+    if world_size is not None:
+        lines = [f"{head}: {row(world_size)}"]
+    else:
+        lines = [f"{head}: global batch {global_batch_size} / (world size x accumulation_steps), the world size "
+                 f"known when the run starts; at"]
+        lines += [f"  {world:>3} devices ({what}): {row(world)}"
+                  for world, what in EXAMPLE_WORLDS]
+    measured = ", ".join(f"{m.model} {m.image_size} px in {m.precisions[0]}" for m in MEASURED_MEMORY)
+    lines.append(f"memory per device: {figure.basis}" if figure is not None else
+                 f"memory per device: not estimated, no measured figure for {model} at {image_size} px in "
+                 f"{precision} (measured: {measured})")
     return lines

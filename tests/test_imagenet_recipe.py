@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 
 from largebatch.cli import main
 from largebatch.config import compose_config
-from largebatch.imagenet_recipe import FAMILIES, PEAK_AT_BATCH, _fmt, derive, describe
+from largebatch.imagenet_recipe import CARDS, FAMILIES, PEAK_AT_BATCH, _fmt, derive, describe, device_lines
 from largebatch.errors import ConfigError
 
 ROOT = "data.root=/data/imagenet"
@@ -403,3 +403,54 @@ def test_cfg_job_shows_the_derived_values_and_warnings_the_run_gets(capsys: pyte
     shown = yaml.safe_load(capsys.readouterr().out)["recipe"]
     assert shown["derived"]["optimizer.lr"].startswith("32.0: tensorflow/tpu@f59154b")
     assert len(shown["warnings"]) == 1 and "no published run at this batch" in shown["warnings"][0]
+
+
+# issue 87, item 5: the batch on each device, its BN batch and its memory
+def _devices(batch: int, world: Any, *, optimizer: str = "sgd", accumulation: int = 1, group: int = 1,
+             precision: str = "bf16") -> list[str]:
+    return device_lines(model="resnet50", optimizer=optimizer, global_batch_size=batch, world_size=world,
+                        accumulation_steps=accumulation, bn_group_size=group, precision=precision, image_size=224)
+
+
+def test_the_readmes_sbatch_is_128_per_gpu_and_the_line_says_what_keeps_goyals_bn_batch(
+        capsys: pytest.CaptureFixture) -> None:
+    """README: sbatch --nodes=8 --gpus-per-node=8 launch/slurm.sbatch experiment=goyal2017_rn50_8k: 64
+    GPUs at 8,192 is 128 per GPU; the preset's header asks for BN over 32 (Goyal et al. sec. 2.3, 5.1),
+    i.e. accumulation_steps=4 at 64 GPUs (and =32 on the header's 8 GPUs)."""
+    [line, basis] = _devices(8192, 64, precision="fp32")  # the preset trains in fp32
+    assert "128 images per device x 64 devices x accumulation_steps 1; BN over 128 (bn.group_size=1)" in line
+    assert "published BN batch: 32, Goyal et al. 2017" in line and "accumulation_steps=4 keeps BN over 32" in line
+    assert "not estimated" in basis and "fp32" in basis  # no fp32 figure was measured
+    assert main(["--cfg", "job", "experiment=goyal2017_rn50_8k", ROOT]) == 0
+    err = capsys.readouterr().err
+    assert "64 devices (8 nodes x 8 GPUs, the README's sbatch): 128 images per device" in err
+    assert "8 devices (1 node x 8 GPUs): 1024 images per device" in err and "accumulation_steps=32 keeps BN over 32" in err
+    kept = _devices(8192, 64, accumulation=4)[0]
+    assert "32 images per device x 64 devices x accumulation_steps 4; BN over 32" in kept and "keeps" not in kept
+
+
+def test_the_memory_estimate_is_the_measured_figure_split_and_warns_per_card() -> None:
+    # 11.0 GiB at 256 per H100 (bf16, NHWC): 3 x 102.2 MB fixed, the rest per image
+    [line, basis] = _devices(16384, 32, optimizer="lars")  # 512 per GPU
+    assert "~21.7 GiB a device" in line and "WARNING" not in line and "11.0 GiB" in basis
+    assert "~11.0 GiB a device" in _devices(256 * 8, 8, optimizer="lars")[0]  # the measured point itself
+    big = _devices(8192, 8)[0]  # 1,024 per GPU: ~43 GiB
+    assert "~43.1 GiB a device; WARNING: does not fit A100 40GB (37.3 GiB)" in big
+    assert "accumulation_steps=32 keeps BN over 32 (~1.6 GiB)" in big
+    none = _devices(65536, 16, optimizer="lars")[0]  # 4,096 per GPU
+    assert "does not fit any known card" in none and len(CARDS) == 4
+
+
+def test_the_sgd_recipe_carries_goyals_per_worker_bn_and_a_users_bn_wins() -> None:
+    cfg = _compose("global_batch_size=4096")
+    assert cfg.bn.group_size == 1 and "sec. 2.3, 5.1" in cfg.recipe.derived["bn.group_size"]
+    mine = _compose("global_batch_size=4096", "bn=global")
+    assert mine.bn.group_size == -1 and "bn.group_size" not in mine.recipe.derived
+
+
+def test_the_docs_4k_example_normalises_over_goyals_32(capsys: pytest.CaptureFixture) -> None:
+    """docs/imagenet.md: 8 GPUs at 4K with accumulation_steps=16 is 32 images per micro-batch."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "imagenet.md").read_text(encoding="utf-8")
+    assert "global_batch_size=4096 accumulation_steps=16" in text
+    line = _devices(4096, 8, accumulation=16)[0]
+    assert "32 images per device x 8 devices x accumulation_steps 16; BN over 32" in line and "keeps" not in line

@@ -144,6 +144,22 @@ def _show_cfg(hydra: Any, *, overrides: list[str], opts: Any, recipe: dict[str, 
     sys.stdout.write(OmegaConf.to_yaml(shown))
 
 
+def _devices(cfg: Any) -> list[str]:
+    """On ImageNet (a recipe or a preset): the images per device, the BN batch and the memory a
+    device needs, at the example world sizes (the run's is known only when it starts)."""
+    from omegaconf import OmegaConf
+
+    from largebatch.config.compose import to_train_config
+    from largebatch.imagenet_recipe import device_lines
+
+    if not OmegaConf.is_missing(cfg.data, "root") and cfg.data.root is None:
+        return []  # the embedded data set: a CPU run, no cards
+    tc = to_train_config(cfg)
+    return device_lines(model=tc.model.name, optimizer=tc.optimizer.name, global_batch_size=tc.global_batch_size,
+                        world_size=None, accumulation_steps=tc.accumulation_steps, bn_group_size=tc.bn.group_size,
+                        precision=tc.precision.name, image_size=tc.data.image_size)
+
+
 def show(opts: Any) -> None:
     """``--help``, ``--hydra-help``, ``--cfg``, ``--info``: Hydra's own output for conf/train.yaml (``--cfg``
     with the ImageNet recipe's ``recipe.derived`` and ``recipe.warnings`` filled in, :func:`_show_cfg`)."""
@@ -164,7 +180,8 @@ def show(opts: Any) -> None:
         # sources go to stderr, the config to stdout
         overrides = [*recipe, *overrides]
         recorded = {"derived": dict(cfg.recipe.derived), "warnings": list(cfg.recipe.warnings)}
-        for line in [*describe(cfg.recipe.derived, cfg.global_batch_size, cfg.model.name), *cfg.recipe.warnings]:
+        for line in [*describe(cfg.recipe.derived, cfg.global_batch_size, cfg.model.name), *_devices(cfg),
+                     *cfg.recipe.warnings]:
             print(line, file=sys.stderr)
     with hydra_errors(), hydra_session() as hydra:
         if opts.help:
