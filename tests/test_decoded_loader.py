@@ -39,8 +39,9 @@ def test_a_changed_source_is_refused_in_one_line(root: Path, tmp_path: Path) -> 
     ensure_decoded_stores(data, SPEC, cache=tmp_path / "cache", announce=False)
     victim = sorted((data / "train").rglob("*.JPEG"))[0]
     victim.write_bytes(victim.read_bytes() + b"\0")
-    with pytest.raises(DataError, match=r"its files changed since .*: delete \S+decoded-\S+-train-24px and run "
-                                        r"again \(it is rebuilt from the images on first use\)$") as err:
+    with pytest.raises(DataError, match=r"its files changed since .*: delete it and rebuild it: rm -r \S+decoded-\S+-"
+                                        r"train-24px && largebatch-make-decoded with the run's overrides \(or the run "
+                                        r"rebuilds it on first use\)$") as err:
         build_decoded_loaders(data, SPEC, cache=tmp_path / "cache")
     assert "\n" not in str(err.value)
 

@@ -3,7 +3,9 @@ in memory or memory-mapped, round-trips pixels and labels and refuses a source t
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,7 @@ from PIL import Image, ImageOps
 from largebatch.data.decoded_store import (
     HEADER_NAME,
     PIXELS_NAME,
+    SOURCES_NAME,
     build_decoded_store,
     decode_split,
     open_decoded_store,
@@ -116,3 +119,65 @@ def test_refusals_are_one_line(tmp_path: Path) -> None:
     with pytest.raises(DataError) as err:
         open_decoded_store(store)
     assert f"holds {store_bytes(1, 8)} bytes" in _one_line(err)
+
+
+def test_a_corrupted_store_or_a_source_changed_in_place_is_refused_in_one_line(
+        embedded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 90 item 4: random bytes written over the pixels trained silently, and so did a
+    source image rewritten with its size and modification time kept. The store now carries a
+    CRC-32 per block of its pixels, one of its labels and a digest of each source file's bytes;
+    opening checks a sample of them (verify="sample"), ``verify="full"`` all."""
+    from largebatch.data import decoded_store
+
+    monkeypatch.setattr(decoded_store, "CHECK_BLOCK_BYTES", 1024)  # 54 blocks in 55.3 kB
+    monkeypatch.setattr(decoded_store, "_OPEN_CHECK_BYTES", 4 * 1024)  # opening checks 4 of them
+    source = tmp_path / "set"
+    shutil.copytree(embedded, source)
+    store = tmp_path / "store"
+    build_decoded_store(source, store, side=24)
+    header = json.loads((store / HEADER_NAME).read_text())
+    assert len(header["checksum"]["crc32"]) == 54 and header["sources"]["files"] == 32
+    assert os.path.getsize(store / SOURCES_NAME) == 32 * 16
+    open_decoded_store(store, source=source, verify="full")  # intact: accepted
+
+    pixels = bytearray((store / PIXELS_NAME).read_bytes())
+    middle = 20 * 1024 + 7  # block 20: only the full check is sure to read it
+    (store / PIXELS_NAME).write_bytes(pixels[:middle] + b"\x00\x01\x02" + pixels[middle + 3:])
+    with pytest.raises(DataError) as err:
+        open_decoded_store(store, verify="full")
+    assert _one_line(err) == (f"decoded store {store} is corrupted: bytes 20,480 to 21,504 of {PIXELS_NAME} differ "
+                              "from what was written: rebuild it with largebatch.data.decoded_store.build_decoded_store")
+    last = len(pixels) - 5  # the last block: every check reads it
+    (store / PIXELS_NAME).write_bytes(pixels[:last] + bytes(5))
+    with pytest.raises(DataError) as err:
+        open_decoded_store(store, fix="FIX")
+    assert _one_line(err).startswith(f"decoded store {store} is corrupted: bytes 54,272 to 55,296 of {PIXELS_NAME}")
+    assert str(err.value).endswith(": FIX")
+    (store / PIXELS_NAME).write_bytes(pixels)
+
+    changed = dict(header, labels=[(label + 1) % 4 for label in header["labels"]])
+    (store / HEADER_NAME).write_text(json.dumps(changed))
+    with pytest.raises(DataError) as err:
+        open_decoded_store(store)
+    assert "is corrupted: its labels differ from what was written" in _one_line(err)
+    for bad, named in (([1, 2], "is not a decoded store's header (a JSON object)"),
+                       ({k: v for k, v in header.items() if k != "count"}, "has no valid 'count'"),
+                       (dict(header, labels=header["labels"][:-1]), "says 32 images at 24 px and holds 31 labels")):
+        (store / HEADER_NAME).write_text(json.dumps(bad))
+        with pytest.raises(DataError) as err:
+            open_decoded_store(store)
+        assert named in _one_line(err), bad
+    (store / HEADER_NAME).write_text(json.dumps(header))
+
+    _, paths, _ = list_split(source, "train")
+    victim = Path(paths[17])
+    stat = victim.stat()
+    data = bytearray(victim.read_bytes())
+    data[-3] ^= 0xFF  # the same size, and the same modification time put back
+    victim.write_bytes(bytes(data))
+    os.utime(victim, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    open_decoded_store(store, source=source, verify="none")  # the listing alone cannot see it
+    with pytest.raises(DataError) as err:
+        open_decoded_store(store, source=source)  # 32 files: the sample is every one
+    assert _one_line(err).startswith(f"decoded store {store} was built from {victim} as it was then, its content "
+                                     "changed since (its size and modification time did not): ")

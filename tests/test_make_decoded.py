@@ -73,3 +73,35 @@ def test_bad_input_is_one_line_and_its_exit_code(cache: Path, tmp_path: Path) ->
                           timeout=120)
     lines = full.stderr.strip().splitlines()
     assert full.returncode == 74 and len(lines) == 1 and "set LARGEBATCH_CACHE to a writable folder" in lines[0], lines
+
+
+def test_a_corrupted_store_is_refused_by_the_run_and_by_check(cache: Path, tmp_path: Path) -> None:
+    """Issue 90 item 4, as typed: bytes written over a built store trained silently (rc 0). Now
+    the run refuses it in one line naming the store and the command that rebuilds it, exit 2;
+    ``largebatch-make-decoded --check`` reads it whole and says the same with the overrides."""
+    env = {**os.environ, "LARGEBATCH_CACHE": str(cache)}
+
+    def command(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, env=env, timeout=300)
+
+    assert command("largebatch.tools.make_decoded", *SETS).returncode == 0
+    checked = command("largebatch.tools.make_decoded", "--check", *SETS)
+    assert checked.returncode == 0, checked.stderr
+    assert [line.rsplit("(", 1)[1].split(",")[0] for line in checked.stdout.splitlines()] == [
+        "checked: its data", "checked: its data"], checked.stdout
+    train = next(cache.glob("decoded-*-train-*"))
+    with open(train / "images.uint8", "r+b") as pixels:
+        pixels.seek(1000)
+        pixels.write(os.urandom(64))
+
+    run = command("largebatch.train", *SETS, "data.loader=decoded", "epochs=1", f"run_dir={tmp_path / 'run'}")
+    assert run.returncode == 2, (run.returncode, run.stderr[-2000:])
+    assert run.stderr.strip().splitlines() == [
+        f"largebatch: error: decoded store {train} is corrupted: bytes 0 to 55,296 of images.uint8 differ from what "
+        f"was written: delete it and rebuild it: rm -r {train} && largebatch-make-decoded with the run's overrides "
+        "(or the run rebuilds it on first use)"]
+    checked = command("largebatch.tools.make_decoded", "--check", *SETS)
+    assert checked.returncode == 2 and checked.stderr.strip().splitlines() == [
+        f"largebatch-make-decoded: error: decoded store {train} is corrupted: bytes 0 to 55,296 of images.uint8 "
+        f"differ from what was written: delete it and rebuild it: rm -r {train} && largebatch-make-decoded "
+        f"{' '.join(SETS)} (or the run rebuilds it on first use)"], checked.stderr

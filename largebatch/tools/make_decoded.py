@@ -1,4 +1,4 @@
-"""``largebatch-make-decoded [--plan] [key=value ...]``: build the decoded stores a run will read.
+"""``largebatch-make-decoded [--plan | --check] [key=value ...]``: build the decoded stores a run will read.
 
 ``data.loader=decoded`` decodes each split once into a store in the cache
 (:mod:`largebatch.data.pipelines.decoded`), on the run's first start, by rank 0, while the other
@@ -13,12 +13,19 @@ builds other stores.
     largebatch-make-decoded data.root=/data/imagenet data.image_size=128 data.workers=16
     largebatch-train data.root=/data/imagenet data.image_size=128 data.loader=decoded
 
+``--check`` reads each built store whole and every file of the data set, and compares them with
+the checksums written with the store (each opening by a run checks a sample of both):
+
+    largebatch-make-decoded --check data.root=/data/imagenet data.image_size=128
+
 Exit codes are the training command's (:mod:`largebatch.errors`): 2 for a bad override or data
-folder, 74 when the cache cannot be written or has no room for a store.
+folder, or a store that ``--check`` (or a run) finds corrupted or out of date, with the command
+that rebuilds it; 74 when the cache cannot be written or has no room for a store.
 """
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -50,7 +57,22 @@ def _plan(planned: list[PlannedStore], cache: Path) -> int:
     return 0
 
 
-def _make(overrides: Sequence[str], plan_only: bool) -> int:
+def _check(planned: list[PlannedStore], root: Path, overrides: Sequence[str]) -> int:
+    from largebatch.data.decoded_store import open_decoded_store
+    from largebatch.data.pipelines.decoded import rebuild_fix
+
+    for store in planned:
+        if not store.built:
+            print(_describe(store, "not built"))
+            continue
+        started = time.monotonic()
+        open_decoded_store(store.folder, source=root, side=store.side, verify="full",
+                           fix=rebuild_fix(store.folder, shlex.join(overrides)))
+        print(_describe(store, f"checked: its data, labels and every source file, in {time.monotonic() - started:.1f} s"))
+    return 0
+
+
+def _make(overrides: Sequence[str], plan_only: bool, check: bool = False) -> int:
     from largebatch.backends.torch_dist import TorchDistributedBackend
     from largebatch.config import compose_config, to_train_config
     from largebatch.config.command_line import single_run_overrides
@@ -66,6 +88,8 @@ def _make(overrides: Sequence[str], plan_only: bool) -> int:
     planned = planned_stores(root, spec, cache=cache)
     if plan_only:
         return _plan(planned, cache)
+    if check:
+        return _check(planned, root, overrides)
     started = time.monotonic()
     make_decoded_stores(root, spec, announce=False)
     took = f"built in {time.monotonic() - started:.1f} s"
@@ -75,19 +99,23 @@ def _make(overrides: Sequence[str], plan_only: bool) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``largebatch-make-decoded [--plan] [key=value ...]``: build (or plan) the decoded stores."""
+    """``largebatch-make-decoded [--plan | --check] [key=value ...]``: build (or plan, or check) the decoded stores."""
     from largebatch.errors import error_line, exit_code
 
     parser = OneLineArgumentParser(
         prog="largebatch-make-decoded",
         description="Decode a data set's train and val images once into the stores that a run with "
                     "data.loader=decoded and the same overrides reads.")
-    parser.add_argument("--plan", action="store_true",
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--plan", action="store_true",
                         help="print each store's side, image count, size and folder, and the free space; build nothing")
+    only.add_argument("--check", action="store_true",
+                        help="read each built store and every source file, and compare them with the checksums "
+                             "written with the store (a read of the store and of the data set); build nothing")
     parser.add_argument("overrides", nargs="*", help="the run's overrides (data=..., data.root=..., data.image_size=...)")
     args = parser.parse_args(argv)
     try:
-        return _make(args.overrides, args.plan)
+        return _make(args.overrides, args.plan, args.check)
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001  (one line; an unknown one is a bug and raises)
         code = exit_code(err)
         if code is None:

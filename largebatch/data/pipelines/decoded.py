@@ -78,7 +78,7 @@ from largebatch.errors import DataError, WriteError
 
 __all__ = ["AUTO_SHARE_OF_FREE", "TRAIN_SIDE_CAP", "AutoChoice", "DecodedLoader", "PlannedStore", "StoreSides",
            "auto_choice", "build_decoded_loaders", "cache_free_space", "decoded_cache_root", "ensure_decoded_stores",
-           "planned_stores", "size_text", "store_sides"]
+           "planned_stores", "rebuild_fix", "size_text", "store_sides"]
 
 log = logging.getLogger(__name__)
 
@@ -120,15 +120,24 @@ def _store_folder(cache: Path, root: str, split: str, side: int) -> Path:
 def _open_or_build(root: str, split: str, side: int, folder: Path, workers: int,
                    check_source: bool = True) -> tuple[DecodedStore, bool]:
     """The store of ``root/split`` in ``folder`` (built there first if absent); True if built now.
-    ``check_source``: refuse a store whose source's files changed since it was built (a listing)."""
-    fix = f"delete {folder} and run again (it is rebuilt from the images on first use)"
+    ``check_source``: refuse a store whose source's files changed since it was built (a listing),
+    or whose data differ from their checksums (a sample: ``open_decoded_store(verify="sample")``)."""
+    fix = rebuild_fix(folder)
     if not (folder / HEADER_NAME).is_file():
         try:
             return build_decoded_store(root, folder, split, side=side, workers=workers), True
         except (DataError, OSError, WriteError):
             if not (folder / HEADER_NAME).is_file():  # not another rank's store that just landed
                 raise
-    return open_decoded_store(folder, source=root if check_source else None, side=side, fix=fix), False
+    return open_decoded_store(folder, source=root if check_source else None, side=side, fix=fix,
+                              verify="sample" if check_source else "none"), False
+
+
+def rebuild_fix(folder: Path, overrides: Optional[str] = None) -> str:
+    """What to do with a store that is refused: delete it and build it again, by the command that
+    builds it (with the run's ``overrides`` where they are known)."""
+    command = f"largebatch-make-decoded {overrides}" if overrides else "largebatch-make-decoded with the run's overrides"
+    return f"delete it and rebuild it: rm -r {folder} && {command} (or the run rebuilds it on first use)"
 
 
 class PlannedStore(NamedTuple):
