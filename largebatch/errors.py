@@ -50,6 +50,7 @@ from typing import Optional
 __all__ = [
     "EXIT_INTERRUPTED", "EXIT_IO_ERROR", "EXIT_NON_FINITE", "EXIT_OK", "EXIT_OUT_OF_MEMORY", "EXIT_PREEMPTED",
     "EXIT_USAGE", "STOP_SIGNALS", "USER_ERRORS", "CheckpointError", "CheckpointSaveError", "ConfigError", "DataError",
+    "EvalOutOfMemoryError",
     "ModelError", "NonFiniteLossError", "Preempted", "ReplicaError", "ReportError", "RunDirError", "RunFileError",
     "StepOutOfMemoryError", "TooFewSamplesError", "UsageError", "WriteError", "error_line", "exit_code", "os_error_text",
 ]
@@ -165,6 +166,13 @@ class StepOutOfMemoryError(RuntimeError):
         self.epoch = epoch
         self.per_device_batch = per_device_batch
         self.cause = cause  # the failed allocation in a few words
+
+
+class EvalOutOfMemoryError(StepOutOfMemoryError):
+    """An evaluation could not allocate its tensors: ``epoch`` (1-based here: the epoch just
+    trained, whose evaluation failed), ``step`` the steps trained, ``per_device_batch`` the
+    images of one evaluation batch. The epoch's checkpoint is saved before it is raised
+    (:class:`largebatch.engine.hooks.EvalHook`); exit code 4 as a step's."""
 
 
 class Preempted(Exception):

@@ -33,13 +33,13 @@ from largebatch.parts.data import channels_last_of, data_of
 from largebatch.parts.diagnostics import adaptive_batch_of, noise_scale_of
 from largebatch.parts.hooks import run_hooks_of
 from largebatch.parts.model import check_model_name, model_of, train_model_of
-from largebatch.parts.outcome import out_of_memory, raise_if_stopped
+from largebatch.parts.outcome import eval_out_of_memory, out_of_memory, raise_if_stopped
 from largebatch.parts.record import announce, config_of, resolved_of, run_dir_of
 from largebatch.parts.resume import resume_of
 from largebatch.parts.training import ema_of, optimizer_of, scheduler_of, step_settings_of
 from largebatch.engine.batch_plan import BatchPlan, plan_batches
 from largebatch.engine.run_log import setup_logging
-from largebatch.errors import StepOutOfMemoryError
+from largebatch.errors import EvalOutOfMemoryError, StepOutOfMemoryError
 from largebatch.resolution import resolution_of
 
 if TYPE_CHECKING:
@@ -159,6 +159,10 @@ def _train(cfg: TrainConfig, plan: BatchPlan, trainer: Trainer, hooks: RunHooks,
                             run_dir=run_dir) from None
     finally:
         hooks.preemption.uninstall()
-    raise_if_stopped(trainer, hooks, run_dir)
+    try:
+        raise_if_stopped(trainer, hooks, run_dir)
+    except EvalOutOfMemoryError as err:  # the epoch was saved first
+        raise eval_out_of_memory(err, eval_side=cfg.data.resolution.eval_size or cfg.data.image_size, plan=plan,
+                                 run_dir=run_dir) from None
     data.warn_skipped(trainer.backend.is_main)
     return hooks.summary.summary

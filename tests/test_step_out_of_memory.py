@@ -110,3 +110,33 @@ def test_a_step_out_of_memory_is_one_line_exit_4_and_the_checkpoint_before_it_st
     # the warning came at start, and the run trained its first epoch after it
     warned = [line for line in proc.stdout.splitlines() if WARNING in line]
     assert len(warned) == 1 and "data.resolution.steps=[[0, 16], [1, 4096]] trains at 4096 px" in warned[0]
+
+
+def test_an_evaluation_out_of_memory_saves_the_epoch_and_is_one_line_exit_4(tmp_path: Path) -> None:
+    """Issue 90 case 3: an evaluation that runs out of memory (a 4096 px evaluation side under
+    ``ulimit -v``, after a 16 px epoch) ended in a traceback and exit 1, the epoch's checkpoint
+    (written after the evaluation) lost and summary.json's stop_reason null. Now the epoch is
+    saved, summary.json says why the run stopped, and one line (exit 4) names the setting to
+    lower and the resume that continues."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("ulimit -v bounds the address space on Linux")
+    import json
+
+    run = tmp_path / "run"
+    overrides = smoke("backend=cpu", "max_steps=null", "data.resolution.eval_size=4096", f"run_dir={run}")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_ARENA_MAX="2", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(["bash", "-c", 'ulimit -v 6000000 && exec "$@"', "bash", str(TRAIN), *overrides],
+                          capture_output=True, text=True, env=env, timeout=600)
+    err = proc.stderr.strip()
+    assert proc.returncode == EXIT_OUT_OF_MEMORY, err[-3000:]
+    assert "Traceback" not in err
+    line = err.splitlines()[-1]
+    assert line.startswith("largebatch: error: the evaluation after epoch 1 ran out of memory: 8 images per device "
+                           "at 4096 px (the CPU allocator could not allocate "), line
+    assert (f"the epoch is saved (ckpt-e0001-s000000004.pt): set accumulation_steps=2 (evaluation batches of 4, "
+            f"global_batch_size=8 kept) and resume=auto run_dir={run} continues with it") in line
+    saved = list_checkpoints(run / "checkpoints")
+    assert [p.name for p in saved] == ["ckpt-e0001-s000000004.pt"]
+    assert load_checkpoint(saved[0])["train_state"]["epoch"] == 1
+    assert json.loads((run / "summary.json").read_text())["stop_reason"] == \
+        "the evaluation after epoch 1 ran out of memory"

@@ -19,8 +19,10 @@ from largebatch.engine.checkpoint_retention import prune_checkpoints
 from largebatch.engine.compile import unwrap_model
 from largebatch.engine.evaluate import evaluate
 from largebatch.engine.loop import Hook
+from largebatch.engine.out_of_memory import allocation_text, is_allocation_failure
 from largebatch.engine.rng_state import capture_rng_state
 from largebatch.engine.run_files import AppendLog, record_failure, run_file_error
+from largebatch.errors import EvalOutOfMemoryError
 
 __all__ = [
     "BatchLogHook",
@@ -388,6 +390,27 @@ class EvalHook(Hook):
         if hasattr(self.val_loader, "set_epoch"):  # a loader (a list of batches has no epoch)
             # the epoch just trained (state.epoch counts it done): its evaluation side and shape
             self.val_loader.set_epoch(epoch - 1)
+        try:
+            metrics = self._evaluate()
+        except (RuntimeError, MemoryError) as err:  # torch.OutOfMemoryError is a RuntimeError
+            if not is_allocation_failure(err):
+                raise
+            # Not raised from here: the epoch's checkpoint comes after the evaluation, and the
+            # traceback would hold the evaluation's tensors while it is written. The run stops
+            # (the checkpoint hook saves the epoch) and the loop's caller raises it (exit 4).
+            cause, batch = allocation_text(err), getattr(self.val_loader, "batch_size", None) or 0
+            t.failure = t.failure or EvalOutOfMemoryError(
+                f"the evaluation after epoch {epoch} ran out of memory with {batch} images per device ({cause})",
+                step=t.state.step, epoch=epoch, per_device_batch=batch, cause=cause)
+            t.request_stop(f"the evaluation after epoch {epoch} ran out of memory")
+            return
+        metrics["epoch"] = epoch
+        metrics["wall_s"] = round(t.elapsed(), 3)
+        self._record(metrics)
+
+    def _evaluate(self) -> dict[str, Any]:
+        """The model's (and the EMA's) metrics on every validation image."""
+        t = self.trainer
         metrics = evaluate(
             t.model, self.val_loader, backend=t.backend, autocast_dtype=t.settings.autocast_dtype,
             channels_last=self.channels_last,
@@ -399,8 +422,12 @@ class EvalHook(Hook):
             )
             metrics.update(ema_top1=ema["top1"], ema_top5=ema["top5"], ema_loss=ema["loss"],
                            top1_of="ema" if self.target_key == "ema_top1" else "raw")
-        metrics["epoch"] = epoch
-        metrics["wall_s"] = round(t.elapsed(), 3)
+        return metrics
+
+    def _record(self, metrics: dict[str, Any]) -> None:
+        """The evaluation into the loop state (best top-1, time to target) and the other hooks."""
+        t = self.trainer
+        epoch = metrics["epoch"]
         s = t.state
         s.evals.append(metrics)
         reported = metrics[self.target_key]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from largebatch.errors import Preempted, StepOutOfMemoryError
+from largebatch.errors import EvalOutOfMemoryError, Preempted, StepOutOfMemoryError
 
 if TYPE_CHECKING:
     from largebatch.engine.assemble import RunHooks
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from largebatch.engine.loop import Trainer
     from largebatch.resolution import ResolutionSchedule
 
-__all__ = ["out_of_memory", "preempted", "raise_if_stopped"]
+__all__ = ["eval_out_of_memory", "out_of_memory", "preempted", "raise_if_stopped"]
 
 
 def out_of_memory(err: StepOutOfMemoryError, *, sizes: Optional[ResolutionSchedule], image_size: int,
@@ -43,6 +43,24 @@ def out_of_memory(err: StepOutOfMemoryError, *, sizes: Optional[ResolutionSchedu
     return StepOutOfMemoryError(
         f"step {err.step} (epoch {err.epoch + 1}) ran out of memory: {err.per_device_batch} images per device at "
         f"{side} px ({err.cause}); {advice}",
+        step=err.step, epoch=err.epoch, per_device_batch=err.per_device_batch, cause=err.cause)
+
+
+def eval_out_of_memory(err: EvalOutOfMemoryError, *, eval_side: int, plan: BatchPlan,
+                       run_dir: Path) -> EvalOutOfMemoryError:
+    """An evaluation out of memory in the run's terms: the epoch's checkpoint (saved before the
+    error was raised) and the settings to lower. Evaluation batches hold the images of one
+    training micro-batch, so ``accumulation_steps`` lowers them too and a resume may change it."""
+    from largebatch.engine.checkpoint import list_checkpoints
+
+    saved = list_checkpoints(run_dir / "checkpoints")
+    kept = f"the epoch is saved ({saved[-1].name})" if saved else "no checkpoint could be written"
+    halves = err.per_device_batch % 2 == 0 and err.per_device_batch > 1
+    lower = (f"accumulation_steps={2 * plan.accumulation_steps} (evaluation batches of {err.per_device_batch // 2}, "
+             f"global_batch_size={plan.global_batch_size} kept)" if halves else "the evaluation side")
+    return EvalOutOfMemoryError(
+        f"the evaluation after epoch {err.epoch} ran out of memory: {err.per_device_batch} images per device at "
+        f"{eval_side} px ({err.cause}); {kept}: set {lower} and resume=auto run_dir={run_dir} continues with it",
         step=err.step, epoch=err.epoch, per_device_batch=err.per_device_batch, cause=err.cause)
 
 
