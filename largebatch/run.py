@@ -134,7 +134,7 @@ def _trainer(cfg: TrainConfig, raw_cfg: Optional[DictConfig], backend: Backend, 
                            batches=batches, num_classes=data.num_classes, data_root=data.root, run_dir=run_dir,
                            channels_last=channels_last, loader=loader)
     if backend.is_main:
-        announce(resolved, run_dir, raw_cfg, cfg.epochs)
+        announce(resolved, run_dir, raw_cfg, cfg.epochs, devices=cfg.data.root is not None)
     identity = RunIdentity(model_name=cfg.model.name, config=config, resolved=resolved)
     optional = OptionalHooks(ema=ema, noise_scale=noise_scale, batch=adaptive_batch_of(batches, noise_scale, backend))
     hooks = run_hooks_of(cfg, backend, run_dir, data.val, identity, optional, resolution_of(cfg))

@@ -454,3 +454,31 @@ def test_the_docs_4k_example_normalises_over_goyals_32(capsys: pytest.CaptureFix
     assert "global_batch_size=4096 accumulation_steps=16" in text
     line = _devices(4096, 8, accumulation=16)[0]
     assert "32 images per device x 8 devices x accumulation_steps 16; BN over 32" in line and "keeps" not in line
+
+
+def test_the_run_start_says_the_batch_bn_batch_and_memory_of_each_device(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 87 item 5 at run start, where the world size is known: a run on a data set of the
+    user's logs its per-device line (the run's own world size, not the examples) after the batch
+    arithmetic, a card it will not fit as a warning; the embedded set's CPU run logs none."""
+    from largebatch.parts.record import announce
+
+    resolved = dict(global_batch_size=8192, per_device_batch_size=128, world_size=64, accumulation_steps=1,
+                    lr_per_base_batch=0.1, base_batch_size=256, lr_scaling="linear", lr=3.2, steps_per_epoch=156,
+                    warmup_steps=780, warmup_epochs=5, precision="bf16", backend="cuda", batch_schedule=None,
+                    recipe=None, recipe_warnings=[], model="resnet50", optimizer="sgd", bn_group_size=1, image_size=224)
+    with caplog.at_level("INFO", logger="largebatch"):
+        announce(resolved, tmp_path, None, 90, devices=True)
+    lines = [r.getMessage() for r in caplog.records]
+    (per_device,) = [line for line in lines if line.startswith("per device")]
+    assert "128 images per device x 64 devices x accumulation_steps 1" in per_device
+    assert "accumulation_steps=4 keeps BN over 32" in per_device and "at\n" not in per_device
+    assert any(line.startswith("memory per device") for line in lines)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="largebatch"):
+        announce(dict(resolved, world_size=1, per_device_batch_size=8192), tmp_path, None, 90, devices=True)
+    assert any(r.levelname == "WARNING" and "does not fit" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="largebatch"):
+        announce(resolved, tmp_path, None, 90, devices=False)
+    assert not any(r.getMessage().startswith(("per device", "memory per device")) for r in caplog.records)

@@ -15,9 +15,12 @@ Of Hydra's own settings, a single run reads ``hydra.run.dir`` (it is the run dir
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from largebatch.errors import UsageError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 __all__ = ["multirun_overrides", "parse_command_line", "show", "single_run_overrides"]
 
@@ -144,7 +147,7 @@ def _show_cfg(hydra: Any, *, overrides: list[str], opts: Any, recipe: dict[str, 
     sys.stdout.write(OmegaConf.to_yaml(shown))
 
 
-def _devices(cfg: Any) -> list[str]:
+def _devices(cfg: DictConfig) -> list[str]:
     """On ImageNet (a recipe or a preset): the images per device, the BN batch and the memory a
     device needs, at the example world sizes (the run's is known only when it starts)."""
     from omegaconf import OmegaConf

@@ -80,6 +80,7 @@ def resolved_of(cfg: TrainConfig, backend: Backend, plan: BatchPlan, *, lr: floa
         "ema_decay": cfg.ema.decay if cfg.ema.enabled else None,
         "top1_of": cfg.ema.target,  # raw | ema: the weights best_top1 and time_to_target_s measure
         "data_root": str(data_root),
+        "image_size": cfg.data.image_size,
         "loader": loader,
         "run_dir": str(run_dir),
         # the ImageNet recipe's derived values, each with its source (recipe.mode=auto), or null
@@ -88,9 +89,12 @@ def resolved_of(cfg: TrainConfig, backend: Backend, plan: BatchPlan, *, lr: floa
     }
 
 
-def announce(resolved: dict[str, Any], run_dir: Path, raw_cfg: Optional[DictConfig], epochs: int) -> None:
+def announce(resolved: dict[str, Any], run_dir: Path, raw_cfg: Optional[DictConfig], epochs: int, *,
+             devices: bool = False) -> None:
     """Rank 0: write config.yaml and log the batch and lr arithmetic once, the recipe's lines and
-    warnings, and a warmup the run cannot finish (``largebatch.lr.long_warmup_warning``)."""
+    warnings, with ``devices`` (a data set of the user's, not the embedded one) the images, BN
+    batch and memory per device (``largebatch.imagenet_recipe.device_lines``), and a warmup the
+    run cannot finish (``largebatch.lr.long_warmup_warning``)."""
     from largebatch.lr import long_warmup_warning
 
     if raw_cfg is not None:
@@ -116,6 +120,14 @@ def announce(resolved: dict[str, Any], run_dir: Path, raw_cfg: Optional[DictConf
         from largebatch.imagenet_recipe import describe
 
         log.info("%s", "\n".join(describe(r["recipe"], r["global_batch_size"], r["model"])))
+    if devices:
+        from largebatch.imagenet_recipe import device_lines
+
+        for line in device_lines(model=r["model"], optimizer=r["optimizer"], global_batch_size=r["global_batch_size"],
+                                 world_size=r["world_size"], accumulation_steps=r["accumulation_steps"],
+                                 bn_group_size=r["bn_group_size"], precision=r["precision"],
+                                 image_size=r["image_size"]):
+            (log.warning if "WARNING" in line else log.info)("%s", line)
     for warning in r["recipe_warnings"]:
         log.warning("%s", warning)
     too_long = long_warmup_warning(warmup_epochs=r["warmup_epochs"], warmup_steps=r["warmup_steps"],
