@@ -304,8 +304,9 @@ def build_decoded_store(root: str | os.PathLike, out: str | os.PathLike, split: 
     the same folder once its process is gone (:func:`remove_stale_builds`).
 
     Raises :class:`DataError` for bad arguments or an ``out`` that exists already, and
-    :class:`~largebatch.errors.WriteError` (exit 74) for a folder that cannot be written or a
-    disk that fills: one line with the store, its size, the errno and what to do.
+    :class:`~largebatch.errors.WriteError` (exit 74) for a folder that cannot be written, too
+    little free space for ``store_bytes(N, side)`` (checked before decoding) or a disk that
+    fills: one line with the store, its size in the unit that fits it, the errno and what to do.
     """
     _check_args(side, fit)
     root = str(Path(root).expanduser().absolute())
@@ -322,9 +323,9 @@ def build_decoded_store(root: str | os.PathLike, out: str | os.PathLike, split: 
         remove_stale_builds(target.parent)
         free = shutil.disk_usage(target.parent).free
         if free < size:
-            raise DataError(f"a decoded store of {len(paths)} images at {side} px needs {size / 1e9:.2f} GB, "
-                            f"{target.parent} has {free / 1e9:.2f} GB free: free space, pick a smaller side or "
-                            f"another folder")
+            raise WriteError(f"no room for the decoded store {target}: {what}, and {target.parent} has "
+                             f"{size_text(free)} free; free space, lower the side, or set LARGEBATCH_CACHE to a "
+                             f"folder with room for it", path=target, errno=errno.ENOSPC)
         with _removed_unless_renamed(tmp):
             tmp.mkdir()
             pixels = tmp / PIXELS_NAME

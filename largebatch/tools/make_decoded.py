@@ -46,13 +46,16 @@ def _describe(store: PlannedStore, note: str) -> str:
 
 
 def _plan(planned: list[PlannedStore], cache: Path) -> int:
-    from largebatch.data.pipelines.decoded import cache_free_space, size_text
+    from largebatch.data.pipelines.decoded import cache_free_space, cache_write_problem, size_text
 
     for store in planned:
         print(_describe(store, "built" if store.built else "to build"))
     to_build = sum(s.bytes for s in planned if not s.built)
     existing, free = cache_free_space(cache)
-    fits = "fits" if to_build <= free else "does NOT fit: free space, lower the sides, or set LARGEBATCH_CACHE"
+    problem = cache_write_problem(existing) if to_build else None
+    fits = ("fits" if to_build <= free else "does NOT fit: free space, lower the sides, or set LARGEBATCH_CACHE")
+    if problem is not None:
+        fits = f"CANNOT be written there: {problem}; set LARGEBATCH_CACHE to a writable folder"
     print(f"to build: {size_text(to_build)}; {existing} has {size_text(free)} free ({fits})")
     return 0
 

@@ -42,12 +42,14 @@ built.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import math
 import os
 import shutil
+import tempfile
 import time
 import weakref
 from collections import deque
@@ -77,8 +79,8 @@ from largebatch.data.samplers import ExactShardSampler, ShardedSampler, sample_s
 from largebatch.errors import DataError, WriteError
 
 __all__ = ["AUTO_SHARE_OF_FREE", "TRAIN_SIDE_CAP", "AutoChoice", "DecodedLoader", "PlannedStore", "StoreSides",
-           "auto_choice", "build_decoded_loaders", "cache_free_space", "decoded_cache_root", "ensure_decoded_stores",
-           "planned_stores", "rebuild_fix", "size_text", "store_sides"]
+           "auto_choice", "build_decoded_loaders", "cache_free_space", "cache_write_problem", "decoded_cache_root",
+           "ensure_decoded_stores", "planned_stores", "rebuild_fix", "size_text", "store_sides"]
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +186,18 @@ def cache_free_space(cache: Path) -> tuple[Path, int]:
     return existing, shutil.disk_usage(existing).free
 
 
+def cache_write_problem(folder: Path) -> Optional[str]:
+    """Why a store cannot be written in ``folder`` (``[Errno 30 EROFS] Read-only file system``),
+    or None where it can: a file is created there and removed (permissions, a read-only mount,
+    a network file system's rules: only a write tells)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return None
+    except OSError as err:
+        code = err.errno
+        return f"[Errno {code} {errno.errorcode.get(code, '?') if code is not None else '?'}] {err.strerror or err}"
+
+
 # data.loader=auto builds decoded stores only where they take at most this share of the cache's
 # free space: a run's checkpoints and logs, and the user's other files, often share that disk, and
 # a store that nearly filled it would fail their next write (ImageNet's training images stored at
@@ -200,8 +214,8 @@ class AutoChoice(NamedTuple):
 
 def auto_choice(root: str | os.PathLike, spec: LoaderSpec, *, cache: Optional[Path] = None) -> AutoChoice:
     """Whether ``data.loader=auto`` reads ``root`` from decoded stores: where they are built
-    already, or their bytes to build are at most :data:`AUTO_SHARE_OF_FREE` of the cache's free
-    space (the fastest CPU input: no JPEG decode after the first run, each batch augmented
+    already, or the cache can be written and their bytes to build are at most
+    :data:`AUTO_SHARE_OF_FREE` of its free space (the fastest CPU input: no JPEG decode after the first run, each batch augmented
     whole; ``benchmarks/README.md``). The note says which, with the sizes, for the run's log."""
     cache = decoded_cache_root() if cache is None else cache
     planned = planned_stores(root, spec, cache=cache)
@@ -211,6 +225,11 @@ def auto_choice(root: str | os.PathLike, spec: LoaderSpec, *, cache: Optional[Pa
         return AutoChoice(True, f"data.loader=auto: reading with the decoded store ({every} in {cache}, built by an "
                                 "earlier run), the fastest input on a CPU host")
     where, free = cache_free_space(cache)
+    problem = cache_write_problem(where)
+    if problem is not None:
+        return AutoChoice(False, f"data.loader=auto: not the decoded store: its {size_text(to_build)} cannot be "
+                                 f"written to {where} ({problem}); set LARGEBATCH_CACHE to a writable folder with "
+                                 "room for it to read with it")
     if to_build <= AUTO_SHARE_OF_FREE * free:
         return AutoChoice(True, f"data.loader=auto: reading with the decoded store, the fastest input on a CPU host: "
                                 f"the images are decoded once into {size_text(to_build)} of the {size_text(free)} "
