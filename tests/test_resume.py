@@ -304,3 +304,24 @@ def test_a_checkpoint_that_records_no_loader_is_named_with_this_runs_loader(capl
         check_same_loader("decoded", check, Path("same.pt"))
     assert len(caplog.records) == 1
     assert "old.pt does not record which loader" in caplog.text and "reads with decoded (data.loader=auto)" in caplog.text
+
+
+def test_steps_redone_after_a_kill_appear_once_in_metrics_jsonl(tmp_path: Path) -> None:
+    """Issue 90 case 6: a run killed after logging steps its last checkpoint does not hold (here:
+    its step-8 checkpoint removed, as a SIGKILL before that write leaves it) redoes them when
+    resumed; metrics.jsonl listed them twice, time_s going backwards. Now the stale records are
+    moved to metrics-abandoned.jsonl and the file is one timeline."""
+    run = tmp_path / "run"
+    assert main([*EXACT, f"run_dir={run}", "log_every=1"]) == 0
+    last = list_checkpoints(run / "checkpoints")[-1]
+    assert last.name.endswith("s000000008.pt")
+    last.unlink()
+    assert main([*EXACT, f"run_dir={run}", "log_every=1", "resume=auto"]) == 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, 9))
+    times = [r["time_s"] for r in records]
+    assert times == sorted(times)
+    aside = [json.loads(line) for line in (run / "metrics-abandoned.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in aside} == {5, 6, 7, 8}
+    assert "record(s) of steps past 4, which this run trains again, moved to" in (run / "train.log").read_text()

@@ -299,6 +299,18 @@ class JsonlHook(_ScalarWriter):
         record.update(fields)
         record_failure(self.trainer, self.file.write_line(json.dumps(record)))
 
+    def before_train(self) -> None:
+        """A resumed run (or one started again in the same directory) continues from the step
+        its checkpoint holds: the records of later steps, which a stopped run wrote and this one
+        does again, are moved to ``metrics-abandoned.jsonl`` so the file stays one timeline
+        (before, a SIGKILL's redone steps appeared twice, ``time_s`` going backwards)."""
+        step = self.trainer.state.step
+        aside = self.path.with_name("metrics-abandoned.jsonl")
+        moved = self.file.set_aside(lambda line: _record_step(line) <= step, aside)
+        if moved:
+            log.warning("%s: %d record(s) of steps past %d, which this run trains again, moved to %s",
+                        self.path, moved, step, aside)
+
     def after_log(self, metrics: dict[str, Any]) -> None:
         self.write("train", **metrics)
 
@@ -317,6 +329,15 @@ class JsonlHook(_ScalarWriter):
 
     def after_train(self) -> None:
         record_failure(self.trainer, self.file.close())
+
+
+def _record_step(line: str) -> float:
+    """The ``step`` of a metrics.jsonl line (-inf for one without: it is kept)."""
+    try:
+        step = json.loads(line).get("step")
+    except (ValueError, AttributeError):
+        return float("-inf")
+    return step if isinstance(step, (int, float)) else float("-inf")
 
 
 def target_check(

@@ -87,6 +87,31 @@ class AppendLog:
             return run_file_error(self.what, self.path, e, STOPPED)
         return None
 
+    def set_aside(self, keep: Any, aside: Path) -> int:
+        """Move the lines ``keep(line)`` refuses to the end of ``aside`` and rewrite this file
+        without them (a new file renamed over it: a stop meanwhile leaves the old or the new,
+        whole); returns how many moved. Raises ``RunFileError`` (nothing trained yet)."""
+        if self.file is None:
+            return 0
+        try:
+            self.file.flush()
+            lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+            kept = [line for line in lines if keep(line)]
+            if len(kept) == len(lines):
+                return 0
+            with open(aside, "a", encoding="utf-8") as out:
+                out.writelines(line for line in lines if not keep(line))
+            partial = self.path.with_name(f".{self.path.name}.tmp")
+            partial.write_text("".join(kept), encoding="utf-8")
+            self.file.close()
+            os.replace(partial, self.path)
+            self.file = open(self.path, "a", encoding="utf-8")
+            self.size = self.path.stat().st_size
+        except OSError as e:
+            raise run_file_error(self.what, self.path, e, "nothing was trained; free space (or make it writable) "
+                                 "and run again") from None
+        return len(lines) - len(kept)
+
     def _drop(self) -> None:
         file, self.file = self.file, None
         try:
