@@ -250,3 +250,16 @@ def test_a_checkpoint_pruning_cannot_delete_is_a_warning_and_the_save_goes_on(
     assert len(warnings) == 1 and f"cannot delete old checkpoint {first}" in warnings[0], warnings
     assert f"[Errno {errno.EACCES} EACCES]" in warnings[0] and "the run goes on" in warnings[0], warnings
     assert not second.exists() and load_latest(tmp_path)[0] == written
+
+
+@pytest.mark.parametrize("features", ["noise_scale", 5, ["ema", 3]])
+def test_a_damaged_features_field_is_one_line(features: object) -> None:
+    """Issue 90 case 6: a 'features' field of the wrong type was read as its letters (a string) or
+    ended in a 29-line TypeError (a number); now one CheckpointError line naming the field."""
+    from largebatch.engine.checkpoint_format import RunCheckpoint
+    from largebatch.engine.resume import CheckpointError
+
+    with pytest.raises(CheckpointError) as caught:
+        RunCheckpoint.from_state({"format": 3, "features": features, "model": {}}, "ckpt.pt")
+    message = str(caught.value)
+    assert "\n" not in message and f"its 'features' field is {features!r}, not a list of names" in message

@@ -277,7 +277,13 @@ class RunCheckpoint:
                 f"checkpoint {path} has format {fmt}, written by largebatch {state.get('version', '?')}; this "
                 f"largebatch ({__version__}) reads formats 1-{FORMAT}: resume it with that version or a newer one"
             )
-        unknown = sorted(set(state.get("features") or []) - FEATURES)
+        features = state.get("features") or []
+        if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
+            # a string would be read as its letters, a number would be a TypeError's traceback
+            raise CheckpointError(
+                f"checkpoint {path} is damaged: its 'features' field is {features!r}, not a list of names; "
+                f"resume from an earlier checkpoint of the run with resume=<its file>")
+        unknown = sorted(set(features) - FEATURES)
         if unknown:
             raise CheckpointError(
                 f"checkpoint {path} was made by a run that uses {', '.join(unknown)}, written by largebatch "
