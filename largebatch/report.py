@@ -20,7 +20,8 @@ records' ``global_batch_size``, else ``summary.json``'s ``global_batch_size``. T
 
 The status column says how a run ended (:func:`run_status`): ``success`` (reached its
 target), ``finished`` (ran its planned epochs or ``max_steps``; no target, or the target not
-reached), ``preempted``, ``failed`` (an error ended it), ``stopped`` (another stop reason),
+reached), ``skipped`` (it ended, but skipped at least half its steps for non-finite losses),
+``preempted``, ``failed`` (an error ended it), ``stopped`` (another stop reason),
 ``running`` (a live run holds the run directory's lock: the numbers are its metrics so far,
 not an earlier attempt's ``summary.json``), ``unfinished`` (no end was logged and its metrics
 stop short of the plan in ``config.yaml``: killed) or ``unknown`` (no end logged and no plan
@@ -356,7 +357,7 @@ def _planned_end(path: Path) -> tuple[Optional[int], Optional[int]]:
 
 
 def run_status(run: Run) -> str:
-    """How the run ended: success, finished, preempted, failed, stopped, unfinished or unknown
+    """How the run ended: success, finished, skipped, preempted, failed, stopped, unfinished or unknown
     (or ``damaged``: a file of it could not be read; ``running``: a live run holds its lock).
 
     The end is what ``summary.json`` or ``run_stop`` (in ``mlperf_log.jsonl``) says; a run
@@ -378,6 +379,8 @@ def run_status(run: Run) -> str:
     if run.target_top1 is not None and run.time_to_target_s is not None:
         return "success"
     if ended:
+        if _mostly_skipped(run.summary):
+            return "skipped"
         # the loop ends without a stop reason only after its last epoch
         return "finished" if reason is None or reason.startswith("max_steps") else "stopped"
     epochs, max_steps = run.planned
@@ -387,6 +390,14 @@ def run_status(run: Run) -> str:
             max_steps is not None and (run.last_step or 0) >= max_steps):
         return "finished"
     return "unfinished"
+
+
+def _mostly_skipped(summary: dict[str, Any]) -> bool:
+    """``summary.json`` says the run skipped (non-finite losses, ``non_finite=skip``) at least
+    half of its steps: whatever its end, its numbers say little about its recipe."""
+    skipped, steps = summary.get("skipped_steps"), summary.get("steps")
+    numbers = all(isinstance(v, int) and not isinstance(v, bool) for v in (skipped, steps))
+    return numbers and steps > 0 and 2 * skipped >= steps
 
 
 def _fmt(value: Any, spec: str = "", missing: str = "-") -> str:

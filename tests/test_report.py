@@ -321,3 +321,14 @@ def test_a_bad_per_epoch_batch_is_damage(tmp_path: Path, capsys: pytest.CaptureF
     run = _batch_run(tmp_path, "bad_record", [0], {"global_batch_size": 32})
     assert main([str(run), "--no-plots"]) == 2
     assert "'global_batch_size' 0 at step 4 is not a whole number > 0" in capsys.readouterr().err
+
+
+def test_a_run_that_skipped_most_of_its_steps_is_not_called_finished(two_runs: list[Path], tmp_path: Path) -> None:
+    """Issue 90 case 6: a run that skipped 7 of its 8 steps (non-finite losses under
+    non_finite=skip) was reported `finished`; now `skipped`. One skipped step of 8 stays finished."""
+    for skipped, status in ((7, "skipped"), (1, "finished")):
+        run = copy_run(two_runs[1], tmp_path / f"run{skipped}")
+        summary = json.loads((run / "summary.json").read_text())
+        summary.update(skipped_steps=skipped, steps=8, stop_reason=None)
+        (run / "summary.json").write_text(json.dumps(summary))
+        assert load_run(run).status == status
