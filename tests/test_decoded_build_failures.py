@@ -21,6 +21,7 @@ from typing import Iterator
 
 import pytest
 
+from largebatch.data.decoded_store import build_owner
 from largebatch.data.synthetic import make_synthetic_imagenet
 from tests.smoke import smoke
 
@@ -127,11 +128,29 @@ def test_a_stopped_build_leaves_no_temporary_folder(images: Path, tmp_path: Path
     proc.kill()
     proc.wait()
     killed = _leftovers(cache)
-    assert len(killed) == 1
-    live = cache / f".decoded-0123456789ab-train-24px.tmp-{socket.gethostname()}-{os.getpid()}-abcdef"
+    assert len(killed) == 1 and f".tmp-{build_owner().rsplit('-', 1)[0]}-{proc.pid}-" in killed[0], killed
+    live = cache / f".decoded-0123456789ab-train-24px.tmp-{build_owner()}-abcdef"
+    other = cache / f".decoded-0123456789ab-val-18px.tmp-{socket.gethostname()}-7-{killed[0].split('-')[-2]}-abcdef"
     live.mkdir()
+    other.mkdir()  # a dead pid's, but of another pid namespace (a container of the same host name): not ours
     done = subprocess.run([sys.executable, "-m", "largebatch.tools.make_decoded", *SETS, f"data.root={images}"],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "LARGEBATCH_CACHE": str(cache)})
     assert done.returncode == 0, done.stderr
-    assert _leftovers(cache) == [live.name]
+    assert _leftovers(cache) == sorted([live.name, other.name])
     assert sorted(p.name.split("-", 2)[2] for p in cache.glob("decoded-*")) == ["train-24px", "val-18px"]
+
+
+def test_auto_weighs_the_free_space_without_a_killed_builds_folder(images: Path, tmp_path: Path) -> None:
+    """A SIGKILLed build's folder holds space; ``data.loader=auto`` measures the free space after
+    removing it, so it does not turn away from the store for space a dead build holds."""
+    from largebatch.data.contract import LoaderSpec
+    from largebatch.data.pipelines.decoded import auto_choice
+
+    cache = tmp_path / "cache"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    stale = cache / f".decoded-0123456789ab-train-24px.tmp-{build_owner().rsplit('-', 1)[0]}-{dead}-abcdef"
+    stale.mkdir(parents=True)
+    (stale / "images.uint8").write_bytes(b"\0" * 4096)
+    assert auto_choice(images, LoaderSpec(image_size=16, batch_size=4, workers=1), cache=cache).decoded
+    assert not stale.exists()

@@ -78,7 +78,7 @@ from largebatch.errors import DataError, WriteError, os_error_text
 
 __all__ = ["CHECK_BLOCK_BYTES", "FITS", "HEADER_NAME", "PIXELS_NAME", "SOURCES_NAME", "STORE_VERSION", "Verify",
            "DecodedStore", "build_decoded_store",
-           "decode_split", "open_decoded_store", "remove_stale_builds", "size_text", "source_fingerprint",
+           "build_owner", "decode_split", "open_decoded_store", "remove_stale_builds", "size_text", "source_fingerprint",
            "store_bytes"]
 
 STORE_VERSION = 2  # 2: checksums of the pixels and the labels, a content digest of every source file
@@ -294,7 +294,7 @@ def build_decoded_store(root: str | os.PathLike, out: str | os.PathLike, split: 
     """Decode ``root/split`` into the folder ``out`` (``images.uint8`` + ``store.json``) and
     return it opened (memory-mapped).
 
-    Written in a temporary folder beside ``out`` (``.<name>.tmp-<host>-<pid>-<random>``) and
+    Written in a temporary folder beside ``out`` (``.<name>.tmp-<owner>-<random>``, :func:`build_owner`) and
     renamed into place, so a reader never sees half a store. The pixel file is allocated whole
     first (``posix_fallocate``) and written through the file, not through a memory map, so a disk
     that is or becomes full is an ``OSError`` (a memory map's page that cannot be backed is a
@@ -317,7 +317,7 @@ def build_decoded_store(root: str | os.PathLike, out: str | os.PathLike, split: 
     fingerprint = source_fingerprint(root, split, paths)
     size = store_bytes(len(paths), side)
     what = f"{len(paths):,} images at {side} px, {size_text(size)}"
-    tmp = target.parent / f".{target.name}.tmp-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+    tmp = target.parent / f".{target.name}.tmp-{build_owner()}-{secrets.token_hex(3)}"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_builds(target.parent)
@@ -421,24 +421,36 @@ def _removed_unless_renamed(tmp: Path) -> Iterator[None]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-# .<store>.tmp-<host>-<pid>-<6 hex>: build_decoded_store's temporary folder
-_TMP_NAME = re.compile(r"^\..+\.tmp-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{6}$")
+# .<store>.tmp-<host>-<pid namespace>-<pid>-<6 hex>: build_decoded_store's temporary folder
+_TMP_NAME = re.compile(r"^\..+\.tmp-(?P<owner>.+-\d+)-(?P<pid>\d+)-[0-9a-f]{6}$")
+
+
+def build_owner() -> str:
+    """``<host>-<pid namespace>-<pid>``: whose a temporary store folder is. The namespace tells
+    two containers of one host name apart (with the host's network they share it), whose pids
+    mean different processes; 0 where the system has none."""
+    try:
+        namespace = int(os.readlink("/proc/self/ns/pid").split("[")[1].rstrip("]"))
+    except (OSError, IndexError, ValueError):
+        namespace = 0
+    return f"{socket.gethostname()}-{namespace}-{os.getpid()}"
 _STORE_FILES = {PIXELS_NAME, HEADER_NAME, SOURCES_NAME}
 
 
 def remove_stale_builds(folder: str | os.PathLike[str]) -> list[Path]:
     """Remove the temporary folders that builds of this host left in ``folder`` when they were
     killed (their process is gone); the folders removed. A live build's folder, another host's
-    (a shared cache), and a folder holding anything but a store's files are left alone."""
+    or container's (a shared cache), and a folder holding anything but a store's files are left
+    alone."""
     removed: list[Path] = []
     try:
         entries = list(os.scandir(str(folder)))
     except OSError:
         return removed
-    host = socket.gethostname()
+    ours = build_owner().rsplit("-", 1)[0]  # host and pid namespace
     for entry in entries:
         match = _TMP_NAME.match(entry.name)
-        if match is None or match["host"] != host or _alive(int(match["pid"])) or not entry.is_dir(follow_symlinks=False):
+        if match is None or match["owner"] != ours or _alive(int(match["pid"])) or not entry.is_dir(follow_symlinks=False):
             continue
         try:
             if set(os.listdir(entry.path)) <= _STORE_FILES:

@@ -70,6 +70,7 @@ from largebatch.data.decoded_store import (
     DecodedStore,
     build_decoded_store,
     open_decoded_store,
+    remove_stale_builds,
     size_text,
     store_bytes,
 )
@@ -224,6 +225,7 @@ def auto_choice(root: str | os.PathLike, spec: LoaderSpec, *, cache: Optional[Pa
     if not to_build:
         return AutoChoice(True, f"data.loader=auto: reading with the decoded store ({every} in {cache}, built by an "
                                 "earlier run), the fastest input on a CPU host")
+    remove_stale_builds(cache)  # a killed build's folder holds space the sizes below count
     where, free = cache_free_space(cache)
     problem = cache_write_problem(where)
     if problem is not None:
