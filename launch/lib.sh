@@ -206,7 +206,11 @@ torchrun_command() {
 # its own flag, or changed it silently: NPROC_PER_NODE=0 became 1 rank; torch_xla in KeyError
 # or a broken process pool; LB_DRY_RUN=yes ran for real): one line on stderr, NAME's, naming
 # the variable and what it accepts, and exit 2. More CPU ranks than twice a GPU-less node's
-# cores get a warning line: each rank gets a sliver of a core, and a stop takes minutes.
+# cores get a warning line: each rank gets a sliver of a core, and a stop takes minutes; more
+# than 8 per core are refused unless LB_OVERSUBSCRIBE=1 (99 ranks on 2 cores once brought the
+# kernel's OOM killer onto another job). XLA:CPU devices (threads) get the warning above 8 per
+# core. NODE_RANK must be below a fixed NNODES. The cores are the ones this process may run on
+# (nproc without OMP_NUM_THREADS, which nproc would report instead).
 # Written in launch/lib.sh, copied into launch/slurm.sbatch (with gpu_count); tests/test_launch_env.py
 # holds the copies equal.
 check_env() {
@@ -224,8 +228,11 @@ check_env() {
         elif [[ $value == gpu ]] && (( $(gpu_count) == 0 )); then
           what="finds no GPU on this node" want="a number of processes, or to cpu or auto"
         elif [[ $value =~ ^$count$ ]] && (( $(gpu_count) == 0 )); then
-          cores=$(nproc 2> /dev/null || getconf _NPROCESSORS_ONLN)
-          if (( value > 2 * cores )); then
+          cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2> /dev/null || getconf _NPROCESSORS_ONLN)
+          if (( value > 8 * cores )) && [[ ${LB_OVERSUBSCRIBE:-0} != 1 ]]; then
+            what="would start $value CPU ranks on $cores cores, more than 8 per core"
+            want="$cores or fewer, or set LB_OVERSUBSCRIBE=1 to start them anyway"
+          elif (( value > 2 * cores )); then
             echo "$name: warning: NPROC_PER_NODE=$value starts $value CPU ranks on $cores cores: each gets a sliver of a core and a stop takes minutes; $cores or fewer suit this node" >&2
           fi
         fi ;;
@@ -238,7 +245,11 @@ check_env() {
           what="has MIN above MAX" want="MIN:MAX with MIN <= MAX (e.g. 2:4)"
         fi ;;
       NODE_RANK)
-        [[ $value =~ ^(0|$count)$ ]] || what="is not a node rank" want="0 or more (or unset it: c10d numbers the nodes)" ;;
+        if [[ ! $value =~ ^(0|$count)$ ]]; then
+          what="is not a node rank" want="0 or more (or unset it: c10d numbers the nodes)"
+        elif [[ ${NNODES:-} =~ ^$count$ ]] && (( value >= NNODES )); then
+          what="is not below NNODES=$NNODES" want="0-$((NNODES - 1)) (or unset it: c10d numbers the nodes)"
+        fi ;;
       RDZV_ENDPOINT)
         if [[ ! $value =~ ^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:($count))?$ ]] || (( ${BASH_REMATCH[3]:-1} > 65535 )); then
           what="is not host:port" want="a host every node can reach and a port 1-65535 (e.g. node0:29500)"
@@ -249,11 +260,18 @@ check_env() {
         [[ ${value%%_*} =~ ^(TPU|CPU|CUDA|NEURON)$ ]] ||
           what="is not a PJRT runtime" want="TPU, CPU, CUDA or NEURON (upper case)" ;;
       CPU_NUM_DEVICES)
-        [[ $value =~ ^$count$ ]] || what="is not a number of XLA:CPU devices" want="1 or more" ;;
+        if [[ ! $value =~ ^$count$ ]]; then
+          what="is not a number of XLA:CPU devices" want="1 or more"
+        elif [[ ${PJRT_DEVICE:-} == CPU* ]]; then  # read under PJRT_DEVICE=CPU only
+          cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2> /dev/null || getconf _NPROCESSORS_ONLN)
+          if (( value > 8 * cores )); then
+            echo "$name: warning: CPU_NUM_DEVICES=$value starts $value XLA:CPU devices on $cores cores: each gets a sliver of a core, and XLA:CPU aborts a collective that not all of them reach within 10 s; $cores or fewer suit this node" >&2
+          fi
+        fi ;;
       LB_SRUN)
         [[ $value =~ ^(auto|0|1)$ ]] ||
           what="is not auto, 0 or 1" want="auto, 1 (always srun) or 0 (never: one node only)" ;;
-      LB_DRY_RUN | LB_REQUEUE | LB_TPU_SETUP)
+      LB_DRY_RUN | LB_REQUEUE | LB_TPU_SETUP | LB_OVERSUBSCRIBE)
         [[ $value == [01] ]] || what="is not 0 or 1" want="1 (on) or 0 (off)" ;;
     esac
     if [[ -n $what ]]; then
@@ -264,10 +282,16 @@ check_env() {
 }
 
 gpu_count() {  # GPUs this node may use: CUDA_VISIBLE_DEVICES, else nvidia-smi, else 0
-  if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
-    local ids
+  # CUDA's rule: the devices listed up to the first entry that is not one (-1, an empty entry,
+  # anything but an index or a GPU-/MIG- UUID), so "-1" and "" hide every GPU, "0,-1,1" shows one
+  if [[ -n ${CUDA_VISIBLE_DEVICES+set} ]]; then
+    local id ids visible=0
     IFS=, read -r -a ids <<< "$CUDA_VISIBLE_DEVICES"
-    echo "${#ids[@]}"
+    for id in "${ids[@]}"; do
+      [[ $id =~ ^([0-9]+|(GPU|MIG)-[^[:space:]]+)$ ]] || break
+      visible=$((visible + 1))
+    done
+    echo "$visible"
   elif command -v nvidia-smi > /dev/null 2>&1; then
     nvidia-smi -L 2> /dev/null | grep -c '^GPU' || true
   else

@@ -13,10 +13,13 @@
 # Reads:
 #   RDZV_ENDPOINT   host:port of the rendezvous, port 1-65535 (required unless NNODES=1)
 #   NNODES          number of nodes, 1 or more, or MIN:MAX for an elastic job (default 1)
-#   NODE_RANK       this node's rank, 0 or more (optional: c10d assigns ranks in join order; pass it to
-#                   keep SLURM/scheduler node numbers, it is only a hint)
+#   NODE_RANK       this node's rank, 0 to NNODES - 1 (optional: c10d assigns ranks in join order; pass
+#                   it to keep SLURM/scheduler node numbers, it is only a hint)
 #   NPROC_PER_NODE  processes per node, 1 or more, or gpu | cpu | auto (default: the GPUs in
-#                   CUDA_VISIBLE_DEVICES, else those nvidia-smi lists, else 1)
+#                   CUDA_VISIBLE_DEVICES, counted as CUDA does: up to the first entry that is not a
+#                   device, so -1 is none; else those nvidia-smi lists, else 1)
+#   LB_OVERSUBSCRIBE=1  start more CPU ranks than 8 per core of a GPU-less node (refused without
+#                   it: each rank gets a sliver of a core and their memory can bring on the OOM killer)
 #   RDZV_ID         job id shared by the nodes of one job (default: largebatch)
 #   MAX_RESTARTS    group restarts after a failure or a membership change, 0 or more (default 0); a rank
 #                   that exits 75 (preempted, saved) is not a failure: the job ends 75
@@ -28,8 +31,9 @@
 # Exit code: the workers' documented code (75 preempted, 2 bad input, 3 non-finite, 74
 #   checkpoint write failed), not torchrun's generic 1; torchrun's code if no worker wrote one.
 #   2 and one line, before anything starts, where no interpreter has largebatch (see PYTHON) or
-#   a variable above holds a value it cannot take (NPROC_PER_NODE=abc, MAX_RESTARTS=-1). More
-#   CPU ranks than twice a GPU-less node's cores start, after a warning line.
+#   a variable above holds a value it cannot take (NPROC_PER_NODE=abc, MAX_RESTARTS=-1, NODE_RANK=4
+#   with NNODES=4). More CPU ranks than twice a GPU-less node's cores start, after a warning
+#   line; more than 8 per core only with LB_OVERSUBSCRIBE=1.
 # With MAX_RESTARTS > 0 give a fixed run_dir= and resume=auto (on a filesystem every node
 # sees): a restarted group then continues from the last checkpoint instead of a new run.
 # global_batch_size must divide by every world size an elastic job can reach.
@@ -45,7 +49,7 @@ fi
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 under_tini_if_pid1 "$0" "$@"
 
-check_env "${0##*/}" NNODES NODE_RANK NPROC_PER_NODE RDZV_ENDPOINT MAX_RESTARTS LB_DRY_RUN
+check_env "${0##*/}" NNODES NODE_RANK LB_OVERSUBSCRIBE NPROC_PER_NODE RDZV_ENDPOINT MAX_RESTARTS LB_DRY_RUN
 nnodes=${NNODES:-1}
 if [[ -z ${RDZV_ENDPOINT:-} ]]; then
   if [[ $nnodes != 1 ]]; then

@@ -11,7 +11,8 @@
 #   PYTHON        the interpreter with torch-xla (default: the active virtualenv's, else this
 #                 checkout's .venv-xla, else python3 on PATH, whichever has torch_xla and largebatch)
 #   PJRT_DEVICE   the PJRT runtime: TPU (default), CPU, CUDA or NEURON (upper case)
-#   CPU_NUM_DEVICES  replicas under PJRT_DEVICE=CPU, 1 or more (torch_xla's default 1)
+#   CPU_NUM_DEVICES  replicas under PJRT_DEVICE=CPU, 1 or more (torch_xla's default 1); more than 8
+#                 per core start after a warning line (each gets a sliver of a core)
 #   LB_DRY_RUN=1  print the command instead of running it (same as --dry-run)
 # Exit code: the XLA launcher's (largebatch.errors); 2 and one line, before anything starts,
 #   where no interpreter has torch_xla and largebatch (see PYTHON) or a variable above holds a
@@ -43,4 +44,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 find_python "${0##*/}" "$root/.venv-xla" "run 'scripts/setup_env.sh xla'" \
   torch torch_xla hydra largebatch
 
-run env PJRT_DEVICE="${PJRT_DEVICE:-TPU}" "$python" -m largebatch.launch.xla "$@"
+xla_env=(PJRT_DEVICE="${PJRT_DEVICE:-TPU}")
+# shown in the dry-run line too: the replicas it starts under PJRT_DEVICE=CPU
+if [[ -n ${CPU_NUM_DEVICES:-} ]]; then xla_env+=(CPU_NUM_DEVICES="$CPU_NUM_DEVICES"); fi
+run env "${xla_env[@]}" "$python" -m largebatch.launch.xla "$@"
