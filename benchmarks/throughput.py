@@ -28,6 +28,9 @@ whose timed steps crossed an epoch boundary (a new loader pass, nothing prefetch
 the data set hold warm-up + timed steps (``--files``; ``--distinct`` writes fewer JPEGs and
 hard-links them up to ``--files``).
 
+``--no-train-rows`` measures the loader rows alone (and the decode rows, unless ``--no-decode``):
+no model is built and timm is not imported; ``--no-loader-rows`` the train rows alone.
+
 ``--budget-s S`` starts no row after S seconds and lists the rows it left out, so a run inside a
 time-limited lease prints every finished row and says what is missing
 (``benchmarks/gpu_campaign.py`` runs it that way).
@@ -69,7 +72,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
-import timm
 import torch
 import torch.nn.functional as F
 from PIL import Image
@@ -255,6 +257,8 @@ def matmul_peak_flops(device: torch.device, n: int = 8192, reps: int = 10) -> Op
 
 def train_flops_per_image(model_name: str, image_size: int) -> float:
     """3 x forward FLOPs of one image (forward + backward w.r.t. inputs and weights)."""
+    import timm
+
     model = timm.create_model(model_name, num_classes=1000).eval()
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         model(torch.randn(1, 3, image_size, image_size))
@@ -325,6 +329,8 @@ def run_configs(model_name: str, datas: list[str], precision: str, channels_last
     layout x compile mode x optimizer. The model is built and compiled once and measured on each
     data kind in turn (a new input dtype costs one recompile, not a cold compile per row), so a
     lease spends its time on steps rather than on compiling the same graph again."""
+    import timm  # here, not at the top: the loader and decode rows build no model
+
     torch.manual_seed(0)
     torch._dynamo.reset()  # fresh compile caches: no recompile limit carried over from other configs
     model = timm.create_model(model_name, num_classes=1000).to(device)
@@ -489,7 +495,7 @@ def environment(device: torch.device) -> str:
     else:
         gpu = f"CPU ({platform.processor() or platform.machine()})"
     return (f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {gpu}; {os.cpu_count()} CPUs; "
-            f"torch {torch.__version__}, torchvision {torchvision.__version__}, timm {timm.__version__}, "
+            f"torch {torch.__version__}, torchvision {torchvision.__version__}, timm {_version('timm')}, "
             f"DALI {dali}, Python {platform.python_version()}\ncommand: python {' '.join(sys.argv)}")
 
 
@@ -508,7 +514,8 @@ def _fmt(value: Optional[float], spec: str) -> str:
     return "n/a" if value is None else spec.format(value)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def argument_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_gpu_campaign.py parses the GPU campaign's command lines with it)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
     p.add_argument("--make-data", type=Path, default=None, help="write the JPEG set here first (then --root)")
@@ -534,9 +541,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--no-decode", action="store_true", help="skip the decode-only rows")
     p.add_argument("--no-loader-rows", action="store_true",
                    help="skip the loader-only rows (the train rows first: what a short GPU visit needs most)")
+    p.add_argument("--no-train-rows", action="store_true",
+                   help="skip the train rows: the loader-only rows (and decode rows) alone, no model built")
     p.add_argument("--budget-s", type=float, default=None,
                    help="start no row after this many seconds; list the rows left out (default: no limit)")
     p.add_argument("--data-only", action="store_true", help="with --make-data: write the JPEGs and stop")
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argument_parser()
     args = p.parse_args(argv)
     budget = Budget(args.budget_s)
     # the names of the script's first version: eager / compiled
@@ -571,7 +585,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args.peak = matmul_peak_flops(device)
     variant = card_variant(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     args.spec_peak = SPEC_PEAK_TFLOPS[variant] * 1e12 if variant in SPEC_PEAK_TFLOPS else None
-    args.flops = {m: train_flops_per_image(m, args.image_size) for m in args.model}
+    models = [] if args.no_train_rows else args.model
+    args.flops = {m: train_flops_per_image(m, args.image_size) for m in models}
     measured = f"measured bf16 matmul {args.peak / 1e12:.0f} TFLOP/s" if args.peak else "measured matmul: n/a"
     spec = f"{variant} spec {args.spec_peak / 1e12:.0f} TFLOP/s" if args.spec_peak else "spec peak: n/a"
     print(f"MFU peaks: {measured}; {spec} (dense bf16/fp16, NVIDIA data sheet)")
@@ -601,10 +616,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             budget.skip(f"loader {data} {prec} {layout}")
         else:
             show(loader_row(data, prec, layout == "NHWC", args, device))
-    if loaders and "synthetic" not in args.data:
+    if models and loaders and "synthetic" not in args.data:
         print("(synthetic rows added: the input stall is measured against them)")
     for model, prec, comp, layout, optim in itertools.product(
-        args.model, args.precisions, args.compile, args.layouts, args.optimizers
+        models, args.precisions, args.compile, args.layouts, args.optimizers
     ):
         if budget.spent():
             budget.skip(config_name(model, "synthetic", prec, layout == "NHWC", comp, optim, args), len(loaders) + 1)

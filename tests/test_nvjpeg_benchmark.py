@@ -109,3 +109,27 @@ def test_a_spent_budget_lists_the_rows_it_left_out(bench: ModuleType, tmp_path: 
     left = out.split("not measured: ")[1]
     assert "loader torchvision fp32 NHWC" in left
     assert "resnet10t synthetic fp32 NHWC eager sgd (2 rows)" in left and "eager lars (2 rows)" in left
+
+
+def test_no_train_rows_measures_the_loaders_alone_and_builds_no_model(
+    bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--no-train-rows (the GPU campaign's loader phase, issue 86 item 6): the loader rows of both
+    nvJPEG arrangements with their stages, no train row, no model built (nor its FLOPs counted),
+    and no line about synthetic rows added, since none run."""
+    import timm
+
+    def no_model(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a model was built")
+
+    monkeypatch.setattr(timm, "create_model", no_model)
+    assert bench.main(["--device", "cpu", "--make-data", str(tmp_path / "jpegs"), "--files", "16", "--classes", "2",
+                       "--distinct", "8", "--image-size", "32", "--batch", "4", "--steps", "2", "--warmup", "1",
+                       "--precisions", "fp32", "--compile", "default", "--workers", "1", "--no-decode",
+                       "--no-train-rows", "--data", "nvjpeg-serial", "nvjpeg"]) == 0
+    out = capsys.readouterr().out
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines()
+            if re.match(r"^\| (decode|loader|train) \|", line)]
+    assert [(r[0], r[1].split()[0]) for r in rows] == [("loader", "nvjpeg-serial"), ("loader", "nvjpeg")]
+    assert all("no model" in r[1] and len(r[7].split(" / ")) == 4 for r in rows)
+    assert "synthetic rows added" not in out and "GFLOPs per training image" not in out
