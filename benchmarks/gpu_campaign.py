@@ -43,11 +43,16 @@ synthetic, 3,650 through the nvJPEG loader), the noise scale's cost (1.001x a st
 300-step short training (loss down, exact evaluation, bit-identical resume); their 180 s go to
 the rows above. ``benchmarks/noise_scale_overhead.py`` and ``short_training.py`` run them alone.
 
-The CPU rehearsal runs the phases in the same order at toy size (resnet10t at 32 px, batch 8,
-1 warm-up + 2 timed steps) with what only a GPU can say left out, each in one line: the compile
-is off (``TORCH_COMPILE_DISABLE=1``: Inductor's CPU compile costs ~90 s a model and says nothing
-of the GPU's; the command line is the GPU's), cuda-graphs and dali are skipped, the no-sync
-test's CUDA cases and the gpu tests collect and skip, the one rank trains on the CPU.
+The CPU rehearsal (under a minute) runs the phases in the same order at toy size (timm's
+``test_resnet`` at 32 px, batch 8, 1 warm-up + 2 timed steps): the versions, the install from
+freshly built wheels with DALI's pins resolved, the JPEGs, the loader rows, the optimizer table,
+``launch/torchrun.sh --dry-run`` and the gpu unit tests (collected, skipped). A step that only a
+GPU can tell anything new builds its command line, which goes to the log with one line saying
+why it is not run, and the files and tests it names are checked: the no-sync test alone, the
+compiled train rows (with the compile off they are the rows ``tests/test_nvjpeg_benchmark.py``
+runs), the optimizer suite's CUDA cases and the CLI trainings; cuda-graphs and dali are skipped.
+``tests/test_gpu_campaign.py`` checks every GPU command line argument by argument and parses
+each script's with that script's own parser.
 
 Budgets are cumulative: a phase that ends early passes its spare seconds on, and none runs past
 the sum. A step whose minimum does not fit what is left is not started (a compile that could not
@@ -240,6 +245,9 @@ class Step:
     budget_s: Optional[float] = None  # its own cap inside the phase's budget (None: what the phase has left)
     min_s: float = 0.0  # it starts only with this much of the phase left (a compile that could not finish is not begun)
     keep_output: bool = False  # every line it prints goes to its phase's rows (else the table and result lines)
+    # why the CPU rehearsal builds this step's command line but does not run it ("": it runs): the
+    # rehearsal logs the command and checks that the files it names exist (missing_files)
+    not_rehearsed: str = ""
 
 
 @dataclass
@@ -267,12 +275,14 @@ class Campaign:
 
 
 def phase_env(c: Campaign) -> list[Step]:
-    probe = ("import torch, torchvision, timm, platform; print('python', platform.python_version(), '| torch', "
-             "torch.__version__, '| CUDA', torch.version.cuda, '| torchvision', torchvision.__version__, '| timm', "
-             "timm.__version__); print('device:', torch.cuda.get_device_name(0) if torch.cuda.is_available() else "
-             "'no CUDA device (CPU rehearsal)')")
-    # nvidia-smi first: it takes a second, and the versions probe imports torch and timm cold (10 s
-    # and more on a fresh machine)
+    # torchvision's and timm's versions from their metadata: importing them cold costs seconds here
+    # (5-8 s with torch on the loaded rehearsal machine), and the phases after import them anyway
+    probe = ("import torch, platform; from importlib.metadata import version; print('python', "
+             "platform.python_version(), '| torch', torch.__version__, '| CUDA', torch.version.cuda, '| torchvision', "
+             "version('torchvision'), '| timm', version('timm')); print('device:', torch.cuda.get_device_name(0) "
+             "if torch.cuda.is_available() else 'no CUDA device (CPU rehearsal)')")
+    # nvidia-smi first: it takes a second, and the versions probe imports torch cold (seconds on a
+    # fresh machine)
     steps = []
     if shutil.which("nvidia-smi"):
         steps.append(Step("nvidia-smi", ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,"
@@ -327,6 +337,10 @@ class SuiteGroup:
     budget_s: Optional[float]  # the group's cap on the GPU; None: whatever the phase has left (spare seconds)
     test_limit_s: float        # per test, set-up and tear-down included
     min_s: float = 0.0         # on the GPU it starts only with this much left
+    not_rehearsed: str = ""    # why the CPU rehearsal does not run it ("": it runs)
+
+
+SPARE_SECONDS_ONLY = "on the GPU it runs on spare seconds only, and its tests train on CUDA"
 
 
 def suite_groups() -> list[SuiteGroup]:
@@ -336,19 +350,22 @@ def suite_groups() -> list[SuiteGroup]:
     not_trainings = [a for t in (*EAGER_TRAININGS, *COMPILED_TRAININGS)
                      for a in (("--ignore", t) if "::" not in t else ("--deselect", t))]
     return [
-        SuiteGroup("optimizer suite (CUDA cases)", ("tests/test_optim_timm_suite.py",), 40, 20),
+        SuiteGroup("optimizer suite (CUDA cases)", ("tests/test_optim_timm_suite.py",), 40, 20,
+                   not_rehearsed="its cases run on the CPU in the test suite; a GPU adds only its CUDA cases"),
         SuiteGroup("gpu unit tests", ("-m", "gpu", "tests", *not_trainings), 40, 30),
-        SuiteGroup("eager CLI trainings", ("-m", "gpu", *EAGER_TRAININGS), None, 60, min_s=60),
-        SuiteGroup("compiled CLI trainings", ("-m", "gpu", *COMPILED_TRAININGS), None, 150, min_s=150),
+        SuiteGroup("eager CLI trainings", ("-m", "gpu", *EAGER_TRAININGS), None, 60, min_s=60,
+                   not_rehearsed=SPARE_SECONDS_ONLY),
+        SuiteGroup("compiled CLI trainings", ("-m", "gpu", *COMPILED_TRAININGS), None, 150, min_s=150,
+                   not_rehearsed=SPARE_SECONDS_ONLY),
     ]
 
 
-def group_step(c: Campaign, group: SuiteGroup, results: Path, *, collect_only: bool = False) -> Step:
+def group_step(c: Campaign, group: SuiteGroup, results: Path) -> Step:
     """One pytest call for ``group`` with this file as its plugin: results appended to ``results``."""
     # --rootdir: test ids relative to the repository wherever it is checked out (a group's own
     # --rootdir, later in its args, wins)
     argv = [c.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=-ra", "-p", "gpu_campaign",
-            f"--rootdir={REPO}", *(["--collect-only"] if collect_only else []), *group.args]
+            f"--rootdir={REPO}", *group.args]
     path = os.pathsep.join(p for p in (str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")) if p)
     env = {"PYTHONPATH": path, RESULTS_ENV: str(results), GROUP_ENV: group.label,
            LIMIT_ENV: f"{group.test_limit_s:g}"}
@@ -372,18 +389,20 @@ def rehearsal_group(group: SuiteGroup) -> SuiteGroup:
     ignored = {group.args[i + 1] for i, arg in enumerate(group.args[:-1]) if arg == "--ignore"}
     files = tuple(f for f in marked_files("gpu") if f not in ignored)
     args = tuple(a for arg in group.args for a in (files if arg == "tests" else (arg,)))
-    return SuiteGroup(group.label, args, group.budget_s, group.test_limit_s, group.min_s)
+    return replace(group, args=args)
 
 
 def phase_tests(c: Campaign) -> list[Step]:
     """The ``gpu``-marked tests and the CUDA cases of the others (the timm optimizer suite runs on
     CUDA where there is one), each result to ``tests.jsonl`` in --out as it ends. In the
-    rehearsal the gpu tests collect (from the files that mark them) and skip, and the optimizer
-    suite only collects (on the CPU its cases run in the test suite already)."""
+    rehearsal the gpu unit tests collect (from the files that mark them) and skip, in one pytest
+    process; the other groups' command lines are built and their files and tests checked."""
     results = c.out / TEST_RESULTS
     results.unlink(missing_ok=True)
-    groups = [rehearsal_group(g) for g in suite_groups()] if c.rehearse else suite_groups()
-    return [group_step(c, g, results, collect_only=c.rehearse and i == 0) for i, g in enumerate(groups)]
+    if not c.rehearse:
+        return [group_step(c, g, results) for g in suite_groups()]
+    return [replace(group_step(c, rehearsal_group(g), results), not_rehearsed=g.not_rehearsed)
+            for g in suite_groups()]
 
 
 def jpeg_root(c: Campaign) -> Path:
@@ -399,7 +418,8 @@ WARMUP_STEPS, TIMED_STEPS = 10, 60
 
 
 def phase_data(c: Campaign) -> list[Step]:
-    size = (["--files", "64", "--distinct", "16", "--classes", "4", "--workers", "2"] if c.rehearse
+    # the rehearsal: 2 classes of 16 files (4 batches of 8 an epoch: the loader rows' 3 in one), 8 written
+    size = (["--files", "32", "--distinct", "8", "--classes", "2", "--workers", "2"] if c.rehearse
             else ["--files", str(JPEG_FILES), "--distinct", str(JPEG_DISTINCT), "--classes", "1000"])
     return [Step("ImageNet-like JPEGs", [c.python, str(REPO / "benchmarks" / "throughput.py"), "--device",
                                          "cpu" if c.rehearse else "cuda", "--make-data", str(jpeg_root(c)), *size,
@@ -409,18 +429,19 @@ def phase_data(c: Campaign) -> list[Step]:
 def phase_no_host_sync(c: Campaign, budget_s: float) -> list[Step]:
     """``tests/test_no_host_sync.py`` alone in its own pytest process, every line of its output kept
     (in campaign.log and campaign.md): on the H200 it failed alone and passed after the nvJPEG GPU
-    tests in one process (the ``tests`` phase runs it that way again). In the rehearsal its CUDA
-    cases collect and skip; its CPU cases run in the test suite."""
-    args = ("-vv", "-rA", "--tb=long", *(("-m", "gpu") if c.rehearse else ()), "tests/test_no_host_sync.py")
+    tests in one process (the ``tests`` phase runs it that way again)."""
+    args = ("-vv", "-rA", "--tb=long", "tests/test_no_host_sync.py")
     step = group_step(c, SuiteGroup("test_no_host_sync.py alone", args, None, 60), c.out / NO_SYNC_RESULTS)
-    return [replace(step, keep_output=True)]
+    return [replace(step, keep_output=True, not_rehearsed=NO_SYNC_NOT_REHEARSED if c.rehearse else "")]
 
 
-# throughput.py has no switch for its loader rows alone: in this process its train rows are turned off
-# (run_configs, which builds and measures a model per configuration, yields nothing), so the loader
-# rows print with throughput.py's own header and columns
-LOADER_ONLY = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import throughput; "
-               "throughput.run_configs = lambda *args, **kwargs: iter(()); sys.exit(throughput.main(sys.argv[1:]))")
+NO_SYNC_NOT_REHEARSED = ("its CUDA cases need a GPU (the tests phase's gpu group collects and skips them here) "
+                         "and its CPU cases run in the test suite")
+
+
+# The rehearsal's model: timm's 0.47 M-parameter test net, whose optimizer steps take milliseconds
+# on the CPU (resnet10t's first steps took 0.3-2 s each here, 16 s for the optimizer table)
+REHEARSAL_MODEL = "test_resnet"
 
 
 def throughput_argv(c: Campaign, data: Sequence[str], compile_mode: str, budget_s: float, *,
@@ -428,12 +449,11 @@ def throughput_argv(c: Campaign, data: Sequence[str], compile_mode: str, budget_
     """``throughput.py`` on the JPEGs: LARS, bf16 channels-last ResNet-50 at 224 px, batch 256 on the
     GPU, no decode rows; train rows only, or (``loader_only``) loader rows only. Its own row budget 15 s
     under the phase's, so that it reports the rows it left out before the phase is cut."""
-    script = str(REPO / "benchmarks" / "throughput.py")
-    head = [c.python, "-c", LOADER_ONLY, str(REPO / "benchmarks")] if loader_only else [c.python, script]
-    argv = [*head, "--root", str(jpeg_root(c)), "--data", *data, "--compile", compile_mode, "--optimizers", "lars",
-            "--no-decode", *([] if loader_only else ["--no-loader-rows"]), "--budget-s", f"{max(1.0, budget_s - 15):.0f}"]
+    argv = [c.python, str(REPO / "benchmarks" / "throughput.py"), "--root", str(jpeg_root(c)), "--data", *data,
+            "--compile", compile_mode, "--optimizers", "lars", "--no-decode",
+            "--no-train-rows" if loader_only else "--no-loader-rows", "--budget-s", f"{max(1.0, budget_s - 15):.0f}"]
     if c.rehearse:
-        return [*argv, "--device", "cpu", "--model", "resnet10t", "--image-size", "32", "--batch", "8", "--steps",
+        return [*argv, "--device", "cpu", "--model", REHEARSAL_MODEL, "--image-size", "32", "--batch", "8", "--steps",
                 "2", "--warmup", "1", "--precisions", "fp32", "--workers", "2"]
     return [*argv, "--model", "resnet50", "--image-size", "224", "--batch", "256", "--steps", str(TIMED_STEPS),
             "--warmup", str(WARMUP_STEPS), "--precisions", "bf16", "--layouts", "NHWC"]
@@ -458,7 +478,13 @@ def phase_compiled(c: Campaign, budget_s: float) -> list[Step]:
     is what bounds it; the rows measured before a cut are in the log."""
     return [Step("train rows: synthetic + nvjpeg-serial + nvjpeg, compiled",
                  throughput_argv(c, ["synthetic", "nvjpeg-serial", "nvjpeg"], "default", budget_s),
-                 env=NO_COMPILE if c.rehearse else {}, min_s=0 if c.rehearse else 90)]
+                 env=NO_COMPILE if c.rehearse else {}, min_s=0 if c.rehearse else 90,
+                 not_rehearsed=COMPILED_NOT_REHEARSED if c.rehearse else "")]
+
+
+COMPILED_NOT_REHEARSED = ("with the compile off (Inductor's CPU compile: ~90 s, nothing of the GPU's) these are the "
+                          "train rows tests/test_nvjpeg_benchmark.py runs (synthetic, nvjpeg-serial, nvjpeg on one "
+                          "model); throughput.py's parser takes this command line in tests/test_gpu_campaign.py")
 
 
 def phase_cuda_graphs(c: Campaign, budget_s: float) -> list[Step]:
@@ -474,8 +500,8 @@ def phase_optimizer(c: Campaign, budget_s: float) -> list[Step]:
     corrections of e1b6366, the old layout) against torch's fused and foreach SGD and AdamW and
     timm's Lars/Lamb, round-robin in one process."""
     argv = [c.python, str(REPO / "benchmarks" / "optimizer_step.py")]
-    argv += ["--device", "cpu", "--model", "resnet10t", "--rounds", "1", "--warmup", "0"] if c.rehearse else ["--device", "cuda",
-                                                                                          "--rounds", "100"]
+    argv += (["--device", "cpu", "--model", REHEARSAL_MODEL, "--rounds", "1", "--warmup", "0"] if c.rehearse
+             else ["--device", "cuda", "--rounds", "100"])
     return [Step("optimizer step, ResNet-50's parameters", argv)]
 
 
@@ -490,11 +516,17 @@ def phase_ranks(c: Campaign, budget_s: float) -> list[Step]:
     rank's exit code), 20 steps of the smoke run with the hierarchical comm hook and global BN
     asked for. At world size 1 our backend makes no process group, DDP or grouped BN (one rank
     needs none), so this is the launcher and the CUDA run under it, not yet NCCL: two ranks on one
-    GPU need ``backend=cuda`` over gloo with both ranks on device 0, which the backend does not offer."""
+    GPU need ``backend=cuda`` over gloo with both ranks on device 0, which the backend does not offer.
+
+    The rehearsal runs the launcher with ``--dry-run`` (it checks its variables, finds the
+    interpreter and prints torchrun's command): one rank trained on the CPU makes no process group
+    either, so it would be a smoke run under torchrun, which tests/distributed runs with 2 gloo
+    ranks; the GPU's overrides compose in tests/test_gpu_campaign.py."""
     env = {"NPROC_PER_NODE": "1", "PYTHON": c.python, "LARGEBATCH_CACHE": str(c.work / "cache")}
     overrides = [f"backend={'cpu' if c.rehearse else 'cuda'}", *RANK_OVERRIDES, f"run_dir={c.work / 'ranks-1'}"]
     if c.rehearse:
-        overrides = [o for o in overrides if not o.startswith("max_steps=")] + ["max_steps=2", "precision=fp32"]
+        return [Step("launch/torchrun.sh --dry-run, one rank", [str(REPO / "launch" / "torchrun.sh"), "--dry-run",
+                                                                 *overrides], env)]
     return [Step("launch/torchrun.sh, one rank", [str(REPO / "launch" / "torchrun.sh"), *overrides], env)]
 
 
@@ -510,7 +542,8 @@ def dali_missing(c: Campaign) -> Optional[str]:
 
 
 def cuda_graphs_missing(c: Campaign) -> Optional[str]:
-    return "CUDA graphs need a GPU: the compiled phase runs this command line's code (the mode aside)" if c.rehearse else None
+    return ("CUDA graphs need a GPU; the command line is the compiled phase's with reduce-overhead, parsed in "
+            "tests/test_gpu_campaign.py") if c.rehearse else None
 
 
 def join_ready(stage: Path) -> bool:
@@ -661,8 +694,12 @@ def run(c: Campaign, phases: Sequence[str]) -> int:
                 continue
             result.status = "running"
             log.write(f"\n=== phase {phase.name} (budget {deadline - t0:.0f} s) ===\n")
-            failed, cut = [], False
+            failed, cut, ran = [], False, 0
             for step in phase.steps(c, deadline - t0):
+                if c.rehearse and step.not_rehearsed:
+                    failed += not_rehearsed(phase.name, step, result, log)
+                    continue
+                ran += 1
                 left = deadline - time.monotonic()
                 if left <= max(1.0, step.min_s):
                     cut = cut or left <= 1
@@ -670,7 +707,7 @@ def run(c: Campaign, phases: Sequence[str]) -> int:
                                         + (f", needs {step.min_s:.0f} s)" if step.min_s else ")"))
                     continue
                 start = log.tell()
-                rc, _ = run_step(step, left if step.budget_s is None else min(left, step.budget_s), log, env)
+                rc, seconds = run_step(step, left if step.budget_s is None else min(left, step.budget_s), log, env)
                 log.flush()
                 if rc is None:
                     cut = True
@@ -684,15 +721,47 @@ def run(c: Campaign, phases: Sequence[str]) -> int:
                 else:
                     result.rows += [line for line in lines if line.startswith(REPORTED)]
                 result.seconds = time.monotonic() - t0
-                print(f"[{phase.name}] {step.label}: {'cut' if rc is None else f'exit {rc}'}", flush=True)
+                print(f"[{phase.name}] {step.label}: {'cut' if rc is None else f'exit {rc}'} ({seconds:.1f} s)",
+                      flush=True)
                 if not step.keep_output:
                     print("\n".join(line for line in result.rows[-200:] if line.startswith("|")), flush=True)
                 write_summary(c, results)
             result.seconds = time.monotonic() - t0
-            result.status = "failed: " + "; ".join(failed) if failed else "cut at budget" if cut else "ok"
+            result.status = ("failed: " + "; ".join(failed) if failed else "cut at budget" if cut
+                             else "not rehearsed" if c.rehearse and not ran else "ok")
             write_summary(c, results)
     print((c.out / "campaign.md").read_text())
-    return 0 if all(r.status in ("ok", "skipped") for r in results) else 1
+    return 0 if all(r.status in ("ok", "skipped", "not rehearsed") for r in results) else 1
+
+
+def missing_files(argv: Sequence[str]) -> list[str]:
+    """What ``argv`` names in this checkout (a script, a test file or folder, a test of a pytest node
+    id) and the checkout lacks: the check the rehearsal makes of a command line it does not run."""
+    missing = []
+    for arg in argv:
+        path, _, test = arg.partition("::")
+        file = Path(path) if Path(path).is_absolute() else REPO / path
+        if file.parts[: len(REPO.parts)] != REPO.parts or file.parts[len(REPO.parts):][:1] not in (
+                ("benchmarks",), ("launch",), ("tests",)):
+            continue
+        if not (file.is_file() or file.is_dir() and not test):
+            missing.append(arg)
+        elif test:
+            name = re.split(r"[\[:]", test)[0]
+            if not re.search(rf"^\s*(def|class) {re.escape(name)}\b", file.read_text(), re.MULTILINE):
+                missing.append(arg)
+    return missing
+
+
+def not_rehearsed(phase: str, step: Step, result: PhaseResult, log) -> list[str]:
+    """A step the rehearsal does not run: its command in the log with the reason, one note, and
+    the files it names checked. Returns the phase's failures (a missing file)."""
+    missing = missing_files(step.argv)
+    log.write(f"\n$ {' '.join(step.argv)}\n[gpu_campaign: not run in the rehearsal: {step.not_rehearsed}]\n")
+    log.flush()
+    result.notes.append(f"not rehearsed: {step.label} ({step.not_rehearsed})")
+    print(f"[{phase}] {step.label}: not rehearsed: {step.not_rehearsed}", flush=True)
+    return [f"{step.label} (no such file or test: {', '.join(missing)})"] if missing else []
 
 
 def write_summary(c: Campaign, results: list[PhaseResult]) -> None:

@@ -136,14 +136,19 @@ def report(ms: dict[tuple[str, str], float], device: torch.device, n_tensors: in
         print(f"  {mine:<19} / {other:<19} = {ratio:5.2f}x   (target <= {target:.1f}x: {verdict})")
 
 
-def main(argv: list[str] | None = None) -> None:
+def argument_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_gpu_campaign.py parses the GPU campaign's command line with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default: 30 CPU, 200 CUDA)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default: 3)")
     parser.add_argument("--model", default="resnet50", help="timm model whose parameters step (default: resnet50)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = argument_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
