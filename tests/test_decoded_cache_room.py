@@ -76,7 +76,7 @@ def test_a_read_only_cache_is_not_chosen_by_auto(images: Path, mount, tmp_path: 
     plan = _command(cache, "largebatch.tools.make_decoded", "--plan", *SETS, f"data.root={images}")
     assert plan.returncode == 0, plan.stderr
     assert plan.stdout.splitlines()[2].endswith(  # before: "(fits)"
-        f"free (CANNOT be written there: [Errno 30 EROFS] Read-only file system; set LARGEBATCH_CACHE to a "
+        "free (CANNOT be written there: [Errno 30 EROFS] Read-only file system; set LARGEBATCH_CACHE to a "
         "writable folder)"), plan.stdout
     run_dir = tmp_path / "run"
     run = _command(cache, "largebatch.train", *SETS, f"data.root={images}", "data.loader=auto", "epochs=1",

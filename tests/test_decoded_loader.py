@@ -226,3 +226,28 @@ def test_a_run_after_the_first_lists_each_split_once(root: Path, tmp_path: Path,
     train, val, classes = build_run_loaders(root, SPEC, loader="auto", shards=None, backend=_cpu_host())
     assert sorted(listed) == ["train", "val"]
     assert (len(train.store), len(val.store), classes) == (24, 9, 3)
+
+
+def test_auto_builds_no_store_of_images_upscaled_far_past_their_side(root: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 90 case 3: ``auto`` decoded 36 px images into a store at 1024 px (534 MB of upscaled
+    copies) and the run then ran out of memory at its first step. A store side more than
+    SIDE_ABOVE_IMAGES times the images' longest side is not auto's choice: torchvision reads, the
+    log says why, nothing is written to the cache; data.loader=decoded still builds it."""
+    import logging
+    from dataclasses import replace
+
+    from largebatch.data.build import build_run_loaders
+    from largebatch.data.pipelines.decoded import DecodedLoader
+
+    caplog.set_level(logging.INFO, logger="largebatch")
+    monkeypatch.setenv("LARGEBATCH_CACHE", str(tmp_path / "cache"))
+    train, _, _ = build_run_loaders(root, replace(SPEC, image_size=256), loader="auto", shards=None,
+                                    backend=_cpu_host())
+    assert not isinstance(train, DecodedLoader)
+    (note,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("data.loader=auto: not the decoded")]
+    # the evaluation store's side: 256 / 0.875
+    assert note.startswith("data.loader=auto: not the decoded store: it would hold the images at 293 px, 9.2x their "
+                           "longest side (32 px, sampled)") and note.endswith("data.loader=decoded builds it anyway")
+    assert not (tmp_path / "cache").exists()

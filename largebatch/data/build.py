@@ -29,6 +29,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, NamedTuple, Optional
 
+from largebatch.data.images import SIDE_ABOVE_IMAGES
 from largebatch.errors import DataError, UsageError, WriteError
 
 if TYPE_CHECKING:
@@ -196,14 +197,6 @@ def _log_resolution(spec: LoaderSpec) -> None:
     log.info("resolution: training crops %s; evaluation crops %s", train, side)
 
 
-# A training side more than this many times the longest side of the data's images gets a warning
-# at start. A random-resized crop at a side above its image's adds no detail, only pixels: 4x the
-# side is 16x the pixels of the source, and a step's memory and time grow with them (side^2), so a
-# side that far above the images is almost always a slip (a side meant for another data set, an
-# extra digit) that would end in an out-of-memory error an epoch later. A side a little above the
-# images (evaluating at 1.15x, FixRes-style, or 224 px crops of 160 px copies) stays well below it.
-# A warning, not an error: upsampling small images on purpose is the user's call.
-SIDE_ABOVE_IMAGES = 4
 
 
 def warn_side_above_images(root: Path, spec: LoaderSpec) -> None:

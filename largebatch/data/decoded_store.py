@@ -96,6 +96,7 @@ _OPEN_CHECK_SOURCES = 32
 Verify = Literal["none", "sample", "full"]
 FITS = ("crop", "squash")
 _CHUNK = 256  # images decoded per round of the thread pool (bounds the decoded images in flight)
+_CHUNK_BYTES = 2**28  # ... and at most this many bytes of them a round (256 MiB: 5 images at 4096 px)
 
 
 @dataclass(frozen=True)
@@ -199,11 +200,13 @@ def _decode_chunks(paths: Sequence[str], side: int, fit: str, workers: int,
     digests = bytearray()
     pool = ThreadPoolExecutor(max_workers=max(1, workers))  # Pillow decodes without the GIL
     pending: deque[tuple[int, list[Future]]] = deque()
+    # two rounds in flight: at a large side the round's images, not their count, are the bound
+    chunk = max(1, min(_CHUNK, _CHUNK_BYTES // (3 * side * side)))
     try:
-        for begin in range(0, len(paths), _CHUNK):
-            pending.append((begin, [pool.submit(_read_one, p, side, fit) for p in paths[begin : begin + _CHUNK]]))
-            if len(pending) == 2 or begin + _CHUNK >= len(paths):
-                while len(pending) > (0 if begin + _CHUNK >= len(paths) else 1):
+        for begin in range(0, len(paths), chunk):
+            pending.append((begin, [pool.submit(_read_one, p, side, fit) for p in paths[begin : begin + chunk]]))
+            if len(pending) == 2 or begin + chunk >= len(paths):
+                while len(pending) > (0 if begin + chunk >= len(paths) else 1):
                     first, futures = pending.popleft()
                     decoded = []
                     for future in futures:

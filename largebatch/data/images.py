@@ -22,6 +22,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from largebatch.errors import DataError
 
 __all__ = [
+    "SIDE_ABOVE_IMAGES",
     "IMG_EXTENSIONS",
     "Unreadable",
     "EXIF_ORIENTATION",
@@ -93,6 +94,16 @@ class Unreadable(NamedTuple):
 
 _SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"))
+
+
+# A training side more than this many times the longest side of the data's images gets a warning
+# at start (largebatch.data.build), and data.loader=auto builds no decoded store that far above them. A random-resized crop at a side above its image's adds no detail, only pixels: 4x the
+# side is 16x the pixels of the source, and a step's memory and time grow with them (side^2), so a
+# side that far above the images is almost always a slip (a side meant for another data set, an
+# extra digit) that would end in an out-of-memory error an epoch later. A side a little above the
+# images (evaluating at 1.15x, FixRes-style, or 224 px crops of 160 px copies) stays well below it.
+# A warning, not an error: upsampling small images on purpose is the user's call.
+SIDE_ABOVE_IMAGES = 4
 
 
 def largest_sampled_side(split_dir: str | os.PathLike, *, classes: int = 8, per_class: int = 4) -> int | None:

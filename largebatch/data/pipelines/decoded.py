@@ -74,7 +74,14 @@ from largebatch.data.decoded_store import (
     size_text,
     store_bytes,
 )
-from largebatch.data.images import check_same_classes, largest_sampled_side, list_classes, list_split, split_folder
+from largebatch.data.images import (
+    SIDE_ABOVE_IMAGES,
+    check_same_classes,
+    largest_sampled_side,
+    list_classes,
+    list_split,
+    split_folder,
+)
 from largebatch.data.loader_view import UnreadableTally
 from largebatch.data.samplers import ExactShardSampler, ShardedSampler, sample_seed
 from largebatch.errors import DataError, WriteError
@@ -225,6 +232,12 @@ def auto_choice(root: str | os.PathLike, spec: LoaderSpec, *, cache: Optional[Pa
     if not to_build:
         return AutoChoice(True, f"data.loader=auto: reading with the decoded store ({every} in {cache}, built by an "
                                 "earlier run), the fastest input on a CPU host")
+    images = largest_sampled_side(Path(root) / "train")
+    side = max(store.side for store in planned)
+    if images is not None and side > SIDE_ABOVE_IMAGES * images:
+        return AutoChoice(False, f"data.loader=auto: not the decoded store: it would hold the images at {side} px, "
+                                 f"{side / images:.1f}x their longest side ({images} px, sampled), "
+                                 f"{size_text(to_build)} of upscaled copies; data.loader=decoded builds it anyway")
     remove_stale_builds(cache)  # a killed build's folder holds space the sizes below count
     where, free = cache_free_space(cache)
     problem = cache_write_problem(where)
