@@ -655,3 +655,22 @@ def test_the_troubleshooting_page_has_every_exit_code() -> None:
     assert versions == {largebatch.__version__}
     changelog = (ROOT / "docs" / "changelog.md").read_text(encoding="utf-8")
     assert re.search(r"^## (\S+)", changelog, re.M).group(1) == largebatch.__version__  # type: ignore[union-attr]
+
+
+def test_the_readme_and_the_help_list_every_exit_code() -> None:
+    """Issue 88 item 2: README's exit codes and ``largebatch-train --help`` omitted 4 (and --help
+    74): each lists every code of errors.py, in order."""
+    import subprocess
+    import sys
+
+    from largebatch import errors
+
+    codes = sorted(getattr(errors, name) for name in errors.__all__ if name.startswith("EXIT_"))
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    paragraph = readme[readme.index("Exit codes of every command"):].split("\n\n")[0]
+    helped = subprocess.run([sys.executable, "-m", "largebatch.train", "--help"], capture_output=True, text=True,
+                            timeout=120).stdout
+    line = " ".join(helped[helped.index("Exit codes:"):].split("With -m")[0].split())
+    for text in (" ".join(paragraph.split()), line):
+        listed = [int(code) for code in re.findall(r"(?:^|[;,] )(\d+) ", text.split(":", 1)[1].strip())]
+        assert listed == codes, (listed, text)
