@@ -23,7 +23,11 @@ Under the launch scripts the agent also (issue 54):
   ended the agent before they reported (exit 130, no checkpoint);
 * reports a stop that came before any rank could take it (while they start) as exit 75 with one
   line, not torchrun's 1, 129, 130 or 143, and a rank killed by a signal (SIGKILL: the OOM
-  killer) with one line naming the rank and the signal instead of torchrun's box.
+  killer) with one line naming the rank and the signal instead of torchrun's box;
+* returns only once its ranks have ended (at most :data:`RANKS_END_S` seconds): a rank writes its
+  exit code after saving and may still be shutting down (its loader workers, its process group)
+  when torchrun's wait ends, and a container runtime that sees the launch end takes the rank's
+  files and processes with it.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ from largebatch.launch.lifetime import AGENT_PID, LAUNCHER_PID, die_with_parent,
 __all__ = ["main"]
 
 _HELD = 2000  # agent records kept for the end (a long elastic job logs a few per restart)
+RANKS_END_S = 30.0  # the longest the agent waits for its ranks to end before it returns
+_RANK_PIDS: set[int] = set()  # every rank process the agent started (all restarts)
 
 
 class _Held(logging.Handler):
@@ -86,6 +92,11 @@ def _agent_class(directory: str) -> type:
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     class _Agent(LocalElasticAgent):
+        def _start_workers(self, worker_group: Any) -> Any:
+            pids = super()._start_workers(worker_group)
+            _RANK_PIDS.update(pids.values())
+            return pids
+
         def _monitor_workers(self, worker_group: Any) -> Any:
             result = super()._monitor_workers(worker_group)
             if result.state == WorkerState.FAILED:
@@ -100,6 +111,32 @@ def _agent_class(directory: str) -> type:
             return result
 
     return _Agent
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def _wait_for_ranks(pids: set[int], timeout_s: float = RANKS_END_S) -> None:
+    """Wait, at most ``timeout_s``, until none of ``pids`` runs; reap those that are this process's
+    children (torchrun's ranks are, and it may not have reaped them yet)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for pid in list(pids):
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass  # not ours, or reaped already
+        if not any(_alive(pid) for pid in pids) or time.monotonic() >= deadline:
+            return
+        time.sleep(0.05)
 
 
 def _write_code(directory: str, restart: int, rank: int, code: int, line: str) -> None:
@@ -206,6 +243,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _PREEMPTED
         if e.sigval in _STOPS and _all_preempted(directory):
             return _PREEMPTED  # the ranks took the stop (saved, or had nothing to save yet)
+    finally:
+        _wait_for_ranks(_RANK_PIDS)
     if code and not _ranks_reported(directory):
         formatter = logging.Formatter("%(levelname).1s%(asctime)s %(process)d %(name)s] %(message)s")
         for record in held.records:
