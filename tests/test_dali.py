@@ -249,3 +249,20 @@ def test_gpu_mixed_decode_matches_cpu(dataset: Path, lists) -> None:
     # nvJPEG upsamples chroma unlike libjpeg-turbo's "fancy" filter: on these noisy images the
     # decoded pixels differ by ~2.3 levels on average (measured on an H100); 0.15 ~ 8 levels.
     assert (g - c).abs().mean() < 0.15
+
+
+def test_a_failed_allocation_in_the_pipeline_is_out_of_memory_not_a_broken_file() -> None:
+    """DALI's ``std::bad_alloc`` (the CPU) or CUDA out of memory was reported as "could not read or
+    decode an image ... a file changed or broke" (exit 2); it is a MemoryError, which the step or
+    the evaluation reading the batch reports as out of memory (exit 4). A decoder error stays a
+    DataError naming the data check."""
+    from largebatch.data.pipelines.dali_graph import _decode_error
+    from largebatch.engine.out_of_memory import allocation_text, is_allocation_failure
+
+    alloc = _decode_error(RuntimeError("Critical error in pipeline:\nError in CPU operator "
+                                       "`nvidia.dali.fn.crop_mirror_normalize`,\nencountered:\nstd::bad_alloc"), "/d")
+    assert isinstance(alloc, MemoryError) and is_allocation_failure(alloc)
+    assert allocation_text(alloc) == "DALI could not allocate memory (Error in CPU operator " \
+                                     "`nvidia.dali.fn.crop_mirror_normalize`)"
+    broken = _decode_error(RuntimeError("Error in CPU operator `decoders.image`,\nencountered:\nbad JPEG"), "/d")
+    assert isinstance(broken, DataError) and "run largebatch-check-data /d again" in str(broken)

@@ -218,9 +218,14 @@ def _aug_seed(seed: int, rank: int, epoch: int = 0) -> int:
     return int(np.random.SeedSequence([seed, rank, epoch]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
-def _decode_error(err: BaseException, data_root: str | None) -> DataError:
-    """One line for a DALI pipeline failure (a file that changed after the data check)."""
+def _decode_error(err: BaseException, data_root: str | None) -> DataError | MemoryError:
+    """One line for a DALI pipeline failure (a file that changed after the data check), or, for a
+    failed allocation (``std::bad_alloc``, CUDA out of memory), a ``MemoryError``: the step or
+    the evaluation reading the batch reports it as out of memory (exit 4), not as a broken file."""
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    if "bad_alloc" in str(err) or "out of memory" in str(err).lower():
+        op = next((ln.rstrip(",") for ln in lines if ln.startswith("Error in")), "")
+        return MemoryError(f"DALI could not allocate memory{f' ({op})' if op else ''}")
     op = next((ln.rstrip(",") for ln in lines if ln.startswith("Error in")), "")
     after = lines.index("encountered:") + 1 if "encountered:" in lines else len(lines)
     reason = lines[after] if after < len(lines) else (lines[-1] if lines else type(err).__name__)
