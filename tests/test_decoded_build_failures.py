@@ -103,8 +103,10 @@ def test_a_disk_that_fills_during_the_build_is_one_line_exit_74(images: Path, ti
 
 
 def _start(images: Path, cache: Path) -> subprocess.Popen:
+    # SIGINT as a terminal gives it: pytest-xdist's workers ignore SIGINT, which a child inherits
     proc = subprocess.Popen([sys.executable, "-c", SLOW, *SETS, f"data.root={images}"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "LARGEBATCH_CACHE": str(cache)})
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "LARGEBATCH_CACHE": str(cache)},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not _leftovers(cache):  # the build is under way once its temporary folder exists
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
